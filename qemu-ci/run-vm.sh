@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+# Boot the test kernel and the guest image under QEMU (TCG), run a command in it, exit with its
+# status.
+#
+#   qemu-ci/run-vm.sh [options] [--] COMMAND...
+#   qemu-ci/run-vm.sh [options] --cmd-file FILE
+#   qemu-ci/run-vm.sh [options] --interactive [[--] COMMAND...]
+#
+#   --timeout S      kill the guest after S seconds, exit 124 (default 1800; none if interactive)
+#   --memory MB      guest memory (default 2048)          --cpus N   guest CPUs (default 2)
+#   --payload DIR    copied to /mnt/ci/payload (default: $REPO/build/guest if it exists)
+#   --out DIR        result directory, the command's cwd (/mnt/ci/out) in the guest; also taken
+#                    from $METAROCE_VM_OUT; default a temporary directory that is removed
+#   --append ARGS    extra kernel command line arguments (e.g. loglevel=8)
+#   --keep           keep the temporary share directory and print its path
+#   --interactive    a root shell on the console (after COMMAND, if given); Ctrl-A X quits QEMU
+#
+# One COMMAND argument is a bash script ('modprobe x && ibv_devices; exit 3'); several are run
+# as a command with exactly those arguments. The kernel is $KDIR or build-kernel.sh's output.
+# Exit status: the command's, 124 on timeout, 125 if the guest reported none (panic, oops,
+# setup failure), 130 on Ctrl-C.
+source "$(dirname "$0")/common.sh"
+
+usage() { sed -n '3,/^source/{/^source/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
+
+TIMEOUT="" MEMORY=2048 CPUS=2 PAYLOAD="" OUT="${METAROCE_VM_OUT:-}" APPEND="" KEEP=0 MODE=batch
+CMD_FILE=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--timeout) TIMEOUT="$2"; shift 2 ;;
+	--memory) MEMORY="$2"; shift 2 ;;
+	--cpus) CPUS="$2"; shift 2 ;;
+	--payload) PAYLOAD="$2"; shift 2 ;;
+	--out) OUT="$2"; shift 2 ;;
+	--append) APPEND="$2"; shift 2 ;;
+	--cmd-file) CMD_FILE="$2"; shift 2 ;;
+	--keep) KEEP=1; shift ;;
+	--interactive) MODE=interactive; shift ;;
+	-h | --help) usage ;;
+	--) shift; break ;;
+	-*) log "unknown option $1"; usage ;;
+	*) break ;;
+	esac
+done
+[ $# -gt 0 ] || [ -n "$CMD_FILE" ] || [ "$MODE" = interactive ] || usage
+[ $# -eq 0 ] || [ -z "$CMD_FILE" ] || die "give either --cmd-file or a command, not both"
+[ "$MODE" = batch ] && TIMEOUT="${TIMEOUT:-1800}"
+[ -z "$TIMEOUT" ] || [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "--timeout wants whole seconds"
+[ "$MODE" = batch ] || [ -t 0 ] || die "--interactive needs a terminal on stdin"
+if [ -z "$PAYLOAD" ] && [ -d "$REPO_DIR/build/guest" ]; then PAYLOAD="$REPO_DIR/build/guest"; fi
+[ -z "$PAYLOAD" ] || [ -d "$PAYLOAD" ] || die "payload directory $PAYLOAD does not exist"
+
+KDIR="${KDIR:-$("$QEMU_CI_DIR/build-kernel.sh")}"
+[ -f "$KDIR/arch/x86/boot/bzImage" ] || die "no bzImage in $KDIR"
+IMAGE="$("$QEMU_CI_DIR/build-image.sh")"
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/metaroce-vm.XXXXXX")
+SHARE="$TMP/share"
+QEMU_PID=""
+cleanup() {
+	if [ -n "$QEMU_PID" ]; then
+		kill "$QEMU_PID" 2>/dev/null || true
+		wait "$QEMU_PID" 2>/dev/null || true
+	fi
+	if [ "$KEEP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT TERM HUP
+
+mkdir -p "$SHARE/out"
+if [ -n "$OUT" ]; then mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd); else OUT="$TMP/out"; mkdir "$OUT"; fi
+cp "$QEMU_CI_DIR/guest-init.sh" "$SHARE/"
+if [ -n "$CMD_FILE" ]; then
+	cp "$CMD_FILE" "$SHARE/cmd.sh"
+elif [ $# -eq 1 ]; then
+	printf '%s\n' "$1" >"$SHARE/cmd.sh"
+elif [ $# -gt 1 ]; then
+	printf '%q ' "$@" >"$SHARE/cmd.sh"
+	echo >>"$SHARE/cmd.sh"
+fi
+{
+	echo "MODE=$MODE"
+	if [ "$MODE" = interactive ]; then
+		printf 'HOST_TERM=%q\n' "${TERM:-vt100}"
+		read -r rows cols < <(stty size 2>/dev/null || echo "24 80")
+		echo "ROWS=$rows COLS=$cols"
+	fi
+} >"$SHARE/env"
+# Hard links: the modules are read-only for the guest's purposes and can be large.
+cp -al "$KDIR/modules-install/lib/modules" "$SHARE/modules" 2>/dev/null ||
+	cp -a "$KDIR/modules-install/lib/modules" "$SHARE/modules"
+mkdir -p "$SHARE/payload"
+[ -z "$PAYLOAD" ] || cp -rL "$PAYLOAD/." "$SHARE/payload/"
+
+# An oops must fail the run clearly: oops=panic, and panic=-1 with -no-reboot ends QEMU.
+cmdline="console=ttyS0 root=/dev/vda rw init=/sbin/metaroce-ci-init panic=-1 oops=panic"
+cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off $APPEND"
+qemu=(
+	qemu-system-x86_64 -accel tcg -cpu max -smp "$CPUS" -m "$MEMORY"
+	-nodefaults -display none -no-reboot -nic none
+	-kernel "$KDIR/arch/x86/boot/bzImage" -append "$cmdline"
+	-drive "file=$IMAGE,format=raw,if=virtio,snapshot=on"
+	-virtfs "local,path=$SHARE,mount_tag=ci,security_model=none,id=ci"
+	-virtfs "local,path=$OUT,mount_tag=ciout,security_model=none,id=ciout"
+)
+
+start=$SECONDS
+if [ "$MODE" = interactive ]; then
+	# Ctrl-C goes to the guest; Ctrl-A X quits, Ctrl-A C is the QEMU monitor.
+	"${qemu[@]}" -chardev stdio,id=con,mux=on,signal=off -serial chardev:con \
+		-mon chardev=con,mode=readline || true
+else
+	# stdin is /dev/null so that QEMU never touches the terminal; it runs in the background
+	# so that the timeout and Ctrl-C (trap above) can end it.
+	"${qemu[@]}" -serial stdio </dev/null &
+	QEMU_PID=$!
+	while kill -0 "$QEMU_PID" 2>/dev/null; do
+		if [ $((SECONDS - start)) -ge "$TIMEOUT" ]; then
+			kill "$QEMU_PID" 2>/dev/null || true
+			wait "$QEMU_PID" 2>/dev/null || true
+			QEMU_PID=""
+			echo
+			log "run-vm: TIMEOUT after $TIMEOUT s"
+			exit 124
+		fi
+		sleep 1 & wait $! # not a plain sleep: a trapped signal interrupts wait at once
+	done
+	wait "$QEMU_PID" || log "qemu exited with status $?"
+	QEMU_PID=""
+fi
+
+[ "$OUT" = "$TMP/out" ] || log "results in $OUT"
+if [ ! -f "$SHARE/exit-status" ]; then
+	log "run-vm: the guest reported no exit status after $((SECONDS - start)) s" \
+		"(kernel panic or oops, or guest setup failed: see the console output above)"
+	exit 125
+fi
+rc=$(cat "$SHARE/exit-status")
+log "run-vm: guest command exited with status $rc after $((SECONDS - start)) s"
+exit "$rc"
