@@ -1,0 +1,13 @@
+//! MetaRoCE sans-IO transport core.
+//!
+//! The protocol logic with no I/O, no allocation and no clock of its own: the caller feeds
+//! datagrams and time in and takes datagrams, timer deadlines and completions out. The Linux
+//! kernel module compiles this source tree in as a module (`#[path]`), so this file holds only
+//! attributes and `mod`/`pub use` lines, and the modules refer to each other with `super::`.
+#![no_std]
+#![forbid(unsafe_code)]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod wire;

@@ -1,0 +1,150 @@
+//! MetaRoCE wire format, version 1. The normative description, with every field's offset and
+//! width, is `docs/wire-format.md`; this module is its implementation.
+//!
+//! Parsing is zero-copy ([`Packet::parse`] returns a [`PacketView`] borrowing the datagram) and
+//! checks every length before using it. Emitting writes a header into a caller's buffer and
+//! returns its length; the caller (the connection) copies the payload behind it.
+
+mod ack;
+mod bytes;
+mod packet;
+
+pub use ack::{
+    AckHeader, AckWriter, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN,
+};
+pub use packet::{
+    AtomicExt, BaseHeader, DataExt, Ext, Header, NakExt, Packet, PacketView, ReadReqExt, SendExt,
+    WriteExt,
+};
+
+/// The only version this implementation speaks.
+pub const VERSION: u8 = 1;
+/// Length of the base header that starts every packet.
+pub const BASE_HEADER_LEN: usize = 32;
+/// Width of a path's selective-acknowledgement bitmap, in packets.
+pub const SACK_BITS: usize = 256;
+/// The same, in 64-bit words.
+pub const SACK_WORDS: usize = SACK_BITS / 64;
+/// Largest header any packet can have (WRITE_WITH_IMM on its last packet).
+pub const MAX_HEADER_LEN: usize = BASE_HEADER_LEN + 32 + 4;
+
+/// Packet type, the second byte of the base header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    Send = 0x00,
+    SendWithImm = 0x01,
+    RdmaWrite = 0x02,
+    RdmaWriteWithImm = 0x03,
+    ReadRequest = 0x04,
+    ReadResponse = 0x05,
+    CmpSwap = 0x06,
+    FetchAdd = 0x07,
+    AtomicResponse = 0x08,
+    Ack = 0x10,
+    Nak = 0x11,
+    Probe = 0x12,
+}
+
+impl Opcode {
+    pub fn from_u8(v: u8) -> Result<Opcode, ParseError> {
+        Ok(match v {
+            0x00 => Opcode::Send,
+            0x01 => Opcode::SendWithImm,
+            0x02 => Opcode::RdmaWrite,
+            0x03 => Opcode::RdmaWriteWithImm,
+            0x04 => Opcode::ReadRequest,
+            0x05 => Opcode::ReadResponse,
+            0x06 => Opcode::CmpSwap,
+            0x07 => Opcode::FetchAdd,
+            0x08 => Opcode::AtomicResponse,
+            0x10 => Opcode::Ack,
+            0x11 => Opcode::Nak,
+            0x12 => Opcode::Probe,
+            _ => return Err(ParseError::UnknownOpcode(v)),
+        })
+    }
+
+    /// Carries immediate data (on its last packet).
+    pub fn has_imm(self) -> bool {
+        matches!(self, Opcode::SendWithImm | Opcode::RdmaWriteWithImm)
+    }
+
+    /// Takes a PSN on its path and is acknowledged (everything but ACK and NAK).
+    pub fn is_sequenced(self) -> bool {
+        !matches!(self, Opcode::Ack | Opcode::Nak)
+    }
+}
+
+/// Flag bits of the base header (bytes 2-3). Bits not defined here must be zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Flags(pub u16);
+
+impl Flags {
+    /// The receiver should acknowledge this packet at once.
+    pub const ACK_REQ: u16 = 0x0001;
+    /// Solicited event: the receiver's completion should wake a waiting consumer.
+    pub const SOLICITED: u16 = 0x0002;
+    /// Last packet of its message.
+    pub const LAST: u16 = 0x0004;
+    /// First packet of its message (offset 0).
+    pub const FIRST: u16 = 0x0008;
+    /// The payload was sent before under another PSN (informational).
+    pub const RETRANSMIT: u16 = 0x0010;
+    /// All defined bits.
+    pub const DEFINED: u16 = 0x001f;
+
+    pub fn has(self, bit: u16) -> bool {
+        self.0 & bit != 0
+    }
+
+    pub fn with(self, bit: u16, on: bool) -> Flags {
+        if on {
+            Flags(self.0 | bit)
+        } else {
+            Flags(self.0 & !bit)
+        }
+    }
+}
+
+/// Why a packet was rejected by [`Packet::parse`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParseError {
+    /// Shorter than its headers say.
+    Truncated,
+    /// Version byte other than [`VERSION`].
+    UnknownVersion(u8),
+    UnknownOpcode(u8),
+    /// A reserved field or flag bit is not zero.
+    ReservedNonZero,
+    /// A length field disagrees with the datagram or with another length field.
+    BadLength,
+    /// Bytes after the end of the packet.
+    TrailingBytes,
+    /// A field has a value the opcode forbids (e.g. a flag on an ACK).
+    BadField,
+}
+
+/// Why a header could not be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmitError {
+    BufferTooSmall,
+    /// The extension header does not fit the opcode, or a length field is inconsistent.
+    Inconsistent,
+    /// An ACK can list at most 255 paths and 255 streams.
+    TooManyEntries,
+}
+
+/// Serial-number comparison of 32-bit sequence numbers (PSN, MSN): `a - b` as a signed
+/// distance, correct while the two are less than 2^31 apart.
+pub fn seq_diff(a: u32, b: u32) -> i32 {
+    a.wrapping_sub(b) as i32
+}
+
+/// `a` comes before `b` in wrapping sequence order.
+pub fn seq_lt(a: u32, b: u32) -> bool {
+    seq_diff(a, b) < 0
+}
+
+#[cfg(test)]
+mod tests;

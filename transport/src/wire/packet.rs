@@ -1,0 +1,500 @@
+//! Base header, per-opcode extension headers, and whole-packet parse/emit.
+
+use super::ack::{AckHeader, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN};
+use super::bytes::{Reader, Writer};
+use super::{EmitError, Flags, Opcode, ParseError, BASE_HEADER_LEN, VERSION};
+
+/// The 32-byte header at the start of every packet (see `docs/wire-format.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseHeader {
+    pub opcode: Opcode,
+    pub flags: Flags,
+    /// The receiver's QP (stream) number; 0 on ACKs.
+    pub dst_qp: u32,
+    /// The sender's QP (stream) number; 0 on ACKs.
+    pub src_qp: u32,
+    /// The receiver's connection id.
+    pub conn_id: u32,
+    /// Logical path this packet travels on (its PSN space).
+    pub path_id: u16,
+    /// Fabric plane of that path.
+    pub plane: u8,
+    /// Packet sequence number on the path; 0 on ACK and NAK.
+    pub psn: u32,
+    /// Message sequence number in the stream (the requester's message for responses and NAKs).
+    pub msn: u32,
+    /// Sender's clock when sent: nanoseconds modulo 2^32; echoed in ACKs for RTT.
+    pub timestamp: u32,
+}
+
+/// SEND / SEND_WITH_IMM: where this packet's bytes go in the message and which receive WQE the
+/// message consumes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendExt {
+    /// Receive sequence number: index of the receive WQE this message consumes.
+    pub rsn: u32,
+    pub offset: u32,
+    pub total_len: u32,
+    pub payload_len: u32,
+    /// Immediate data: present exactly on the LAST packet of a WITH_IMM message.
+    pub imm: Option<u32>,
+}
+
+/// RDMA_WRITE / RDMA_WRITE_WITH_IMM: every packet carries its own destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteExt {
+    /// Remote virtual address of this packet's first payload byte.
+    pub va: u64,
+    pub rkey: u32,
+    /// Receive sequence number (WITH_IMM only; 0 otherwise).
+    pub rsn: u32,
+    pub offset: u32,
+    pub total_len: u32,
+    pub payload_len: u32,
+    pub imm: Option<u32>,
+}
+
+/// RDMA_READ request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadReqExt {
+    pub va: u64,
+    pub rkey: u32,
+    pub len: u32,
+}
+
+/// READ response data: the requester's message is the base header's MSN.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataExt {
+    pub offset: u32,
+    pub total_len: u32,
+    pub payload_len: u32,
+}
+
+/// CMP_SWP / FETCH_ADD request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtomicExt {
+    pub va: u64,
+    pub rkey: u32,
+    /// Swap value (CMP_SWP) or addend (FETCH_ADD).
+    pub swap_add: u64,
+    /// Compare value (CMP_SWP; 0 for FETCH_ADD).
+    pub compare: u64,
+}
+
+/// NAK for message `msn` of stream `dst_qp` (both in the base header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NakExt {
+    pub code: NakCode,
+    /// RNR: microseconds the requester waits before retrying; 0 otherwise.
+    pub value: u32,
+}
+
+/// NAK reason codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum NakCode {
+    RemoteAccess = 1,
+    InvalidRequest = 2,
+    Rnr = 3,
+    OutOfWindow = 4,
+    RemoteOperational = 5,
+}
+
+impl NakCode {
+    fn from_u8(v: u8) -> Result<NakCode, ParseError> {
+        Ok(match v {
+            1 => NakCode::RemoteAccess,
+            2 => NakCode::InvalidRequest,
+            3 => NakCode::Rnr,
+            4 => NakCode::OutOfWindow,
+            5 => NakCode::RemoteOperational,
+            _ => return Err(ParseError::BadField),
+        })
+    }
+}
+
+/// The opcode-specific extension header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    Send(SendExt),
+    Write(WriteExt),
+    ReadRequest(ReadReqExt),
+    ReadResponse(DataExt),
+    Atomic(AtomicExt),
+    /// Original value at the remote address.
+    AtomicResponse(u64),
+    Ack(AckHeader),
+    Nak(NakExt),
+    Probe,
+}
+
+/// Base header plus extension header: everything in a packet but the payload (for ACKs: but
+/// the path and stream entries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub base: BaseHeader,
+    pub ext: Ext,
+}
+
+/// A parsed packet, borrowing the datagram.
+#[derive(Clone, Copy, Debug)]
+pub struct PacketView<'a> {
+    pub header: Header,
+    /// Data bytes (SEND, WRITE, READ response); for an ACK, its path and stream entries.
+    pub payload: &'a [u8],
+}
+
+impl<'a> PacketView<'a> {
+    /// The per-path entries of an ACK (empty for other packets).
+    pub fn ack_paths(&self) -> impl Iterator<Item = PathAck> + 'a {
+        let n = match self.header.ext {
+            Ext::Ack(a) => usize::from(a.path_count),
+            _ => 0,
+        };
+        let bytes = self
+            .payload
+            .get(..n.saturating_mul(PATH_ACK_LEN))
+            .unwrap_or(&[]);
+        bytes
+            .chunks_exact(PATH_ACK_LEN)
+            .filter_map(|c| PathAck::parse(c).ok())
+    }
+
+    /// The per-stream entries of an ACK (empty for other packets).
+    pub fn ack_streams(&self) -> impl Iterator<Item = StreamAck> + 'a {
+        let (p, s) = match self.header.ext {
+            Ext::Ack(a) => (usize::from(a.path_count), usize::from(a.stream_count)),
+            _ => (0, 0),
+        };
+        let start = p.saturating_mul(PATH_ACK_LEN);
+        let end = start.saturating_add(s.saturating_mul(STREAM_ACK_LEN));
+        let bytes = self.payload.get(start..end).unwrap_or(&[]);
+        bytes
+            .chunks_exact(STREAM_ACK_LEN)
+            .filter_map(|c| StreamAck::parse(c).ok())
+    }
+}
+
+/// Entry points for parsing and emitting whole packets.
+pub struct Packet;
+
+/// Checks that a data packet's lengths agree: `payload_len` is what follows and the bytes lie
+/// inside the message.
+fn check_data(offset: u32, total: u32, payload_len: u32, rest: &[u8]) -> Result<(), ParseError> {
+    let end = offset
+        .checked_add(payload_len)
+        .ok_or(ParseError::BadLength)?;
+    if end > total {
+        return Err(ParseError::BadLength);
+    }
+    match usize::try_from(payload_len) {
+        Ok(n) if n == rest.len() => Ok(()),
+        Ok(n) if n < rest.len() => Err(ParseError::TrailingBytes),
+        _ => Err(ParseError::Truncated),
+    }
+}
+
+impl Packet {
+    /// Parses one datagram. Never panics; every length is checked before it is used.
+    pub fn parse(buf: &[u8]) -> Result<PacketView<'_>, ParseError> {
+        let mut r = Reader::new(buf);
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(ParseError::UnknownVersion(version));
+        }
+        let opcode = Opcode::from_u8(r.u8()?)?;
+        let flags = Flags(r.u16()?);
+        if flags.0 & !Flags::DEFINED != 0 {
+            return Err(ParseError::ReservedNonZero);
+        }
+        let dst_qp = r.u32()?;
+        let src_qp = r.u32()?;
+        let conn_id = r.u32()?;
+        let path_id = r.u16()?;
+        let plane = r.u8()?;
+        r.reserved(1)?;
+        let psn = r.u32()?;
+        let msn = r.u32()?;
+        let timestamp = r.u32()?;
+        let base = BaseHeader {
+            opcode,
+            flags,
+            dst_qp,
+            src_qp,
+            conn_id,
+            path_id,
+            plane,
+            psn,
+            msn,
+            timestamp,
+        };
+        let last = flags.has(Flags::LAST);
+        let imm = |r: &mut Reader<'_>| -> Result<Option<u32>, ParseError> {
+            if opcode.has_imm() && last {
+                Ok(Some(r.u32()?))
+            } else {
+                Ok(None)
+            }
+        };
+        let ext = match opcode {
+            Opcode::Send | Opcode::SendWithImm => {
+                let rsn = r.u32()?;
+                let offset = r.u32()?;
+                let total_len = r.u32()?;
+                let payload_len = r.u32()?;
+                let imm = imm(&mut r)?;
+                check_data(offset, total_len, payload_len, r.rest())?;
+                Ext::Send(SendExt {
+                    rsn,
+                    offset,
+                    total_len,
+                    payload_len,
+                    imm,
+                })
+            }
+            Opcode::RdmaWrite | Opcode::RdmaWriteWithImm => {
+                let va = r.u64()?;
+                let rkey = r.u32()?;
+                let rsn = r.u32()?;
+                let offset = r.u32()?;
+                let total_len = r.u32()?;
+                let payload_len = r.u32()?;
+                r.reserved(4)?;
+                let imm = imm(&mut r)?;
+                check_data(offset, total_len, payload_len, r.rest())?;
+                Ext::Write(WriteExt {
+                    va,
+                    rkey,
+                    rsn,
+                    offset,
+                    total_len,
+                    payload_len,
+                    imm,
+                })
+            }
+            Opcode::ReadRequest => {
+                let va = r.u64()?;
+                let rkey = r.u32()?;
+                let len = r.u32()?;
+                Ext::ReadRequest(ReadReqExt { va, rkey, len })
+            }
+            Opcode::ReadResponse => {
+                let offset = r.u32()?;
+                let total_len = r.u32()?;
+                let payload_len = r.u32()?;
+                r.reserved(4)?;
+                check_data(offset, total_len, payload_len, r.rest())?;
+                Ext::ReadResponse(DataExt {
+                    offset,
+                    total_len,
+                    payload_len,
+                })
+            }
+            Opcode::CmpSwap | Opcode::FetchAdd => {
+                let va = r.u64()?;
+                let rkey = r.u32()?;
+                r.reserved(4)?;
+                let swap_add = r.u64()?;
+                let compare = r.u64()?;
+                Ext::Atomic(AtomicExt {
+                    va,
+                    rkey,
+                    swap_add,
+                    compare,
+                })
+            }
+            Opcode::AtomicResponse => Ext::AtomicResponse(r.u64()?),
+            Opcode::Ack => {
+                let a = AckHeader::parse(&mut r)?;
+                let need = usize::from(a.path_count)
+                    .checked_mul(PATH_ACK_LEN)
+                    .and_then(|p| {
+                        usize::from(a.stream_count)
+                            .checked_mul(STREAM_ACK_LEN)?
+                            .checked_add(p)
+                    })
+                    .ok_or(ParseError::BadLength)?;
+                let rest = r.rest();
+                if rest.len() < need {
+                    return Err(ParseError::Truncated);
+                }
+                if rest.len() > need {
+                    return Err(ParseError::TrailingBytes);
+                }
+                // Validate every entry now so the iterators can never meet a bad one.
+                let (paths, streams) = rest.split_at(
+                    need.saturating_sub(usize::from(a.stream_count).saturating_mul(STREAM_ACK_LEN)),
+                );
+                for c in paths.chunks_exact(PATH_ACK_LEN) {
+                    PathAck::parse(c)?;
+                }
+                for c in streams.chunks_exact(STREAM_ACK_LEN) {
+                    StreamAck::parse(c)?;
+                }
+                Ext::Ack(a)
+            }
+            Opcode::Nak => {
+                let code = NakCode::from_u8(r.u8()?)?;
+                r.reserved(3)?;
+                let value = r.u32()?;
+                Ext::Nak(NakExt { code, value })
+            }
+            Opcode::Probe => Ext::Probe,
+        };
+        let payload = r.rest();
+        let carries_payload = matches!(
+            ext,
+            Ext::Send(_) | Ext::Write(_) | Ext::ReadResponse(_) | Ext::Ack(_)
+        );
+        if !carries_payload && !payload.is_empty() {
+            return Err(ParseError::TrailingBytes);
+        }
+        Ok(PacketView {
+            header: Header { base, ext },
+            payload,
+        })
+    }
+}
+
+impl Header {
+    /// Length of this header on the wire (for an ACK: without its entries).
+    pub fn len(&self) -> usize {
+        let imm = |o: Option<u32>| if o.is_some() { 4 } else { 0 };
+        BASE_HEADER_LEN
+            + match self.ext {
+                Ext::Send(s) => 16 + imm(s.imm),
+                Ext::Write(w) => 32 + imm(w.imm),
+                Ext::ReadRequest(_) => 16,
+                Ext::ReadResponse(_) => 16,
+                Ext::Atomic(_) => 32,
+                Ext::AtomicResponse(_) => 8,
+                Ext::Ack(_) => ACK_HEADER_LEN,
+                Ext::Nak(_) => 8,
+                Ext::Probe => 0,
+            }
+    }
+
+    /// Always false: a header has at least its base.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes the header into `buf` and returns its length. The caller appends the payload of
+    /// exactly the announced `payload_len` (for ACKs, use [`super::AckWriter`]).
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
+        self.check()?;
+        let b = &self.base;
+        let mut w = Writer::new(buf);
+        w.u8(VERSION)?;
+        w.u8(b.opcode as u8)?;
+        w.u16(b.flags.0)?;
+        w.u32(b.dst_qp)?;
+        w.u32(b.src_qp)?;
+        w.u32(b.conn_id)?;
+        w.u16(b.path_id)?;
+        w.u8(b.plane)?;
+        w.u8(0)?;
+        w.u32(b.psn)?;
+        w.u32(b.msn)?;
+        w.u32(b.timestamp)?;
+        match self.ext {
+            Ext::Send(s) => {
+                w.u32(s.rsn)?;
+                w.u32(s.offset)?;
+                w.u32(s.total_len)?;
+                w.u32(s.payload_len)?;
+                if let Some(i) = s.imm {
+                    w.u32(i)?;
+                }
+            }
+            Ext::Write(x) => {
+                w.u64(x.va)?;
+                w.u32(x.rkey)?;
+                w.u32(x.rsn)?;
+                w.u32(x.offset)?;
+                w.u32(x.total_len)?;
+                w.u32(x.payload_len)?;
+                w.zeros(4)?;
+                if let Some(i) = x.imm {
+                    w.u32(i)?;
+                }
+            }
+            Ext::ReadRequest(x) => {
+                w.u64(x.va)?;
+                w.u32(x.rkey)?;
+                w.u32(x.len)?;
+            }
+            Ext::ReadResponse(x) => {
+                w.u32(x.offset)?;
+                w.u32(x.total_len)?;
+                w.u32(x.payload_len)?;
+                w.zeros(4)?;
+            }
+            Ext::Atomic(x) => {
+                w.u64(x.va)?;
+                w.u32(x.rkey)?;
+                w.zeros(4)?;
+                w.u64(x.swap_add)?;
+                w.u64(x.compare)?;
+            }
+            Ext::AtomicResponse(v) => w.u64(v)?,
+            Ext::Ack(a) => a.emit(&mut w)?,
+            Ext::Nak(n) => {
+                w.u8(n.code as u8)?;
+                w.zeros(3)?;
+                w.u32(n.value)?;
+            }
+            Ext::Probe => {}
+        }
+        Ok(w.pos())
+    }
+
+    /// The extension must match the opcode, immediate data must sit exactly on the LAST packet
+    /// of a WITH_IMM message, and the data lengths must be consistent.
+    fn check(&self) -> Result<(), EmitError> {
+        let op = self.base.opcode;
+        if self.base.flags.0 & !Flags::DEFINED != 0 {
+            return Err(EmitError::Inconsistent);
+        }
+        let imm_ok =
+            |imm: Option<u32>| imm.is_some() == (op.has_imm() && self.base.flags.has(Flags::LAST));
+        let data_ok =
+            |off: u32, total: u32, len: u32| off.checked_add(len).is_some_and(|e| e <= total);
+        let ok = match self.ext {
+            Ext::Send(s) => {
+                matches!(op, Opcode::Send | Opcode::SendWithImm)
+                    && imm_ok(s.imm)
+                    && data_ok(s.offset, s.total_len, s.payload_len)
+            }
+            Ext::Write(x) => {
+                matches!(op, Opcode::RdmaWrite | Opcode::RdmaWriteWithImm)
+                    && imm_ok(x.imm)
+                    && data_ok(x.offset, x.total_len, x.payload_len)
+            }
+            Ext::ReadRequest(_) => op == Opcode::ReadRequest,
+            Ext::ReadResponse(x) => {
+                op == Opcode::ReadResponse && data_ok(x.offset, x.total_len, x.payload_len)
+            }
+            Ext::Atomic(_) => matches!(op, Opcode::CmpSwap | Opcode::FetchAdd),
+            Ext::AtomicResponse(_) => op == Opcode::AtomicResponse,
+            Ext::Ack(_) => op == Opcode::Ack,
+            Ext::Nak(_) => op == Opcode::Nak,
+            Ext::Probe => op == Opcode::Probe,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(EmitError::Inconsistent)
+        }
+    }
+
+    /// Payload bytes the header announces (data packets), else 0.
+    pub fn payload_len(&self) -> u32 {
+        match self.ext {
+            Ext::Send(s) => s.payload_len,
+            Ext::Write(w) => w.payload_len,
+            Ext::ReadResponse(d) => d.payload_len,
+            _ => 0,
+        }
+    }
+}
