@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+//! Generates the rdma-core bindings and links against the pinned rdma-core's libibverbs.
+//!
+//! Inputs (environment):
+//! - `RDMA_CORE_SRC`: an rdma-core tree prepared by `prepare-rdma-core.sh` (default: the tree in
+//!   the metaroce cache, `${METAROCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/metaroce}/rdma-core-56.1`).
+//! - `RDMA_CORE_BUILD`: its cmake build directory (default `$RDMA_CORE_SRC/build`).
+//! - `BINDGEN`: the bindgen CLI (default `bindgen` from `PATH`, then `~/.cargo/bin/bindgen`).
+//! - `LIBCLANG_PATH`: passed through to bindgen (default `/usr/lib/llvm-22/lib` if present).
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Must match RDMA_CORE_VERSION in qemu-ci/common.sh.
+const RDMA_CORE_VERSION: &str = "56.1";
+/// IBVERBS_PRIVATE ABI of that rdma-core; the installed plugin name carries it.
+const PABI: &str = "34";
+
+fn main() {
+    for var in [
+        "RDMA_CORE_SRC",
+        "RDMA_CORE_BUILD",
+        "BINDGEN",
+        "LIBCLANG_PATH",
+        "METAROCE_CACHE",
+        "XDG_CACHE_HOME",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let out = PathBuf::from(env::var_os("OUT_DIR").unwrap());
+    let uapi = manifest.join("../uapi");
+    let wrapper = manifest.join("src/wrapper.h");
+    println!("cargo:rerun-if-changed={}", wrapper.display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        uapi.join("metaroce-abi.h").display()
+    );
+
+    let (src, build) = rdma_core_tree();
+    let include = build.join("include");
+    let libdir = build.join("lib");
+    let driver_h = include.join("infiniband/driver.h");
+    if !driver_h.exists() || !include.join("kernel-abi/ib_user_verbs.h").exists() {
+        fail(&format!(
+            "{} has no generated kern-abi headers: not a prepared rdma-core tree",
+            build.display()
+        ));
+    }
+    println!("cargo:rerun-if-changed={}", src.join(".done").display());
+
+    bindgen(&wrapper, &include, &uapi, &out.join("bindings.rs"));
+
+    // Link against the pinned libibverbs (IBVERBS_PRIVATE_34), never the host's. Copies in
+    // OUT_DIR: cargo puts link directories inside the target dir on the library path of
+    // `cargo test`, so the unit tests load this libibverbs rather than the host's older one.
+    let linkdir = out.join("lib");
+    fs::create_dir_all(&linkdir).unwrap();
+    let mut found = false;
+    for entry in
+        fs::read_dir(&libdir).unwrap_or_else(|e| fail(&format!("{}: {e}", libdir.display())))
+    {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("libibverbs.so") {
+            let real = fs::canonicalize(entry.path()).unwrap();
+            let dst = linkdir.join(&*name);
+            let _ = fs::remove_file(&dst);
+            fs::copy(&real, &dst).unwrap();
+            found |= name == "libibverbs.so";
+        }
+    }
+    if !found {
+        fail(&format!("{} has no libibverbs.so", libdir.display()));
+    }
+    println!("cargo:rustc-link-search=native={}", linkdir.display());
+    println!("cargo:rustc-link-lib=dylib=ibverbs");
+    // Refuse undefined symbols: without it a missing libibverbs links silently and the plugin
+    // would lack the versioned IBVERBS_PRIVATE_34 references.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmetaroce-rdmav{PABI}.so");
+    println!("cargo:rustc-env=METAROCE_RDMA_CORE_VERSION={RDMA_CORE_VERSION}");
+}
+
+fn fail(msg: &str) -> ! {
+    panic!(
+        "\n\nmetaroce-provider: {msg}\n\
+         Prepare rdma-core {RDMA_CORE_VERSION} first and point RDMA_CORE_SRC at it:\n    \
+         export RDMA_CORE_SRC=$(rdma-core-provider/prepare-rdma-core.sh)\n\
+         or simply run rdma-core-provider/build.sh.\n\n"
+    )
+}
+
+fn rdma_core_tree() -> (PathBuf, PathBuf) {
+    let src = match env::var_os("RDMA_CORE_SRC") {
+        Some(s) => PathBuf::from(s),
+        None => {
+            let cache = env::var_os("METAROCE_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    env::var_os("XDG_CACHE_HOME")
+                        .map(PathBuf::from)
+                        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                        .unwrap_or_else(|| fail("neither RDMA_CORE_SRC nor HOME is set"))
+                        .join("metaroce")
+                });
+            let tree = cache.join(format!("rdma-core-{RDMA_CORE_VERSION}"));
+            if !tree.join(".done").exists() {
+                fail(&format!(
+                    "RDMA_CORE_SRC is unset and {} is not prepared",
+                    tree.display()
+                ));
+            }
+            tree
+        }
+    };
+    let build = env::var_os("RDMA_CORE_BUILD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| src.join("build"));
+    (src, build)
+}
+
+fn bindgen_cli() -> PathBuf {
+    if let Some(b) = env::var_os("BINDGEN") {
+        return PathBuf::from(b);
+    }
+    let on_path = env::var_os("PATH")
+        .map(|p| {
+            env::split_paths(&p)
+                .map(|d| d.join("bindgen"))
+                .find(|b| b.is_file())
+        })
+        .unwrap_or(None);
+    on_path
+        .or_else(|| {
+            env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cargo/bin/bindgen"))
+                .filter(|b| b.is_file())
+        })
+        .unwrap_or_else(|| {
+            fail("bindgen CLI not found (qemu-ci/setup-host.sh installs it); set BINDGEN")
+        })
+}
+
+fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, output: &Path) {
+    let mut cmd = Command::new(bindgen_cli());
+    if env::var_os("LIBCLANG_PATH").is_none() && Path::new("/usr/lib/llvm-22/lib").is_dir() {
+        cmd.env("LIBCLANG_PATH", "/usr/lib/llvm-22/lib");
+    }
+    cmd.arg(wrapper).arg("-o").arg(output);
+    cmd.args(["--rust-edition", "2021", "--no-doc-comments"]);
+    cmd.args(["--default-enum-style", "consts"]);
+    // Only what the provider uses; everything it references comes along.
+    cmd.args([
+        "--allowlist-function",
+        "verbs_register_driver_[0-9]+|_verbs_init_and_alloc_context|verbs_uninit_context|\
+         verbs_set_ops|ibv_cmd_get_context|ibv_cmd_query_device_any|ibv_cmd_query_port|\
+         calloc|free|__errno_location",
+    ]);
+    cmd.args([
+        "--allowlist-type",
+        "verbs_device_ops|verbs_device|verbs_sysfs_dev|verbs_context|verbs_context_ops|\
+         verbs_match_ent|metaroce_.*|ibv_get_context|ib_uverbs_get_context_resp|ibv_query_port|\
+         ib_uverbs_ex_query_device_resp|ibv_device_attr_ex",
+    ]);
+    cmd.args([
+        "--allowlist-var",
+        "METAROCE_.*|VERBS_MATCH_.*|IBVERBS_PABI_VERSION|EPROTO|ENOMEM|EINVAL",
+    ]);
+    cmd.arg("--");
+    cmd.arg(format!("-I{}", include.display()));
+    cmd.arg(format!("-I{}", uapi.display()));
+    cmd.arg("-Wno-gnu-variable-sized-type-not-at-end");
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| fail(&format!("running bindgen: {e}")));
+    if !status.success() {
+        fail(&format!("bindgen failed ({status})"));
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+#
+# Build the libibverbs provider from a clean clone: prepare rdma-core in the cache if needed
+# (prepare-rdma-core.sh), cargo build --release, then stage the two installable files in
+#
+#   ${CARGO_TARGET_DIR:-<repo>/target}/metaroce-provider/libmetaroce-rdmav34.so
+#       -> /usr/lib/x86_64-linux-gnu/libibverbs/libmetaroce-rdmav34.so
+#   ${CARGO_TARGET_DIR:-<repo>/target}/metaroce-provider/metaroce.driver
+#       -> /etc/libibverbs.d/metaroce.driver
+#
+# stdout: that directory, or with --print-so the path of the .so. Logs go to stderr.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+source "$REPO/qemu-ci/common.sh"
+
+print=dir
+case "${1:-}" in
+"") ;;
+--print-so) print=so ;;
+*) die "usage: $0 [--print-so]" ;;
+esac
+
+RDMA_CORE_SRC="$("$HERE/prepare-rdma-core.sh")"
+export RDMA_CORE_SRC
+TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}"
+(cd "$REPO" && nice cargo build --release -p metaroce-provider >&2)
+
+OUT="$TARGET_DIR/metaroce-provider"
+mkdir -p "$OUT"
+SO="$OUT/libmetaroce-rdmav34.so"
+install -m 0644 "$TARGET_DIR/release/libmetaroce_provider.so" "$SO.tmp" && mv "$SO.tmp" "$SO"
+install -m 0644 "$HERE/metaroce.driver" "$OUT/metaroce.driver"
+case "$print" in
+dir) echo "$OUT" ;;
+so) echo "$SO" ;;
+esac

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+#
+# Host checks of the provider (no RDMA device needed): rustfmt, clippy, unit tests, then the
+# built plugin: ELF checks (versioned IBVERBS_PRIVATE_34 references, NEEDED libibverbs.so.1,
+# nothing exported) and check/load-check.c, which dlopens it against rdma-core's libibverbs
+# and inspects what its constructor registered.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+source "$REPO/qemu-ci/common.sh"
+
+SO="$("$HERE/build.sh" --print-so)"
+RDMA_CORE_SRC="$("$HERE/prepare-rdma-core.sh")"
+export RDMA_CORE_SRC
+RC_BUILD="$RDMA_CORE_SRC/build"
+fail() { log "provider check FAILED: $*"; exit 1; }
+
+cd "$REPO"
+log "rustfmt"
+cargo fmt -p metaroce-provider --check >&2 || fail "rustfmt"
+log "clippy"
+nice cargo clippy -p metaroce-provider --all-targets -- -D warnings >&2 || fail "clippy"
+log "unit tests"
+nice cargo test -p metaroce-provider >&2 || fail "unit tests"
+
+log "ELF checks on $SO"
+dynsyms="$(objdump -T "$SO")"
+for sym in verbs_register_driver_34 ibv_cmd_get_context _verbs_init_and_alloc_context \
+	verbs_set_ops verbs_uninit_context ibv_cmd_query_device_any ibv_cmd_query_port; do
+	grep -Eq "\*UND\*.*[[:space:]]\(?IBVERBS_PRIVATE_34\)?[[:space:]]+$sym\$" <<<"$dynsyms" ||
+		fail "$sym@IBVERBS_PRIVATE_34 is not referenced"
+done
+# Nothing exported: libibverbs finds us through the constructor only.
+exported="$(nm -D --defined-only "$SO")"
+[ -z "$exported" ] || fail "the plugin exports symbols: $exported"
+readelf -d "$SO" | grep -q 'NEEDED.*\[libibverbs\.so\.1\]' || fail "no NEEDED libibverbs.so.1"
+readelf -d "$SO" | grep -q 'SONAME.*\[libmetaroce-rdmav34\.so\]' || fail "wrong SONAME"
+if readelf -d "$SO" | grep -Eq 'RPATH|RUNPATH'; then fail "the plugin has an RPATH/RUNPATH"; fi
+# glibc of the build host (bookworm, 2.36) is older than the guest's (trixie, 2.41).
+maxglibc=$(objdump -T "$SO" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)
+log "needs at most $maxglibc"
+
+log "load check"
+CHECK_BIN="$(mktemp -d)/load-check"
+trap 'rm -rf "$(dirname "$CHECK_BIN")"' EXIT
+cc -Wall -O1 -I"$RC_BUILD/include" -I"$REPO/uapi" "$HERE/check/load-check.c" \
+	-o "$CHECK_BIN" -rdynamic -L"$RC_BUILD/lib" -libverbs -ldl || fail "building load-check"
+LD_LIBRARY_PATH="$RC_BUILD/lib" "$CHECK_BIN" "$SO" >&2 || fail "load-check"
+log "provider checks passed"
