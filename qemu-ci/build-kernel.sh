@@ -25,7 +25,7 @@ if [ -z "$deb" ]; then
 	deb=$(ls "$SRC_CACHE"/${KERNEL_PKG}_*.deb | head -n1)
 fi
 kver=$(dpkg-deb -f "$deb" Version)
-SRCDIR="$SRC_CACHE/linux-$kver"
+SRCDIR="$SRC_CACHE/linux-${kver//[^A-Za-z0-9.+-]/_}"
 if ! cache_ready "$SRCDIR"; then
 	log "unpacking $KERNEL_PKG $kver"
 	rm -rf "$SRCDIR" "$SRCDIR.tmp"
@@ -34,7 +34,7 @@ if ! cache_ready "$SRCDIR"; then
 	tarball=$(find "$SRCDIR.tmp" -name 'linux-source-*.tar.xz' | head -n1)
 	tar -xf "$tarball" -C "$SRCDIR.tmp"
 	rm -f "$tarball"
-	mv "$SRCDIR.tmp"/usr/src/linux-source-*/ "$SRCDIR"
+	mv "$SRCDIR.tmp"/linux-source-*/ "$SRCDIR"
 	rm -rf "$SRCDIR.tmp"
 	touch "$SRCDIR/.done"
 fi
