@@ -3,8 +3,8 @@
 #
 # Host checks of the provider (no RDMA device needed): rustfmt, clippy, unit tests, then the
 # built plugin: ELF checks (versioned IBVERBS_PRIVATE_34 references, NEEDED libibverbs.so.1,
-# nothing exported) and check/load-check.c, which dlopens it against rdma-core's libibverbs
-# and inspects what its constructor registered.
+# nothing exported) and check/load-check.c, which dlopens it against rdma-core's libibverbs,
+# inspects what its constructor registered and drives it against a fake uverbs device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
