@@ -9,6 +9,7 @@ PKGS=(
 	bison flex libelf-dev libssl-dev cpio kmod bc zstd rsync dwarves
 	qemu-system-x86 debootstrap e2fsprogs
 	cmake ninja-build pkg-config libnl-3-dev libnl-route-3-dev libudev-dev python3-docutils
+	gcc libc6-dev binutils # cc: rdma-core's cmake, cargo's linker, rdma-core-provider/check.sh
 )
 missing=()
 for p in "${PKGS[@]}"; do
