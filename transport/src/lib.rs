@@ -10,4 +10,7 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod connection;
+pub mod memory;
+mod rng;
 pub mod wire;

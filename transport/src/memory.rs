@@ -1,0 +1,146 @@
+//! The core's only window onto memory: a trait the caller implements with its memory-region
+//! table (the kernel: MRs and umem pages; the simulator: `Vec`s).
+//!
+//! Local buffers are named by SGEs (lkey, address, length); the core never dereferences an
+//! address itself. Remote accesses name (rkey, va); the implementation checks key, bounds and
+//! access rights and answers with an [`AccessError`], which the core turns into a NAK.
+
+/// A scatter/gather element: `len` bytes at `addr` in the region named by `lkey`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// Most SGEs one WQE may carry.
+pub const MAX_SGE: usize = 4;
+
+/// A WQE's local buffer: up to [`MAX_SGE`] SGEs, used in order as one contiguous range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SgList {
+    sges: [Sge; MAX_SGE],
+    count: u8,
+}
+
+impl SgList {
+    pub fn new(sges: &[Sge]) -> Option<SgList> {
+        if sges.len() > MAX_SGE {
+            return None;
+        }
+        let mut l = SgList {
+            sges: [Sge::default(); MAX_SGE],
+            count: 0,
+        };
+        for (d, s) in l.sges.iter_mut().zip(sges) {
+            *d = *s;
+        }
+        l.count = sges.len() as u8;
+        // The total must fit a message length.
+        l.checked_total()?;
+        Some(l)
+    }
+
+    pub fn single(sge: Sge) -> SgList {
+        SgList::new(&[sge]).unwrap_or_default()
+    }
+
+    pub fn sges(&self) -> &[Sge] {
+        self.sges.get(..usize::from(self.count)).unwrap_or(&[])
+    }
+
+    fn checked_total(&self) -> Option<u32> {
+        self.sges()
+            .iter()
+            .try_fold(0u32, |a, s| a.checked_add(s.len))
+    }
+
+    /// Total bytes.
+    pub fn total(&self) -> u32 {
+        self.checked_total().unwrap_or(0)
+    }
+
+    /// Calls `f(sge, offset_in_sge, range_in_data)` for each piece of `[offset, offset+len)`.
+    /// Returns false if the range exceeds the list.
+    pub(crate) fn for_each_piece(
+        &self,
+        offset: u32,
+        len: usize,
+        mut f: impl FnMut(&Sge, u32, core::ops::Range<usize>) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        let mut skip = offset;
+        let mut done = 0usize;
+        for s in self.sges() {
+            if done >= len {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            let avail = usize::try_from(s.len - skip).unwrap_or(usize::MAX);
+            let n = avail.min(len - done);
+            f(s, skip, done..done + n)?;
+            done += n;
+            skip = 0;
+        }
+        if done == len {
+            Ok(())
+        } else {
+            Err(AccessError::Length)
+        }
+    }
+}
+
+/// Why a memory access failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessError {
+    /// Unknown or invalid key.
+    Key,
+    /// Outside the region.
+    Bounds,
+    /// The region does not allow this access.
+    Permission,
+    /// Atomic address not 8-byte aligned.
+    Alignment,
+    /// Local buffer too short for the data.
+    Length,
+}
+
+/// Remote access kinds, for [`Memory::check_remote`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+    Atomic,
+}
+
+/// An atomic operation on one 8-byte word (host byte order in memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    CompareSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// Memory access the core calls into. All methods must be safe against any key or address:
+/// they come from the wire.
+pub trait Memory {
+    /// Copies `out.len()` bytes from a local SGE at `offset` within it (sending).
+    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError>;
+    /// Copies `data` into a local SGE at `offset` within it (receiving, READ responses).
+    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError>;
+    /// Checks that `[va, va+len)` under `rkey` allows `access`, without touching data.
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u32,
+        access: Access,
+    ) -> Result<(), AccessError>;
+    /// RDMA WRITE placement.
+    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError>;
+    /// RDMA READ source.
+    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError>;
+    /// Executes an atomic and returns the original value.
+    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+}
