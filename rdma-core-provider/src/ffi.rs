@@ -15,6 +15,7 @@ use crate::abi::{self, DeviceInfo};
 use core::ffi::{c_int, c_void};
 use core::mem::{offset_of, size_of};
 use core::ptr;
+use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The bindgen output for `src/wrapper.h` (rdma-core `driver.h`, `kern-abi.h`, our uapi header).
@@ -120,6 +121,9 @@ extern "C" fn register_driver() {
     unsafe { sys::verbs_register_driver_34(&DEVICE_OPS.0) }
 }
 
+/// What a verb returns if its Rust body panicked (a bug).
+const PANIC_ERRNO: c_int = sys::EIO as c_int;
+
 /// Runs `body`, turning a panic into `on_panic` (nothing may unwind into C).
 fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(on_panic)
@@ -206,7 +210,9 @@ unsafe extern "C" fn alloc_context(
         };
         let info = if ret == 0 {
             DeviceInfo::from_ucontext_resp(&resp.drv_payload).map_err(|mismatch| {
-                eprintln!("{mismatch}");
+                // Like the C providers' ABI complaints; never panics (eprintln! would if
+                // stderr is closed).
+                let _ = writeln!(std::io::stderr(), "{mismatch}");
                 abi::ABI_MISMATCH_ERRNO
             })
         } else {
@@ -257,7 +263,7 @@ unsafe extern "C" fn query_device_ex(
     attr: *mut sys::ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
-    guard(abi::ABI_MISMATCH_ERRNO, || {
+    guard(PANIC_ERRNO, || {
         // SAFETY: all-zero is a valid response buffer.
         let mut resp: sys::ib_uverbs_ex_query_device_resp = unsafe { core::mem::zeroed() };
         let mut resp_size = size_of::<sys::ib_uverbs_ex_query_device_resp>();
@@ -282,7 +288,7 @@ unsafe extern "C" fn query_port(
     port_num: u8,
     port_attr: *mut sys::ibv_port_attr,
 ) -> c_int {
-    guard(abi::ABI_MISMATCH_ERRNO, || {
+    guard(PANIC_ERRNO, || {
         // SAFETY: all-zero is a valid request; the library fills it in.
         let mut cmd: sys::ibv_query_port = unsafe { core::mem::zeroed() };
         // SAFETY: arguments as libibverbs passed them; cmd is a live buffer of the size passed.
