@@ -4,7 +4,8 @@
 # Host checks of the provider (no RDMA device needed): rustfmt, clippy, unit tests, then the
 # built plugin: ELF checks (versioned IBVERBS_PRIVATE_34 references, NEEDED libibverbs.so.1,
 # nothing exported) and check/load-check.c, which dlopens it against rdma-core's libibverbs,
-# inspects what its constructor registered and drives it against a fake uverbs device.
+# inspects what its constructor registered and drives it against a fake uverbs device, once with
+# the rdma-core build tree's libibverbs and once with Debian trixie's libibverbs1 and glibc.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -47,4 +48,23 @@ trap 'rm -rf "$(dirname "$CHECK_BIN")"' EXIT
 cc -Wall -O1 -I"$RC_BUILD/include" -I"$REPO/uapi" "$HERE/check/load-check.c" \
 	-o "$CHECK_BIN" -rdynamic -L"$RC_BUILD/lib" -libverbs -ldl || fail "building load-check"
 LD_LIBRARY_PATH="$RC_BUILD/lib" "$CHECK_BIN" "$SO" >&2 || fail "load-check"
+
+# Again with the binaries the guest runs: Debian trixie's libibverbs1 and glibc, unpacked into
+# the cache (private apt) and used through trixie's dynamic loader, no chroot needed.
+TRIXIE="$CACHE/trixie-libibverbs1-$RDMA_CORE_VERSION"
+if ! cache_ready "$TRIXIE"; then
+	log "fetching trixie's libibverbs1 and glibc into $TRIXIE"
+	rm -rf "$TRIXIE" && mkdir -p "$TRIXIE/debs"
+	private_apt_init
+	(cd "$TRIXIE/debs" && private_apt download -qq libc6 libgcc-s1 libibverbs1 \
+		libnl-3-200 libnl-route-3-200 >&2) || fail "downloading trixie debs"
+	ver=$(dpkg-deb -f "$TRIXIE"/debs/libibverbs1_*.deb Version)
+	[[ "$ver" == "$RDMA_CORE_VERSION"-* ]] || fail "trixie has libibverbs1 $ver, not $RDMA_CORE_VERSION"
+	for deb in "$TRIXIE"/debs/*.deb; do dpkg-deb -x "$deb" "$TRIXIE/root"; done
+	touch "$TRIXIE/.done"
+fi
+TLIB="$TRIXIE/root/usr/lib/x86_64-linux-gnu"
+log "load check with trixie's libibverbs1 $(dpkg-deb -f "$TRIXIE"/debs/libibverbs1_*.deb Version)"
+"$TLIB/ld-linux-x86-64.so.2" --library-path "$TLIB" "$CHECK_BIN" "$SO" >&2 ||
+	fail "load-check with trixie's libibverbs1"
 log "provider checks passed"
