@@ -57,7 +57,7 @@ nice cmake -S "$TREE" -B "$TREE/build" -GNinja -Wno-dev \
 	-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNO_PYVERBS=1 -DNO_MAN_PAGES=1 -DENABLE_STATIC=0 \
 	>"$TREE/build-cmake.log" 2>&1 || die "cmake failed, see $TREE/build-cmake.log"
 # kern-abi: the generated include/kernel-abi headers that driver.h needs; ibverbs: libibverbs.so.1
-# (the provider links against it); ibverbs_tools: ibv_devices/ibv_devinfo for checks.
+# (the provider links against it); ibverbs_tools: ibv_devices/ibv_devinfo, for manual runs.
 nice ninja -C "$TREE/build" kern-abi ibverbs ibverbs_tools >"$TREE/build-ninja.log" 2>&1 ||
 	die "ninja failed, see $TREE/build-ninja.log"
 touch "$TREE/.done"
