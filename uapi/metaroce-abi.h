@@ -30,4 +30,117 @@ struct metaroce_alloc_ucontext_resp {
 	__u64 reserved[2];
 };
 
+/*
+ * Shared-memory rings (SQ, RQ, SRQ, CQ), mapped by the provider with mmap() at the offset
+ * and length the create response gives. Layout of one mapping:
+ *
+ *   offset 0:    struct metaroce_ring_hdr (128 bytes)
+ *   offset 128:  num_entries entries of entry_size bytes (num_entries a power of two)
+ *
+ * Indices are free-running __u32 counters; slot = index & (num_entries - 1). Only the producer
+ * writes `producer`, only the consumer writes `consumer`. The producer writes the entry, then
+ * (release) the index; the consumer reads the index (acquire), then the entry.
+ *   SQ, RQ, SRQ: userspace produces, the kernel consumes. The kernel copies each entry out of
+ *                the ring before it validates or uses it, and never trusts `producer` beyond
+ *                `consumer + num_entries`.
+ *   CQ:          the kernel produces, userspace consumes.
+ * The SQ doorbell is the uverbs POST_SEND command with no work requests (ibv_post_send on a
+ * metaroce QP makes it); RQ/SRQ need none (the kernel looks when a message arrives).
+ */
+#define METAROCE_RING_HDR_SIZE 128
+
+struct metaroce_ring_hdr {
+	__u32 producer;
+	__u32 pad0[15];
+	__u32 consumer;
+	__u32 pad1[15];
+};
+
+struct metaroce_sge {
+	__aligned_u64 addr;
+	__u32 length;
+	__u32 lkey;
+};
+
+#define METAROCE_SEND_WQE_SIZE 256
+#define METAROCE_SEND_WQE_DATA 192
+#define METAROCE_MAX_SEND_SGE (METAROCE_SEND_WQE_DATA / 16)	/* 12 */
+#define METAROCE_MAX_INLINE METAROCE_SEND_WQE_DATA		/* 192 bytes */
+
+/* A send work request as posted (opcode and flags are the ibv_wr_opcode/ibv_send_flags values). */
+struct metaroce_send_wqe {
+	__aligned_u64 wr_id;
+	__u32 opcode;
+	__u32 send_flags;
+	__u32 num_sge;		/* SGEs in data.sge, or 0 with IBV_SEND_INLINE */
+	__u32 inline_len;	/* bytes in data.inline_data with IBV_SEND_INLINE */
+	__u32 imm_data;		/* big-endian, as in struct ibv_send_wr */
+	__u32 reserved0;
+	__aligned_u64 remote_addr;	/* RDMA and atomic operations */
+	__u32 rkey;
+	__u32 reserved1;
+	__aligned_u64 compare_add;	/* atomics */
+	__aligned_u64 swap;
+	union {
+		struct metaroce_sge sge[METAROCE_MAX_SEND_SGE];
+		__u8 inline_data[METAROCE_MAX_INLINE];
+	} data;
+};
+
+#define METAROCE_RECV_WQE_SIZE 128
+#define METAROCE_MAX_RECV_SGE 7
+
+/* A receive work request (RQ and SRQ). */
+struct metaroce_recv_wqe {
+	__aligned_u64 wr_id;
+	__u32 num_sge;
+	__u32 reserved;
+	struct metaroce_sge sge[METAROCE_MAX_RECV_SGE];
+};
+
+#define METAROCE_CQE_SIZE 64
+
+/* A completion (status, opcode and wc_flags are the ibv_wc_status/ibv_wc_opcode/ibv_wc_flags values). */
+struct metaroce_cqe {
+	__aligned_u64 wr_id;
+	__u32 status;
+	__u32 opcode;
+	__u32 vendor_err;
+	__u32 byte_len;
+	__u32 imm_data;		/* big-endian, as in struct ibv_wc */
+	__u32 qp_num;
+	__u32 src_qp;
+	__u32 wc_flags;
+	__u16 pkey_index;
+	__u16 slid;
+	__u8 sl;
+	__u8 dlid_path_bits;
+	__u8 reserved[18];
+};
+
+/* Where a ring is mapped: pass offset to mmap() on the uverbs fd, map length bytes. */
+struct metaroce_mmap_info {
+	__aligned_u64 offset;
+	__aligned_u64 length;
+	__u32 num_entries;
+	__u32 entry_size;
+};
+
+struct metaroce_create_cq_resp {
+	struct metaroce_mmap_info ring;
+};
+
+struct metaroce_create_srq_resp {
+	struct metaroce_mmap_info ring;
+	__u32 srq_num;
+	__u32 reserved;
+};
+
+struct metaroce_create_qp_resp {
+	struct metaroce_mmap_info sq;
+	struct metaroce_mmap_info rq;	/* length 0 when the QP uses an SRQ */
+	__u32 max_inline_data;
+	__u32 reserved;
+};
+
 #endif /* METAROCE_ABI_USER_H */
