@@ -13,4 +13,5 @@ extern crate std;
 pub mod connection;
 pub mod memory;
 mod rng;
+pub mod stream;
 pub mod wire;

@@ -1,7 +1,1107 @@
 //! A connection between two devices: its paths below, its streams above.
+//!
+//! Sans-IO, in the manner of quinn-proto: the caller feeds datagrams
+//! ([`Connection::handle_packet`]) and timer expiries ([`Connection::handle_timeout`]) in, and
+//! takes datagrams ([`Connection::poll_transmit`]), the next timer deadline
+//! ([`Connection::poll_timeout`]) and completions ([`Connection::poll_event`]) out. Memory is
+//! reached only through the caller's [`Memory`] implementation.
+//!
+//! - `path`: a path's state, window and timers; `sack`: the receiver's per-path SACK window and
+//!   per-message segment windows; `retransmit`: the sender's in-flight table and loss
+//!   detection; `rtt`: the RTT estimator; `timer`: the timers the caller arms.
 
 pub mod path;
 pub mod retransmit;
 pub mod rtt;
 pub mod sack;
 pub mod timer;
+
+use super::memory::{AtomicOp, Memory};
+use super::rng::XorShift;
+use super::stream::requester::RespVerdict;
+use super::stream::responder::{ResponseKind, Verdict};
+use super::stream::{
+    CqStatus, Cqe, PostError, RecvWqe, SendWqe, Stream, StreamConfig, StreamId, WrOpcode,
+};
+use super::wire::{
+    AckHeader, AckWriter, AtomicExt, BaseHeader, DataExt, Ext, Flags, Header, NakCode, NakExt,
+    Opcode, Packet, ParseError, ReadReqExt, SendExt, WriteExt, MAX_HEADER_LEN, PATH_ACK_LEN,
+    STREAM_ACK_LEN,
+};
+use path::{Path, PathConfig, PathState, PathStats};
+use retransmit::{ItemKind, Outcome, SentItem};
+use timer::{Earliest, Timer};
+
+/// Connection settings. Both ends must agree on `mtu`, `initial_psn` and the path count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Our connection id (arriving packets carry it).
+    pub local_conn_id: u32,
+    /// The peer's connection id (our packets carry it).
+    pub remote_conn_id: u32,
+    /// Paths in use (at most the `PATHS` const generic).
+    pub num_paths: u16,
+    /// Planes the paths are spread over (path i is on plane i % planes).
+    pub planes: u8,
+    /// Payload bytes per packet.
+    pub mtu: u32,
+    pub path: PathConfig,
+    /// ACK after this many packets even without ACK_REQ.
+    pub ack_every: u16,
+    /// Completion timeout of a stream: time without progress after which an unfinished
+    /// message is resent (a retry), in ns.
+    pub stall_timeout: u64,
+    /// PRNG seed (entropy for UDP source ports).
+    pub seed: u64,
+}
+
+impl Config {
+    /// Defaults for a data-centre fabric: 8 paths, 4 KiB MTU, RTO 200 us .. 100 ms.
+    pub fn new(local_conn_id: u32, remote_conn_id: u32) -> Self {
+        Config {
+            local_conn_id,
+            remote_conn_id,
+            num_paths: 8,
+            planes: 1,
+            mtu: 4096,
+            path: PathConfig {
+                initial_psn: 0,
+                initial_cwnd: 16,
+                max_cwnd: 256,
+                initial_rto: 1_000_000,
+                min_rto: 200_000,
+                max_rto: 100_000_000,
+                ack_delay: 10_000,
+                fail_after: 3,
+            },
+            ack_every: 8,
+            stall_timeout: 5_000_000,
+            seed: 1,
+        }
+    }
+}
+
+/// Why a configuration or stream was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `num_paths` is 0 or larger than the `PATHS` capacity.
+    PathCount,
+    /// `mtu` is 0 or too large for a packet length.
+    Mtu,
+    /// No free stream slot.
+    NoStreamSlot,
+    /// A stream with this local QP number is already open.
+    DuplicateQp,
+}
+
+/// Why an arriving datagram was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvError {
+    Parse(ParseError),
+    /// Addressed to another connection id.
+    WrongConnection,
+    /// Path id beyond this connection's paths.
+    UnknownPath,
+    /// Destination QP is not an open stream.
+    UnknownStream,
+}
+
+/// A datagram ready in the caller's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written at the start of the buffer.
+    pub len: usize,
+    /// Path index (= path id).
+    pub path: u16,
+    pub plane: u8,
+    /// UDP source port: the path's entropy.
+    pub src_port: u16,
+    /// Send ECN-capable (ECT(0)).
+    pub ecn_capable: bool,
+}
+
+/// Something for the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Completion of a send WQE.
+    SendCompletion(Cqe),
+    /// Completion of a receive WQE.
+    RecvCompletion(Cqe),
+    /// The stream (QP) went to the error state; its outstanding WQEs are being flushed.
+    StreamError { stream: StreamId, status: CqStatus },
+}
+
+/// Connection-wide counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    pub packets_in: u64,
+    pub packets_out: u64,
+    pub parse_errors: u64,
+    pub dropped_in: u64,
+    pub data_packets_out: u64,
+    pub retransmits: u64,
+    pub acks_out: u64,
+    pub acks_in: u64,
+    pub naks_out: u64,
+    pub naks_in: u64,
+    pub naks_dropped: u64,
+    pub probes_out: u64,
+    pub timeouts: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct PendingNak {
+    stream: u16,
+    msn: u32,
+    code: Option<NakCode>,
+    value: u32,
+}
+
+const NAK_QUEUE: usize = 32;
+
+/// What the scheduler picked to send.
+enum Work {
+    Request {
+        stream: usize,
+        msn: u32,
+        seg: u32,
+        attempt: u16,
+        retransmit: bool,
+    },
+    Response {
+        stream: usize,
+        msn: u32,
+        seg: u32,
+        kind: ResponseKind,
+        retransmit: bool,
+    },
+}
+
+/// One MetaRoCE connection with up to `PATHS` paths and `STREAMS` streams.
+pub struct Connection<const PATHS: usize, const STREAMS: usize> {
+    cfg: Config,
+    rng: XorShift,
+    paths: [Path; PATHS],
+    num_paths: usize,
+    streams: [Stream; STREAMS],
+    naks: [PendingNak; NAK_QUEUE],
+    nak_head: usize,
+    nak_len: usize,
+    ack_now: bool,
+    ack_deadline: Option<u64>,
+    unacked: u16,
+    rr_path: usize,
+    rr_ack_path: usize,
+    rr_stream: usize,
+    rr_event: usize,
+    rto_event: u32,
+    stats: ConnStats,
+}
+
+impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
+    pub fn new(cfg: Config) -> Result<Self, ConfigError> {
+        let num_paths = usize::from(cfg.num_paths);
+        if num_paths == 0 || num_paths > PATHS || num_paths > usize::from(u16::MAX) {
+            return Err(ConfigError::PathCount);
+        }
+        if cfg.mtu == 0 || cfg.mtu > 65_000 {
+            return Err(ConfigError::Mtu);
+        }
+        let mut rng = XorShift::new(cfg.seed);
+        let planes = cfg.planes.max(1);
+        let paths = core::array::from_fn(|i| {
+            let id = i as u16;
+            let plane = (i % usize::from(planes)) as u8;
+            Path::new(id, plane, &cfg.path, &mut rng)
+        });
+        Ok(Connection {
+            cfg,
+            rng,
+            paths,
+            num_paths,
+            streams: core::array::from_fn(|_| Stream::closed()),
+            naks: [PendingNak::default(); NAK_QUEUE],
+            nak_head: 0,
+            nak_len: 0,
+            ack_now: false,
+            ack_deadline: None,
+            unacked: 0,
+            rr_path: 0,
+            rr_ack_path: 0,
+            rr_stream: 0,
+            rr_event: 0,
+            rto_event: 0,
+            stats: ConnStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+
+    pub fn path_count(&self) -> usize {
+        self.num_paths
+    }
+
+    pub fn path_stats(&self, path: usize) -> Option<&PathStats> {
+        self.paths
+            .get(path)
+            .filter(|_| path < self.num_paths)
+            .map(|p| &p.stats)
+    }
+
+    pub fn path_state(&self, path: usize) -> Option<PathState> {
+        self.paths
+            .get(path)
+            .filter(|_| path < self.num_paths)
+            .map(|p| p.state)
+    }
+
+    /// Opens a stream (QP) on this connection.
+    pub fn open_stream(&mut self, cfg: StreamConfig) -> Result<StreamId, ConfigError> {
+        if self
+            .streams
+            .iter()
+            .any(|s| s.open && s.cfg.local_qp == cfg.local_qp)
+        {
+            return Err(ConfigError::DuplicateQp);
+        }
+        let (i, s) = self
+            .streams
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| !s.open)
+            .ok_or(ConfigError::NoStreamSlot)?;
+        *s = Stream::open(cfg);
+        Ok(StreamId(i as u16))
+    }
+
+    /// Closes a stream; everything outstanding on it is dropped without completions.
+    pub fn close_stream(&mut self, id: StreamId) {
+        if let Some(s) = self.streams.get_mut(usize::from(id.0)) {
+            *s = Stream::closed();
+        }
+    }
+
+    /// The stream's error state, if any.
+    pub fn stream_error(&self, id: StreamId) -> Option<CqStatus> {
+        self.streams.get(usize::from(id.0)).and_then(|s| s.error)
+    }
+
+    fn open_stream_mut(&mut self, id: StreamId) -> Result<&mut Stream, PostError> {
+        match self.streams.get_mut(usize::from(id.0)) {
+            Some(s) if s.open => Ok(s),
+            _ => Err(PostError::NoSuchStream),
+        }
+    }
+
+    /// Posts a send WQE. On a stream in error it is accepted and flushed.
+    pub fn post_send(&mut self, now: u64, id: StreamId, wqe: SendWqe) -> Result<(), PostError> {
+        let mtu = self.cfg.mtu;
+        let s = self.open_stream_mut(id)?;
+        let failed = s.error.is_some();
+        s.req.post(wqe, mtu, now, failed)
+    }
+
+    /// Posts a receive WQE.
+    pub fn post_recv(&mut self, id: StreamId, wqe: RecvWqe) -> Result<(), PostError> {
+        let s = self.open_stream_mut(id)?;
+        s.resp.post_recv(wqe)
+    }
+
+    fn stream_by_qp(&self, qp: u32) -> Option<usize> {
+        self.streams
+            .iter()
+            .position(|s| s.open && s.cfg.local_qp == qp)
+    }
+
+    // ---------------------------------------------------------------- receiving
+
+    /// Processes one arriving datagram. `ecn_ce`: the IP header was CE-marked.
+    pub fn handle_packet(
+        &mut self,
+        now: u64,
+        data: &[u8],
+        ecn_ce: bool,
+        mem: &mut impl Memory,
+    ) -> Result<(), RecvError> {
+        self.stats.packets_in += 1;
+        let view = match Packet::parse(data) {
+            Ok(v) => v,
+            Err(e) => {
+                self.stats.parse_errors += 1;
+                return Err(RecvError::Parse(e));
+            }
+        };
+        let b = view.header.base;
+        if b.conn_id != self.cfg.local_conn_id {
+            self.stats.dropped_in += 1;
+            return Err(RecvError::WrongConnection);
+        }
+        match view.header.ext {
+            Ext::Ack(_) => {
+                self.stats.acks_in += 1;
+                let rto_event = self.rto_event;
+                let (paths, streams) = (&mut self.paths, &mut self.streams);
+                for pa in view.ack_paths() {
+                    let i = usize::from(pa.path_id);
+                    if i >= self.num_paths {
+                        continue;
+                    }
+                    if let Some(p) = paths.get_mut(i) {
+                        p.on_ack(now, &pa, |item, outcome, _| {
+                            resolve(streams, now, item, outcome, rto_event)
+                        });
+                    }
+                }
+                for sa in view.ack_streams() {
+                    if let Some(s) = streams
+                        .iter_mut()
+                        .find(|s| s.open && s.cfg.local_qp == sa.qp)
+                    {
+                        s.req.on_stream_ack(now, sa.completed_msn);
+                    }
+                }
+                Ok(())
+            }
+            Ext::Nak(n) => {
+                self.stats.naks_in += 1;
+                let i = self
+                    .stream_by_qp(b.dst_qp)
+                    .ok_or(RecvError::UnknownStream)?;
+                if let Some(s) = self.streams.get_mut(i) {
+                    let rnr_retry = s.cfg.rnr_retry;
+                    s.req.on_nak(now, b.msn, n.code, n.value, rnr_retry);
+                }
+                Ok(())
+            }
+            _ => self.handle_sequenced(now, &view, ecn_ce, mem),
+        }
+    }
+
+    fn handle_sequenced(
+        &mut self,
+        now: u64,
+        view: &super::wire::PacketView<'_>,
+        ecn_ce: bool,
+        mem: &mut impl Memory,
+    ) -> Result<(), RecvError> {
+        let b = view.header.base;
+        let pi = usize::from(b.path_id);
+        if pi >= self.num_paths {
+            self.stats.dropped_in += 1;
+            return Err(RecvError::UnknownPath);
+        }
+        let mtu = self.cfg.mtu;
+        let verdict = if let Ext::Probe = view.header.ext {
+            Verdict::Accept
+        } else {
+            let Some(si) = self.stream_by_qp(b.dst_qp) else {
+                self.stats.dropped_in += 1;
+                return Err(RecvError::UnknownStream);
+            };
+            let Some(s) = self.streams.get_mut(si) else {
+                return Err(RecvError::UnknownStream);
+            };
+            let rnr_us = s.cfg.rnr_timer_us;
+            let solicited = b.flags.has(Flags::SOLICITED);
+            let v = if s.error.is_some() {
+                // A QP in error answers requests with a NAK so the peer fails fast.
+                match view.header.ext {
+                    Ext::ReadResponse(_) | Ext::AtomicResponse(_) => Verdict::Accept,
+                    _ if super::wire::seq_lt(b.msn, s.resp.completed_msn()) => Verdict::Accept,
+                    _ => Verdict::Nak(NakCode::RemoteOperational, 0),
+                }
+            } else {
+                match view.header.ext {
+                    Ext::Send(x) => s.resp.on_data(
+                        b.opcode,
+                        b.msn,
+                        x.rsn,
+                        0,
+                        0,
+                        x.offset,
+                        x.total_len,
+                        x.imm,
+                        solicited,
+                        view.payload,
+                        mtu,
+                        rnr_us,
+                        mem,
+                    ),
+                    Ext::Write(x) => s.resp.on_data(
+                        b.opcode,
+                        b.msn,
+                        x.rsn,
+                        x.va,
+                        x.rkey,
+                        x.offset,
+                        x.total_len,
+                        x.imm,
+                        solicited,
+                        view.payload,
+                        mtu,
+                        rnr_us,
+                        mem,
+                    ),
+                    Ext::ReadRequest(x) => {
+                        s.resp.on_read_request(b.msn, x.va, x.rkey, x.len, mtu, mem)
+                    }
+                    Ext::Atomic(x) => {
+                        let op = if b.opcode == Opcode::CmpSwap {
+                            AtomicOp::CompareSwap {
+                                compare: x.compare,
+                                swap: x.swap_add,
+                            }
+                        } else {
+                            AtomicOp::FetchAdd { add: x.swap_add }
+                        };
+                        s.resp.on_atomic(b.msn, x.va, x.rkey, op, b.opcode, mem)
+                    }
+                    Ext::ReadResponse(x) => match s.req.on_read_response(
+                        now,
+                        b.msn,
+                        x.offset,
+                        x.total_len,
+                        view.payload,
+                        mtu,
+                        mem,
+                    ) {
+                        RespVerdict::Accept => Verdict::Accept,
+                        RespVerdict::Drop => Verdict::Drop,
+                    },
+                    Ext::AtomicResponse(orig) => {
+                        s.req.on_atomic_response(now, b.msn, orig, mem);
+                        Verdict::Accept
+                    }
+                    _ => Verdict::Accept,
+                }
+            };
+            if let Some(code) = s.resp.failed() {
+                s.set_error(CqStatus::from_nak(code));
+            }
+            if !matches!(
+                view.header.ext,
+                Ext::ReadResponse(_) | Ext::AtomicResponse(_)
+            ) {
+                s.ack_dirty = true;
+            }
+            if let Verdict::Nak(code, value) = v {
+                self.queue_nak(si as u16, b.msn, code, value);
+            }
+            v
+        };
+        if verdict == Verdict::Drop {
+            self.stats.dropped_in += 1;
+            return Ok(());
+        }
+        if let Some(p) = self.paths.get_mut(pi) {
+            p.on_receive(b.psn, b.timestamp, ecn_ce);
+        }
+        self.unacked = self.unacked.saturating_add(1);
+        if b.flags.has(Flags::ACK_REQ)
+            || self.unacked >= self.cfg.ack_every
+            || matches!(verdict, Verdict::Nak(..))
+        {
+            self.ack_now = true;
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now.saturating_add(self.cfg.path.ack_delay));
+        }
+        Ok(())
+    }
+
+    fn queue_nak(&mut self, stream: u16, msn: u32, code: NakCode, value: u32) {
+        // One pending NAK per message is enough.
+        for k in 0..self.nak_len {
+            if let Some(n) = self.naks.get((self.nak_head + k) % NAK_QUEUE) {
+                if n.stream == stream && n.msn == msn && n.code == Some(code) {
+                    return;
+                }
+            }
+        }
+        if self.nak_len >= NAK_QUEUE {
+            self.stats.naks_dropped += 1;
+            return;
+        }
+        if let Some(n) = self
+            .naks
+            .get_mut((self.nak_head + self.nak_len) % NAK_QUEUE)
+        {
+            *n = PendingNak {
+                stream,
+                msn,
+                code: Some(code),
+                value,
+            };
+            self.nak_len += 1;
+        }
+    }
+
+    // ---------------------------------------------------------------- timers
+
+    /// The earliest deadline the caller must arm a timer for.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.next_timer().map(|(t, _)| t)
+    }
+
+    fn next_timer(&self) -> Option<(u64, Timer)> {
+        let mut e = Earliest::new();
+        e.offer(self.ack_deadline, Timer::Ack);
+        for (i, p) in self.paths.iter().take(self.num_paths).enumerate() {
+            e.offer(p.deadline(), Timer::Path(i));
+        }
+        for (i, s) in self.streams.iter().enumerate() {
+            if s.open && s.error.is_none() {
+                e.offer(s.req.deadline(self.cfg.stall_timeout), Timer::Stream(i));
+            }
+        }
+        e.get()
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.ack_deadline.is_some_and(|d| d <= now) {
+            self.ack_now = true;
+            self.ack_deadline = None;
+        }
+        let (paths, streams, rng) = (&mut self.paths, &mut self.streams, &mut self.rng);
+        for p in paths.iter_mut().take(self.num_paths) {
+            if p.deadline().is_some_and(|d| d <= now) {
+                self.rto_event = self.rto_event.wrapping_add(1);
+                let ev = self.rto_event;
+                p.on_timer(now, rng, |item, outcome, _| {
+                    resolve(streams, now, item, outcome, ev)
+                });
+            }
+        }
+        self.stats.timeouts = self.paths.iter().map(|p| p.stats.timeouts).sum();
+        let stall = self.cfg.stall_timeout;
+        for s in self.streams.iter_mut() {
+            if !s.open || s.error.is_some() {
+                continue;
+            }
+            if s.req.deadline(stall).is_some_and(|d| d <= now) {
+                let retry_cnt = s.cfg.retry_cnt;
+                if s.req.on_timer(now, stall, retry_cnt) {
+                    s.req.fail_retry_exceeded();
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- sending
+
+    /// Writes the next datagram to send into `buf` (at least `mtu` + 68 bytes for data) and
+    /// describes it; None when there is nothing to send now.
+    pub fn poll_transmit(
+        &mut self,
+        now: u64,
+        buf: &mut [u8],
+        mem: &mut impl Memory,
+    ) -> Option<Transmit> {
+        if self.ack_now || self.ack_deadline.is_some_and(|d| d <= now) {
+            if let Some(t) = self.emit_ack(now, buf) {
+                return Some(t);
+            }
+        }
+        if let Some(t) = self.emit_nak(now, buf) {
+            return Some(t);
+        }
+        if let Some(t) = self.emit_probe(now, buf) {
+            return Some(t);
+        }
+        if buf.len() < MAX_HEADER_LEN.saturating_add(self.cfg.mtu as usize) {
+            return None;
+        }
+        // Bounded: each failed attempt fails a WQE or a response.
+        for _ in 0..8 {
+            let pi = self.pick_path()?;
+            let work = self.pick_work(now)?;
+            if let Some(t) = self.emit_data(now, pi, work, buf, mem) {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// Round-robin over Active paths with window room. Only when no path is Active does data
+    /// go out on Suspect/Failed paths (so a dead peer still exhausts the retry count).
+    fn pick_path(&mut self) -> Option<usize> {
+        let n = self.num_paths;
+        let any_active = self
+            .paths
+            .iter()
+            .take(n)
+            .any(|p| p.state == PathState::Active);
+        for k in 0..n {
+            let i = (self.rr_path + k) % n;
+            let p = self.paths.get(i)?;
+            let eligible = p.state == PathState::Active || !any_active;
+            if eligible && p.has_window() {
+                self.rr_path = (i + 1) % n;
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Round-robin over streams; within a stream, responses first, then requests.
+    fn pick_work(&mut self, now: u64) -> Option<Work> {
+        let n = STREAMS;
+        for k in 0..n {
+            let i = (self.rr_stream + k) % n;
+            let s = self.streams.get_mut(i)?;
+            if !s.open || s.error.is_some() {
+                continue;
+            }
+            if let Some(r) = s.resp.next_segment() {
+                self.rr_stream = (i + 1) % n;
+                return Some(Work::Response {
+                    stream: i,
+                    msn: r.msn,
+                    seg: r.seg,
+                    kind: r.kind,
+                    retransmit: r.retransmit,
+                });
+            }
+            if let Some(r) = s.req.next_segment(now) {
+                self.rr_stream = (i + 1) % n;
+                return Some(Work::Request {
+                    stream: i,
+                    msn: r.msn,
+                    seg: r.seg,
+                    attempt: r.attempt,
+                    retransmit: r.retransmit,
+                });
+            }
+        }
+        None
+    }
+
+    fn transmit(&mut self, path: usize, len: usize, ecn_capable: bool) -> Option<Transmit> {
+        let p = self.paths.get(path)?;
+        self.stats.packets_out += 1;
+        Some(Transmit {
+            len,
+            path: p.id,
+            plane: p.plane,
+            src_port: p.sport,
+            ecn_capable,
+        })
+    }
+
+    /// A path for control packets (ACK, NAK): round-robin over Active paths, else any.
+    fn control_path(&mut self) -> usize {
+        let n = self.num_paths.max(1);
+        for k in 0..n {
+            let i = (self.rr_ack_path + k) % n;
+            if self
+                .paths
+                .get(i)
+                .is_some_and(|p| p.state == PathState::Active)
+            {
+                self.rr_ack_path = (i + 1) % n;
+                return i;
+            }
+        }
+        self.rr_ack_path = (self.rr_ack_path + 1) % n;
+        self.rr_ack_path
+    }
+
+    fn emit_ack(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        let any_path = self
+            .paths
+            .iter()
+            .take(self.num_paths)
+            .any(|p| p.recv_pending);
+        let any_stream = self.streams.iter().any(|s| s.open && s.ack_dirty);
+        if !any_path && !any_stream {
+            self.ack_now = false;
+            self.ack_deadline = None;
+            self.unacked = 0;
+            return None;
+        }
+        let cp = self.control_path();
+        let base = base_header(&self.cfg, self.paths.get(cp), Opcode::Ack, None, now);
+        let mut w = AckWriter::new(buf, base, AckHeader::default()).ok()?;
+        let dirty_streams = self
+            .streams
+            .iter()
+            .filter(|s| s.open && s.ack_dirty)
+            .count();
+        let stream_room = dirty_streams.min(255).saturating_mul(STREAM_ACK_LEN);
+        let mut left_over = false;
+        for p in self.paths.iter_mut().take(self.num_paths) {
+            if !p.recv_pending {
+                continue;
+            }
+            if w.remaining() < PATH_ACK_LEN + stream_room || w.path_count() == u8::MAX {
+                left_over = true;
+                break;
+            }
+            let a = p.take_ack();
+            if w.push_path(&a).is_err() {
+                left_over = true;
+                break;
+            }
+        }
+        for s in self.streams.iter_mut() {
+            if !s.open || !s.ack_dirty {
+                continue;
+            }
+            let e = super::wire::StreamAck {
+                qp: s.cfg.remote_qp,
+                completed_msn: s.resp.completed_msn(),
+            };
+            if w.push_stream(&e).is_err() {
+                left_over = true;
+                break;
+            }
+            s.ack_dirty = false;
+        }
+        let len = w.finish();
+        self.ack_now = left_over;
+        self.ack_deadline = None;
+        self.unacked = 0;
+        self.stats.acks_out += 1;
+        self.transmit(cp, len, false)
+    }
+
+    fn emit_nak(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        if self.nak_len == 0 {
+            return None;
+        }
+        let n = *self.naks.get(self.nak_head)?;
+        self.nak_head = (self.nak_head + 1) % NAK_QUEUE;
+        self.nak_len -= 1;
+        let code = n.code?;
+        let cfg = self.streams.get(usize::from(n.stream))?.cfg;
+        let cp = self.control_path();
+        let mut base = base_header(&self.cfg, self.paths.get(cp), Opcode::Nak, Some(&cfg), now);
+        base.msn = n.msn;
+        let h = Header {
+            base,
+            ext: Ext::Nak(NakExt {
+                code,
+                value: n.value,
+            }),
+        };
+        let len = h.emit(buf).ok()?;
+        self.stats.naks_out += 1;
+        self.transmit(cp, len, false)
+    }
+
+    fn emit_probe(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        let i = self
+            .paths
+            .iter()
+            .take(self.num_paths)
+            .position(|p| p.need_probe && p.inflight.has_room())?;
+        let mut base = base_header(&self.cfg, self.paths.get(i), Opcode::Probe, None, now);
+        base.flags = Flags(Flags::ACK_REQ);
+        let p = self.paths.get_mut(i)?;
+        let item = SentItem {
+            kind: ItemKind::Probe,
+            ..SentItem::default()
+        };
+        // Write first, then claim the PSN: nothing is consumed if the buffer is too small.
+        let h = Header {
+            base,
+            ext: Ext::Probe,
+        };
+        if buf.len() < h.len() {
+            return None;
+        }
+        let psn = p.on_send(now, item, false)?;
+        p.need_probe = false;
+        p.stats.probes += 1;
+        let h = Header {
+            base: BaseHeader { psn, ..base },
+            ext: Ext::Probe,
+        };
+        let len = h.emit(buf).ok()?;
+        self.stats.probes_out += 1;
+        self.transmit(i, len, true)
+    }
+
+    fn emit_data(
+        &mut self,
+        now: u64,
+        pi: usize,
+        work: Work,
+        buf: &mut [u8],
+        mem: &mut impl Memory,
+    ) -> Option<Transmit> {
+        let mtu = self.cfg.mtu;
+        let (si, header, item, retransmit) = match work {
+            Work::Request {
+                stream,
+                msn,
+                seg,
+                attempt,
+                retransmit,
+            } => {
+                let s = self.streams.get_mut(stream)?;
+                let cfg = s.cfg;
+                let info = s.req.segment_info(msn, seg, mtu)?;
+                let opcode = match info.opcode {
+                    WrOpcode::Send => Opcode::Send,
+                    WrOpcode::SendWithImm => Opcode::SendWithImm,
+                    WrOpcode::RdmaWrite => Opcode::RdmaWrite,
+                    WrOpcode::RdmaWriteWithImm => Opcode::RdmaWriteWithImm,
+                    WrOpcode::RdmaRead => Opcode::ReadRequest,
+                    WrOpcode::CmpSwap => Opcode::CmpSwap,
+                    WrOpcode::FetchAdd => Opcode::FetchAdd,
+                };
+                let mut base = base_header(&self.cfg, self.paths.get(pi), opcode, Some(&cfg), now);
+                base.msn = msn;
+                let mut flags = Flags::default()
+                    .with(Flags::FIRST, info.first)
+                    .with(Flags::LAST, info.last)
+                    .with(Flags::ACK_REQ, info.last || retransmit)
+                    .with(Flags::RETRANSMIT, retransmit);
+                if info.last && info.wqe.solicited {
+                    flags = flags.with(Flags::SOLICITED, true);
+                }
+                base.flags = flags;
+                let imm = (opcode.has_imm() && info.last).then_some(info.wqe.imm);
+                let w = info.wqe;
+                let ext = match opcode {
+                    Opcode::Send | Opcode::SendWithImm => Ext::Send(SendExt {
+                        rsn: info.rsn,
+                        offset: info.offset,
+                        total_len: info.total_len,
+                        payload_len: info.payload_len,
+                        imm,
+                    }),
+                    Opcode::RdmaWrite | Opcode::RdmaWriteWithImm => Ext::Write(WriteExt {
+                        va: w.remote_va.wrapping_add(u64::from(info.offset)),
+                        rkey: w.rkey,
+                        rsn: info.rsn,
+                        offset: info.offset,
+                        total_len: info.total_len,
+                        payload_len: info.payload_len,
+                        imm,
+                    }),
+                    Opcode::ReadRequest => Ext::ReadRequest(ReadReqExt {
+                        va: w.remote_va,
+                        rkey: w.rkey,
+                        len: w.local.total(),
+                    }),
+                    _ => Ext::Atomic(AtomicExt {
+                        va: w.remote_va,
+                        rkey: w.rkey,
+                        swap_add: w.swap_add,
+                        compare: if opcode == Opcode::CmpSwap {
+                            w.compare
+                        } else {
+                            0
+                        },
+                    }),
+                };
+                let h = Header { base, ext };
+                // Payload first (it may fail), straight into the buffer behind the header.
+                let hl = h.len();
+                let pl = h.payload_len() as usize;
+                let dst = buf.get_mut(hl..hl.checked_add(pl)?)?;
+                let res =
+                    w.local
+                        .for_each_piece(info.offset, pl, |sge, off, r| match dst.get_mut(r) {
+                            Some(d) => mem.read_local(sge, off, d),
+                            None => Err(super::memory::AccessError::Length),
+                        });
+                if let Err(e) = res {
+                    s.req.fail_local(msn, e);
+                    return None;
+                }
+                let item = SentItem {
+                    kind: ItemKind::Request,
+                    stream: stream as u16,
+                    msn,
+                    seg,
+                    attempt,
+                };
+                (stream, h, item, retransmit)
+            }
+            Work::Response {
+                stream,
+                msn,
+                seg,
+                kind,
+                retransmit,
+            } => {
+                let s = self.streams.get_mut(stream)?;
+                let cfg = s.cfg;
+                let opcode = match kind {
+                    ResponseKind::Read { .. } => Opcode::ReadResponse,
+                    ResponseKind::Atomic { .. } => Opcode::AtomicResponse,
+                };
+                let mut base = base_header(&self.cfg, self.paths.get(pi), opcode, Some(&cfg), now);
+                base.msn = msn;
+                let h = match kind {
+                    ResponseKind::Read { va, rkey, len } => {
+                        let offset = seg.checked_mul(mtu)?;
+                        let payload_len = len.saturating_sub(offset).min(mtu);
+                        let last = offset.saturating_add(payload_len) >= len;
+                        base.flags = Flags::default()
+                            .with(Flags::FIRST, seg == 0)
+                            .with(Flags::LAST, last)
+                            .with(Flags::ACK_REQ, last || retransmit)
+                            .with(Flags::RETRANSMIT, retransmit);
+                        let h = Header {
+                            base,
+                            ext: Ext::ReadResponse(DataExt {
+                                offset,
+                                total_len: len,
+                                payload_len,
+                            }),
+                        };
+                        let hl = h.len();
+                        let dst = buf.get_mut(hl..hl.checked_add(payload_len as usize)?)?;
+                        if !dst.is_empty() {
+                            let src = va.wrapping_add(u64::from(offset));
+                            if mem.read_remote(rkey, src, dst).is_err() {
+                                s.resp.abort_response(msn);
+                                self.queue_nak(stream as u16, msn, NakCode::RemoteAccess, 0);
+                                return None;
+                            }
+                        }
+                        h
+                    }
+                    ResponseKind::Atomic { orig } => {
+                        base.flags = Flags(Flags::FIRST | Flags::LAST | Flags::ACK_REQ)
+                            .with(Flags::RETRANSMIT, retransmit);
+                        Header {
+                            base,
+                            ext: Ext::AtomicResponse(orig),
+                        }
+                    }
+                };
+                let item = SentItem {
+                    kind: ItemKind::Response,
+                    stream: stream as u16,
+                    msn,
+                    seg,
+                    attempt: 0,
+                };
+                (stream, h, item, retransmit)
+            }
+        };
+        // Claim the PSN and write the header.
+        let p = self.paths.get_mut(pi)?;
+        let psn = p.on_send(now, item, retransmit)?;
+        let mut header = header;
+        header.base.psn = psn;
+        let hl = header.emit(buf).ok()?;
+        let len = hl.checked_add(header.payload_len() as usize)?;
+        let s = self.streams.get_mut(si)?;
+        match item.kind {
+            ItemKind::Request => s.req.mark_sent(item.msn, item.seg),
+            _ => s.resp.mark_sent(item.msn, item.seg),
+        }
+        self.stats.data_packets_out += 1;
+        if retransmit {
+            self.stats.retransmits += 1;
+        }
+        self.transmit(pi, len, true)
+    }
+
+    // ---------------------------------------------------------------- events
+
+    /// The next completion or stream event, round-robin over streams; None when there is none.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let n = STREAMS;
+        for k in 0..n {
+            let i = (self.rr_event + k) % n;
+            let s = self.streams.get_mut(i)?;
+            if !s.open {
+                continue;
+            }
+            if let Some(code) = s.resp.failed() {
+                if s.error.is_none() {
+                    s.set_error(CqStatus::from_nak(code));
+                }
+            }
+            if let Some(status) = s.error {
+                if !s.error_reported {
+                    s.error_reported = true;
+                    self.rr_event = (i + 1) % n;
+                    return Some(Event::StreamError {
+                        stream: StreamId(i as u16),
+                        status,
+                    });
+                }
+            }
+            let in_error = s.error.is_some();
+            if let Some((cqe, fatal)) = s.req.pop_completion(StreamId(i as u16), in_error) {
+                if fatal {
+                    s.set_error(cqe.status);
+                }
+                self.rr_event = (i + 1) % n;
+                return Some(Event::SendCompletion(cqe));
+            }
+            let src_qp = s.cfg.remote_qp;
+            if let Some(cqe) = s.resp.pop_completion(StreamId(i as u16), src_qp, in_error) {
+                self.rr_event = (i + 1) % n;
+                return Some(Event::RecvCompletion(cqe));
+            }
+        }
+        None
+    }
+}
+
+/// A base header for a packet on path `path` (of stream `stream`, if any); PSN, MSN and flags
+/// are filled in by the caller.
+fn base_header(
+    cfg: &Config,
+    path: Option<&Path>,
+    opcode: Opcode,
+    stream: Option<&StreamConfig>,
+    now: u64,
+) -> BaseHeader {
+    BaseHeader {
+        opcode,
+        flags: Flags::default(),
+        dst_qp: stream.map_or(0, |s| s.remote_qp),
+        src_qp: stream.map_or(0, |s| s.local_qp),
+        conn_id: cfg.remote_conn_id,
+        path_id: path.map_or(0, |p| p.id),
+        plane: path.map_or(0, |p| p.plane),
+        psn: 0,
+        msn: 0,
+        // The wire carries the clock modulo 2^32.
+        timestamp: now as u32,
+    }
+}
+
+/// Routes a resolved packet to its owner.
+fn resolve(streams: &mut [Stream], now: u64, item: SentItem, outcome: Outcome, rto_event: u32) {
+    let Some(s) = streams.get_mut(usize::from(item.stream)) else {
+        return;
+    };
+    if !s.open {
+        return;
+    }
+    match item.kind {
+        ItemKind::Request => {
+            let retry_cnt = s.cfg.retry_cnt;
+            if s.req.on_outcome(
+                now,
+                item.msn,
+                item.seg,
+                item.attempt,
+                outcome,
+                rto_event,
+                retry_cnt,
+            ) {
+                s.req.fail_retry_exceeded();
+            }
+        }
+        ItemKind::Response => s.resp.on_outcome(item.msn, item.seg, outcome),
+        ItemKind::Probe => {}
+    }
+}

@@ -13,8 +13,8 @@ pub use ack::{
     AckHeader, AckWriter, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN,
 };
 pub use packet::{
-    AtomicExt, BaseHeader, DataExt, Ext, Header, NakExt, Packet, PacketView, ReadReqExt, SendExt,
-    WriteExt,
+    AtomicExt, BaseHeader, DataExt, Ext, Header, NakCode, NakExt, Packet, PacketView, ReadReqExt,
+    SendExt, WriteExt,
 };
 
 /// The only version this implementation speaks.

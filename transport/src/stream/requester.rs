@@ -1,0 +1,716 @@
+//! Requester side of a stream: the send queue.
+//!
+//! Each posted WQE gets the next MSN (and, if it consumes a receive WQE at the peer, the next
+//! RSN) and is cut into MTU-sized segments. A segment is "done" when its packet is acknowledged
+//! on its path; lost segments become sendable again and go out as new packets on any path.
+//! A message completes when the responder reports it complete in an ACK's stream entry (SEND,
+//! WRITE) or when all its response data arrived (READ, atomics); completions are delivered in
+//! posting order.
+
+use super::super::connection::retransmit::Outcome;
+use super::super::connection::sack::SegWindow;
+use super::super::memory::{AccessError, Memory};
+use super::super::wire::{seq_diff, NakCode};
+use super::{
+    CqStatus, Cqe, PostError, SendWqe, StreamId, WrOpcode, MAX_RD_ATOMIC, MSG_WINDOW, SQ_DEPTH,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Pending,
+    Done(CqStatus),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    state: State,
+    wqe: SendWqe,
+    opcode: WrOpcode,
+    rsn: u32,
+    /// Bytes on the wire in the request direction (0 for READ/atomic requests).
+    len: u32,
+    /// Request packets.
+    n_segs: u32,
+    out: SegWindow,
+    /// READ: response segments received.
+    resp: SegWindow,
+    resp_segs: u32,
+    attempt: u16,
+    retries: u8,
+    rnr_retries: u8,
+    rnr_until: u64,
+    last_rto_event: u32,
+    /// Resend the last request packet once (completion timeout).
+    poke: bool,
+}
+
+impl Entry {
+    fn empty() -> Self {
+        Entry {
+            state: State::Done(CqStatus::WrFlushErr),
+            wqe: SendWqe::default(),
+            opcode: WrOpcode::Send,
+            rsn: 0,
+            len: 0,
+            n_segs: 1,
+            out: SegWindow::new(),
+            resp: SegWindow::new(),
+            resp_segs: 0,
+            attempt: 0,
+            retries: 0,
+            rnr_retries: 0,
+            rnr_until: 0,
+            last_rto_event: 0,
+            poke: false,
+        }
+    }
+}
+
+/// A request packet the connection should send now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestSegment {
+    pub msn: u32,
+    pub seg: u32,
+    pub attempt: u16,
+    pub retransmit: bool,
+}
+
+/// Everything needed to build the packet for a [`RequestSegment`].
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentInfo {
+    pub wqe: SendWqe,
+    pub opcode: WrOpcode,
+    pub rsn: u32,
+    pub offset: u32,
+    pub payload_len: u32,
+    pub total_len: u32,
+    pub first: bool,
+    pub last: bool,
+}
+
+/// What a response packet turned out to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RespVerdict {
+    /// New data placed (or a duplicate): acknowledge the packet.
+    Accept,
+    /// Outside the tracking window: do not acknowledge; the responder will resend it.
+    Drop,
+}
+
+#[derive(Clone, Debug)]
+pub struct Requester {
+    sq: [Entry; SQ_DEPTH],
+    /// MSN of the oldest entry not yet delivered as a completion.
+    head: u32,
+    /// Next MSN to assign.
+    tail: u32,
+    next_rsn: u32,
+    /// Every MSN before this one is complete at the responder.
+    peer_completed: u32,
+    /// Time of the last forward progress (for the completion timeout).
+    last_progress: u64,
+    pub stats: RequesterStats,
+}
+
+/// Requester counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequesterStats {
+    pub posted: u64,
+    pub completed: u64,
+    pub rnr_naks: u64,
+    pub pokes: u64,
+}
+
+/// Number of MTU-sized packets for `len` bytes (at least one).
+pub fn segments(len: u32, mtu: u32) -> u32 {
+    let mtu = mtu.max(1);
+    len.div_ceil(mtu).max(1)
+}
+
+impl Default for Requester {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Requester {
+    pub fn new() -> Self {
+        Requester {
+            sq: [Entry::empty(); SQ_DEPTH],
+            head: 0,
+            tail: 0,
+            next_rsn: 0,
+            peer_completed: 0,
+            last_progress: 0,
+            stats: RequesterStats::default(),
+        }
+    }
+
+    fn entry(&mut self, msn: u32) -> Option<&mut Entry> {
+        if seq_diff(msn, self.head) < 0 || seq_diff(msn, self.tail) >= 0 {
+            return None;
+        }
+        self.sq.get_mut(msn as usize % SQ_DEPTH)
+    }
+
+    /// Send WQEs not yet completed (and not yet delivered).
+    pub fn outstanding(&self) -> u32 {
+        self.tail.wrapping_sub(self.head)
+    }
+
+    /// Queues a WQE; `failed` posts it straight into the flushed state (stream in error).
+    pub fn post(
+        &mut self,
+        wqe: SendWqe,
+        mtu: u32,
+        now: u64,
+        failed: bool,
+    ) -> Result<(), PostError> {
+        if self.outstanding() as usize >= SQ_DEPTH {
+            return Err(PostError::QueueFull);
+        }
+        let opcode = wqe.opcode.ok_or(PostError::InvalidWqe)?;
+        let local_len = wqe.local.total();
+        let (len, n_segs, resp_segs) = match opcode {
+            WrOpcode::RdmaRead => (0, 1, segments(local_len, mtu)),
+            WrOpcode::CmpSwap | WrOpcode::FetchAdd => {
+                if local_len < 8 || !wqe.remote_va.is_multiple_of(8) {
+                    return Err(PostError::InvalidWqe);
+                }
+                (0, 1, 1)
+            }
+            _ => (local_len, segments(local_len, mtu), 0),
+        };
+        if matches!(
+            opcode,
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead
+        ) && wqe.remote_va.checked_add(u64::from(local_len)).is_none()
+        {
+            return Err(PostError::InvalidWqe);
+        }
+        let msn = self.tail;
+        let rsn = if opcode.consumes_recv() {
+            let r = self.next_rsn;
+            self.next_rsn = r.wrapping_add(1);
+            r
+        } else {
+            0
+        };
+        let e = Entry {
+            state: if failed {
+                State::Done(CqStatus::WrFlushErr)
+            } else {
+                State::Pending
+            },
+            wqe,
+            opcode,
+            rsn,
+            len,
+            n_segs,
+            resp_segs,
+            ..Entry::empty()
+        };
+        let slot = self
+            .sq
+            .get_mut(msn as usize % SQ_DEPTH)
+            .ok_or(PostError::QueueFull)?;
+        *slot = e;
+        if self.outstanding() == 0 {
+            self.last_progress = now;
+        }
+        self.tail = msn.wrapping_add(1);
+        self.stats.posted += 1;
+        Ok(())
+    }
+
+    /// The next request packet to send, oldest message first: a pending completion-timeout
+    /// poke, else a lost or never-sent segment inside the windows.
+    pub fn next_segment(&mut self, now: u64) -> Option<RequestSegment> {
+        let limit = self.peer_completed.wrapping_add(MSG_WINDOW);
+        let mut rd_atomic = 0u32;
+        let mut msn = self.head;
+        while msn != self.tail && seq_diff(msn, limit) < 0 {
+            let e = self.sq.get_mut(msn as usize % SQ_DEPTH)?;
+            match e.state {
+                State::Done(s) if s != CqStatus::Success => return None, // nothing after an error
+                State::Done(_) => {}
+                State::Pending => {
+                    let is_rd = e.opcode.is_read_or_atomic();
+                    if is_rd {
+                        rd_atomic += 1;
+                    }
+                    if e.rnr_until > now {
+                        msn = msn.wrapping_add(1);
+                        continue;
+                    }
+                    if e.poke {
+                        e.poke = false;
+                        let seg = e.n_segs.saturating_sub(1);
+                        return Some(RequestSegment {
+                            msn,
+                            seg,
+                            attempt: e.attempt,
+                            retransmit: true,
+                        });
+                    }
+                    let fresh = !e.out.was_sent(0);
+                    if !(is_rd && fresh && rd_atomic > MAX_RD_ATOMIC) {
+                        if let Some(seg) = e.out.next_unsent(e.n_segs) {
+                            return Some(RequestSegment {
+                                msn,
+                                seg,
+                                attempt: e.attempt,
+                                retransmit: e.out.was_sent(seg),
+                            });
+                        }
+                    }
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+        None
+    }
+
+    /// Describes a segment for packet building.
+    pub fn segment_info(&mut self, msn: u32, seg: u32, mtu: u32) -> Option<SegmentInfo> {
+        let e = self.entry(msn)?;
+        let mtu = mtu.max(1);
+        let offset = seg.checked_mul(mtu)?;
+        let payload_len = e.len.saturating_sub(offset).min(mtu);
+        Some(SegmentInfo {
+            wqe: e.wqe,
+            opcode: e.opcode,
+            rsn: e.rsn,
+            offset,
+            payload_len,
+            total_len: e.len,
+            first: seg == 0,
+            last: seg.saturating_add(1) >= e.n_segs,
+        })
+    }
+
+    /// The segment was handed to a path.
+    pub fn mark_sent(&mut self, msn: u32, seg: u32) {
+        if let Some(e) = self.entry(msn) {
+            e.out.mark_sent(seg);
+        }
+    }
+
+    /// Local memory could not be read for a segment: the WQE fails with a local error.
+    pub fn fail_local(&mut self, msn: u32, err: AccessError) {
+        if let Some(e) = self.entry(msn) {
+            if e.state == State::Pending {
+                e.state = State::Done(match err {
+                    AccessError::Length => CqStatus::LocLenErr,
+                    _ => CqStatus::LocProtErr,
+                });
+            }
+        }
+    }
+
+    /// A request packet was resolved on its path. A timeout counts as a retry of its message
+    /// (once per timeout event); returns true when the retry count is exceeded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_outcome(
+        &mut self,
+        now: u64,
+        msn: u32,
+        seg: u32,
+        attempt: u16,
+        outcome: Outcome,
+        rto_event: u32,
+        retry_cnt: u8,
+    ) -> bool {
+        let Some(e) = self.entry(msn) else {
+            return false;
+        };
+        if e.attempt != attempt || e.state != State::Pending {
+            return false;
+        }
+        match outcome {
+            Outcome::Acked => {
+                if e.out.mark_done(seg) {
+                    self.last_progress = now;
+                }
+                false
+            }
+            Outcome::Lost => {
+                e.out.mark_lost(seg);
+                false
+            }
+            Outcome::TimedOut => {
+                e.out.mark_lost(seg);
+                if e.last_rto_event != rto_event {
+                    e.last_rto_event = rto_event;
+                    e.retries = e.retries.saturating_add(1);
+                    return e.retries > retry_cnt;
+                }
+                false
+            }
+        }
+    }
+
+    /// Stream entry of an ACK: messages before `completed` are complete at the responder.
+    pub fn on_stream_ack(&mut self, now: u64, completed: u32) {
+        // Ignore regressions and claims beyond what was posted.
+        if seq_diff(completed, self.peer_completed) <= 0 || seq_diff(completed, self.tail) > 0 {
+            return;
+        }
+        let mut msn = self.peer_completed;
+        while msn != completed {
+            if let Some(e) = self.entry(msn) {
+                if e.state == State::Pending && !e.opcode.is_read_or_atomic() {
+                    e.state = State::Done(CqStatus::Success);
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+        self.peer_completed = completed;
+        self.last_progress = now;
+    }
+
+    /// READ response data. Validates the placement against the WQE before writing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_read_response(
+        &mut self,
+        now: u64,
+        msn: u32,
+        offset: u32,
+        total_len: u32,
+        data: &[u8],
+        mtu: u32,
+        mem: &mut impl Memory,
+    ) -> RespVerdict {
+        let Some(e) = self.entry(msn) else {
+            return RespVerdict::Accept;
+        };
+        if e.state != State::Pending || e.opcode != WrOpcode::RdmaRead {
+            return RespVerdict::Accept; // late duplicate
+        }
+        let mtu = mtu.max(1);
+        let seg = offset / mtu;
+        let expect = e.wqe.local.total().saturating_sub(offset).min(mtu);
+        if total_len != e.wqe.local.total()
+            || !offset.is_multiple_of(mtu)
+            || data.len() != expect as usize
+            || seg >= e.resp_segs
+        {
+            // A response that does not fit the request: the READ fails.
+            e.state = State::Done(CqStatus::RemInvReqErr);
+            return RespVerdict::Accept;
+        }
+        if e.resp.is_done(seg) {
+            return RespVerdict::Accept;
+        }
+        if !e.resp.in_window(seg) {
+            return RespVerdict::Drop;
+        }
+        let res = e
+            .wqe
+            .local
+            .for_each_piece(offset, data.len(), |sge, off, r| {
+                mem.write_local(sge, off, data.get(r).unwrap_or(&[]))
+            });
+        if let Err(err) = res {
+            e.state = State::Done(match err {
+                AccessError::Length => CqStatus::LocLenErr,
+                _ => CqStatus::LocProtErr,
+            });
+            return RespVerdict::Accept;
+        }
+        e.resp.mark_done(seg);
+        if e.resp.complete(e.resp_segs) {
+            e.state = State::Done(CqStatus::Success);
+        }
+        self.last_progress = now;
+        RespVerdict::Accept
+    }
+
+    /// Atomic response: the original value goes to the first 8 bytes of the local buffer.
+    pub fn on_atomic_response(&mut self, now: u64, msn: u32, orig: u64, mem: &mut impl Memory) {
+        let Some(e) = self.entry(msn) else { return };
+        if e.state != State::Pending || !matches!(e.opcode, WrOpcode::CmpSwap | WrOpcode::FetchAdd)
+        {
+            return;
+        }
+        let bytes = orig.to_ne_bytes();
+        let res = e.wqe.local.for_each_piece(0, 8, |sge, off, r| {
+            mem.write_local(sge, off, bytes.get(r).unwrap_or(&[]))
+        });
+        e.state = State::Done(match res {
+            Ok(()) => CqStatus::Success,
+            Err(AccessError::Length) => CqStatus::LocLenErr,
+            Err(_) => CqStatus::LocProtErr,
+        });
+        self.last_progress = now;
+    }
+
+    /// A NAK for message `msn`. RNR: the message restarts after the back-off (a new attempt;
+    /// acknowledgements of the old one are ignored) unless `rnr_retry` is used up. Other codes
+    /// fail the message.
+    pub fn on_nak(&mut self, now: u64, msn: u32, code: NakCode, value: u32, rnr_retry: u8) {
+        if code == NakCode::Rnr {
+            self.stats.rnr_naks += 1;
+        }
+        let Some(e) = self.entry(msn) else { return };
+        if e.state != State::Pending {
+            return;
+        }
+        match code {
+            NakCode::Rnr => {
+                if rnr_retry != super::RNR_RETRY_INFINITE {
+                    e.rnr_retries = e.rnr_retries.saturating_add(1);
+                    if e.rnr_retries > rnr_retry {
+                        e.state = State::Done(CqStatus::RnrRetryExcErr);
+                        return;
+                    }
+                }
+                // A burst of NAKs for one attempt (one per packet) restarts it once.
+                if e.rnr_until > now {
+                    return;
+                }
+                e.rnr_until = now.saturating_add(u64::from(value.max(1)).saturating_mul(1000));
+                e.attempt = e.attempt.wrapping_add(1);
+                e.out = SegWindow::new();
+                e.poke = false;
+                self.last_progress = now;
+            }
+            NakCode::OutOfWindow => {}
+            _ => e.state = State::Done(CqStatus::from_nak(code)),
+        }
+    }
+
+    /// Retry count exceeded (peer unreachable): the oldest pending WQE completes with
+    /// RETRY_EXC_ERR; the stream goes to error and flushes the rest.
+    pub fn fail_retry_exceeded(&mut self) {
+        let mut msn = self.head;
+        while msn != self.tail {
+            if let Some(e) = self.entry(msn) {
+                if e.state == State::Pending {
+                    e.state = State::Done(CqStatus::RetryExcErr);
+                    return;
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+    }
+
+    /// Earliest time this requester needs attention: the completion timeout or an RNR back-off.
+    pub fn deadline(&self, stall_timeout: u64) -> Option<u64> {
+        let mut d: Option<u64> = None;
+        let mut msn = self.head;
+        let mut any_pending = false;
+        while msn != self.tail {
+            if let Some(e) = self.sq.get(msn as usize % SQ_DEPTH) {
+                if e.state == State::Pending {
+                    any_pending = true;
+                    if e.rnr_until != 0 {
+                        d = Some(d.map_or(e.rnr_until, |x| x.min(e.rnr_until)));
+                    }
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+        if any_pending {
+            let s = self.last_progress.saturating_add(stall_timeout);
+            d = Some(d.map_or(s, |x| x.min(s)));
+        }
+        d
+    }
+
+    /// Timer: past RNR back-offs are cleared; on a completion timeout the oldest message whose
+    /// packets are all acknowledged but which has not completed gets its last packet resent
+    /// (the responder answers with its state or the NAK again). Returns true when that
+    /// exceeds the retry count.
+    pub fn on_timer(&mut self, now: u64, stall_timeout: u64, retry_cnt: u8) -> bool {
+        let mut msn = self.head;
+        while msn != self.tail {
+            if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
+                if e.rnr_until != 0 && e.rnr_until <= now {
+                    e.rnr_until = 0;
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+        if now < self.last_progress.saturating_add(stall_timeout) {
+            return false;
+        }
+        self.last_progress = now;
+        let mut msn = self.head;
+        while msn != self.tail {
+            if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
+                if e.state == State::Pending && e.rnr_until == 0 && e.out.complete(e.n_segs) {
+                    e.poke = true;
+                    e.retries = e.retries.saturating_add(1);
+                    self.stats.pokes += 1;
+                    return e.retries > retry_cnt;
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+        false
+    }
+
+    /// Delivers the next completion in posting order. With the stream in error, pending WQEs
+    /// are flushed. Returns the CQE and whether it is an error that puts the stream in error.
+    pub fn pop_completion(&mut self, stream: StreamId, in_error: bool) -> Option<(Cqe, bool)> {
+        while self.head != self.tail {
+            let e = self.sq.get(self.head as usize % SQ_DEPTH)?;
+            let status = match e.state {
+                State::Done(s) => s,
+                State::Pending if in_error => CqStatus::WrFlushErr,
+                State::Pending => return None,
+            };
+            let byte_len = match e.opcode {
+                WrOpcode::CmpSwap | WrOpcode::FetchAdd => 8,
+                _ => e.wqe.local.total(),
+            };
+            let cqe = Cqe {
+                stream,
+                wr_id: e.wqe.wr_id,
+                status,
+                opcode: e.opcode.cq_opcode(),
+                byte_len,
+                imm: None,
+                solicited: false,
+                src_qp: 0,
+            };
+            let signaled = e.wqe.signaled;
+            self.head = self.head.wrapping_add(1);
+            if status == CqStatus::Success {
+                self.stats.completed += 1;
+                if !signaled {
+                    continue;
+                }
+            }
+            let fatal = status != CqStatus::Success && status != CqStatus::WrFlushErr;
+            return Some((cqe, fatal));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::memory::{SgList, Sge};
+    use super::*;
+
+    fn wqe(op: WrOpcode, len: u32) -> SendWqe {
+        SendWqe::new(
+            7,
+            op,
+            SgList::single(Sge {
+                addr: 0,
+                len,
+                lkey: 1,
+            }),
+        )
+    }
+
+    #[test]
+    fn segments_and_completion_in_order() {
+        let mut r = Requester::new();
+        r.post(wqe(WrOpcode::Send, 2500), 1000, 0, false).unwrap();
+        r.post(wqe(WrOpcode::RdmaWrite, 0), 1000, 0, false).unwrap();
+        let mut sent = std::vec::Vec::new();
+        while let Some(s) = r.next_segment(0) {
+            r.mark_sent(s.msn, s.seg);
+            sent.push((s.msn, s.seg));
+        }
+        assert_eq!(sent, std::vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+        let i = r.segment_info(0, 2, 1000).unwrap();
+        assert_eq!(
+            (i.offset, i.payload_len, i.last, i.first),
+            (2000, 500, true, false)
+        );
+        // Loss of (0,1): it comes back.
+        assert!(!r.on_outcome(0, 0, 1, 0, Outcome::Lost, 0, 7));
+        assert_eq!(
+            r.next_segment(0).map(|s| (s.msn, s.seg, s.retransmit)),
+            Some((0, 1, true))
+        );
+        // Responder completes message 1 only: nothing delivered before message 0.
+        r.on_stream_ack(0, 0);
+        assert!(r.pop_completion(StreamId(0), false).is_none());
+        r.on_stream_ack(0, 2);
+        assert_eq!(
+            r.pop_completion(StreamId(0), false).unwrap().0.status,
+            CqStatus::Success
+        );
+        assert_eq!(
+            r.pop_completion(StreamId(0), false).unwrap().0.opcode,
+            super::super::CqOpcode::RdmaWrite
+        );
+        assert!(r.pop_completion(StreamId(0), false).is_none());
+        // A bogus stream ack beyond what was posted is ignored.
+        r.on_stream_ack(0, 100);
+        assert_eq!(r.outstanding(), 0);
+    }
+
+    #[test]
+    fn rnr_restarts_message_and_limits() {
+        let mut r = Requester::new();
+        r.post(wqe(WrOpcode::Send, 10), 1000, 0, false).unwrap();
+        let s = r.next_segment(0).unwrap();
+        r.mark_sent(s.msn, s.seg);
+        r.on_outcome(0, 0, 0, 0, Outcome::Acked, 0, 7);
+        r.on_nak(10, 0, NakCode::Rnr, 50, 1);
+        assert!(r.next_segment(10).is_none(), "backing off");
+        assert_eq!(r.deadline(1_000_000), Some(50_010));
+        r.on_timer(50_010, 1_000_000, 7);
+        let s = r.next_segment(50_010).unwrap();
+        assert_eq!((s.seg, s.attempt, s.retransmit), (0, 1, false));
+        // Stale ack of the first attempt is ignored.
+        r.on_outcome(0, 0, 0, 0, Outcome::Acked, 0, 7);
+        assert_eq!(r.next_segment(50_010).map(|s| s.seg), Some(0));
+        r.on_nak(60_000, 0, NakCode::Rnr, 50, 1);
+        let (c, fatal) = r.pop_completion(StreamId(0), false).unwrap();
+        assert_eq!(c.status, CqStatus::RnrRetryExcErr);
+        assert!(fatal);
+    }
+
+    #[test]
+    fn timeouts_count_retries_once_per_event() {
+        let mut r = Requester::new();
+        r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
+            .unwrap();
+        for _ in 0..3 {
+            let s = r.next_segment(0).unwrap();
+            r.mark_sent(s.msn, s.seg);
+        }
+        // One timeout event losing three packets is one retry.
+        for seg in 0..3 {
+            assert!(!r.on_outcome(0, 0, seg, 0, Outcome::TimedOut, 1, 1));
+        }
+        assert!(r.on_outcome(0, 0, 0, 0, Outcome::TimedOut, 2, 1));
+    }
+
+    #[test]
+    fn rejects_bad_posts() {
+        let mut r = Requester::new();
+        assert_eq!(
+            r.post(wqe(WrOpcode::CmpSwap, 4), 1000, 0, false),
+            Err(PostError::InvalidWqe)
+        );
+        assert_eq!(
+            r.post(
+                wqe(WrOpcode::RdmaWrite, 10).remote(u64::MAX - 3, 1),
+                1000,
+                0,
+                false
+            ),
+            Err(PostError::InvalidWqe)
+        );
+        assert_eq!(
+            r.post(SendWqe::default(), 1000, 0, false),
+            Err(PostError::InvalidWqe)
+        );
+        for _ in 0..SQ_DEPTH {
+            r.post(wqe(WrOpcode::Send, 1), 1000, 0, false).unwrap();
+        }
+        assert_eq!(
+            r.post(wqe(WrOpcode::Send, 1), 1000, 0, false),
+            Err(PostError::QueueFull)
+        );
+    }
+}

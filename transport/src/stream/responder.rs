@@ -1,0 +1,948 @@
+//! Responder side of a stream: the receive queue, message assembly, READ/atomic responses.
+//!
+//! Data is placed the moment it arrives, in any order: a SEND names its receive WQE (RSN) and
+//! its offset, a WRITE its address. Duplicates are recognised by placement (message number and
+//! segment), never by PSN, since a retransmission is a new packet. Messages complete strictly
+//! in MSN order; the completion point goes back to the requester in ACK stream entries.
+
+use super::super::connection::retransmit::Outcome;
+use super::super::connection::sack::SegWindow;
+use super::super::memory::{Access, AccessError, AtomicOp, Memory};
+use super::super::wire::{seq_diff, NakCode, Opcode};
+use super::requester::segments;
+use super::{
+    CqOpcode, CqStatus, Cqe, PostError, RecvWqe, StreamId, MSG_WINDOW, RESP_DEPTH, RQ_DEPTH,
+};
+
+/// What the connection should do with an arriving request packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Processed (or a harmless duplicate): acknowledge its PSN.
+    Accept,
+    /// Acknowledge its PSN and send this NAK for its message.
+    Nak(NakCode, u32),
+    /// Not processed (no room to track it): do not acknowledge; it will be resent.
+    Drop,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Data arriving.
+    Receiving,
+    /// Complete; waiting for earlier messages.
+    Done,
+    /// Failed with this NAK code.
+    Failed(NakCode),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: SlotState,
+    msn: u32,
+    opcode: Opcode,
+    total_len: u32,
+    n_segs: u32,
+    segs: SegWindow,
+    rsn: u32,
+    imm: Option<u32>,
+    solicited: bool,
+}
+
+impl Slot {
+    fn free() -> Self {
+        Slot {
+            state: SlotState::Free,
+            msn: 0,
+            opcode: Opcode::Send,
+            total_len: 0,
+            n_segs: 0,
+            segs: SegWindow::new(),
+            rsn: 0,
+            imm: None,
+            solicited: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RqState {
+    Posted,
+    Done {
+        status: CqStatus,
+        byte_len: u32,
+        imm: Option<u32>,
+        opcode: CqOpcode,
+        solicited: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RqEntry {
+    state: RqState,
+    wqe: RecvWqe,
+}
+
+/// A response being sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseKind {
+    Read { va: u64, rkey: u32, len: u32 },
+    Atomic { orig: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Response {
+    used: bool,
+    msn: u32,
+    kind: ResponseKind,
+    n_segs: u32,
+    segs: SegWindow,
+}
+
+/// A response packet the connection should send now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseSegment {
+    pub msn: u32,
+    pub seg: u32,
+    pub kind: ResponseKind,
+    pub retransmit: bool,
+}
+
+/// Responder counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResponderStats {
+    pub placed_bytes: u64,
+    pub duplicates: u64,
+    pub dropped: u64,
+    pub rnr_naks: u64,
+    pub completed: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Responder {
+    rq: [RqEntry; RQ_DEPTH],
+    /// RSN of the oldest receive WQE not yet delivered as a completion.
+    rq_head: u32,
+    /// RSN the next posted receive WQE gets.
+    rq_tail: u32,
+    slots: [Slot; MSG_WINDOW as usize],
+    /// Every MSN before this one is complete.
+    completed: u32,
+    resps: [Response; RESP_DEPTH],
+    /// First failed message: nothing at or after it completes.
+    error_msn: Option<(u32, NakCode)>,
+    pub stats: ResponderStats,
+}
+
+impl Default for Responder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn slot_index(msn: u32) -> usize {
+    msn as usize % MSG_WINDOW as usize
+}
+
+impl Responder {
+    pub fn new() -> Self {
+        Responder {
+            rq: [RqEntry {
+                state: RqState::Posted,
+                wqe: RecvWqe::default(),
+            }; RQ_DEPTH],
+            rq_head: 0,
+            rq_tail: 0,
+            slots: [Slot::free(); MSG_WINDOW as usize],
+            completed: 0,
+            resps: [Response {
+                used: false,
+                msn: 0,
+                kind: ResponseKind::Atomic { orig: 0 },
+                n_segs: 0,
+                segs: SegWindow::new(),
+            }; RESP_DEPTH],
+            error_msn: None,
+            stats: ResponderStats::default(),
+        }
+    }
+
+    /// The completion point reported to the requester.
+    pub fn completed_msn(&self) -> u32 {
+        self.completed
+    }
+
+    /// The completion point reached a failed message: the stream must go to error.
+    pub fn failed(&self) -> Option<NakCode> {
+        match self.error_msn {
+            Some((m, code)) if m == self.completed => Some(code),
+            _ => None,
+        }
+    }
+
+    pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
+        if self.rq_tail.wrapping_sub(self.rq_head) as usize >= RQ_DEPTH {
+            return Err(PostError::QueueFull);
+        }
+        let e = self
+            .rq
+            .get_mut(self.rq_tail as usize % RQ_DEPTH)
+            .ok_or(PostError::QueueFull)?;
+        *e = RqEntry {
+            state: RqState::Posted,
+            wqe,
+        };
+        self.rq_tail = self.rq_tail.wrapping_add(1);
+        Ok(())
+    }
+
+    /// The receive WQE with sequence number `rsn`, if posted and not yet completed.
+    fn recv_wqe(&self, rsn: u32) -> Option<&RqEntry> {
+        if seq_diff(rsn, self.rq_head) < 0 || seq_diff(rsn, self.rq_tail) >= 0 {
+            return None;
+        }
+        self.rq.get(rsn as usize % RQ_DEPTH)
+    }
+
+    fn fail(&mut self, msn: u32, code: NakCode) -> Verdict {
+        match self.error_msn {
+            Some((m, _)) if seq_diff(m, msn) <= 0 => {}
+            _ => self.error_msn = Some((msn, code)),
+        }
+        if let Some(s) = self.slots.get_mut(slot_index(msn)) {
+            if s.msn == msn && s.state != SlotState::Free {
+                s.state = SlotState::Failed(code);
+            }
+        }
+        Verdict::Nak(code, 0)
+    }
+
+    /// Checks the message window. `Err` carries the verdict for packets that need no work.
+    fn window_check(&mut self, msn: u32) -> Result<(), Verdict> {
+        let d = seq_diff(msn, self.completed);
+        if d < 0 {
+            self.stats.duplicates += 1;
+            return Err(Verdict::Accept);
+        }
+        if let Some((m, code)) = self.error_msn {
+            if seq_diff(msn, m) >= 0 {
+                return Err(Verdict::Nak(code, 0));
+            }
+        }
+        if d >= MSG_WINDOW as i32 {
+            self.stats.dropped += 1;
+            return Err(Verdict::Drop);
+        }
+        Ok(())
+    }
+
+    /// SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM data.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_data(
+        &mut self,
+        opcode: Opcode,
+        msn: u32,
+        rsn: u32,
+        va: u64,
+        rkey: u32,
+        offset: u32,
+        total_len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+        data: &[u8],
+        mtu: u32,
+        rnr_timer_us: u32,
+        mem: &mut impl Memory,
+    ) -> Verdict {
+        if let Err(v) = self.window_check(msn) {
+            return v;
+        }
+        let mtu = mtu.max(1);
+        let consumes = matches!(
+            opcode,
+            Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
+        );
+        let is_send = matches!(opcode, Opcode::Send | Opcode::SendWithImm);
+        let idx = slot_index(msn);
+        let existing = self
+            .slots
+            .get(idx)
+            .map(|s| s.state != SlotState::Free && s.msn == msn)
+            .unwrap_or(false);
+        if !existing {
+            // First packet of this message to arrive: match it.
+            if consumes {
+                let Some(rq) = self.recv_wqe(rsn) else {
+                    if seq_diff(rsn, self.rq_tail) >= 0 {
+                        // No receive WQE posted yet.
+                        self.stats.rnr_naks += 1;
+                        return Verdict::Nak(NakCode::Rnr, rnr_timer_us);
+                    }
+                    return self.fail(msn, NakCode::InvalidRequest);
+                };
+                if rq.state != RqState::Posted {
+                    return self.fail(msn, NakCode::InvalidRequest);
+                }
+                if is_send && total_len > rq.wqe.local.total() {
+                    // Receive buffer too small (the requester sees an invalid request).
+                    return self.fail(msn, NakCode::InvalidRequest);
+                }
+            }
+            let Some(s) = self.slots.get_mut(idx) else {
+                return Verdict::Drop;
+            };
+            *s = Slot {
+                state: SlotState::Receiving,
+                msn,
+                opcode,
+                total_len,
+                n_segs: segments(total_len, mtu),
+                segs: SegWindow::new(),
+                rsn,
+                imm: None,
+                solicited: false,
+            };
+        }
+        let Some(s) = self.slots.get_mut(idx) else {
+            return Verdict::Drop;
+        };
+        match s.state {
+            SlotState::Failed(code) => return Verdict::Nak(code, 0),
+            SlotState::Done => {
+                self.stats.duplicates += 1;
+                return Verdict::Accept;
+            }
+            _ => {}
+        }
+        // Every packet must agree with the message and sit on an MTU boundary.
+        let expect_len = total_len.saturating_sub(offset).min(mtu);
+        if s.opcode != opcode
+            || s.total_len != total_len
+            || (consumes && s.rsn != rsn)
+            || !offset.is_multiple_of(mtu)
+            || data.len() != expect_len as usize
+        {
+            return self.fail(msn, NakCode::InvalidRequest);
+        }
+        let seg = offset / mtu;
+        if s.segs.is_done(seg) {
+            self.stats.duplicates += 1;
+            return Verdict::Accept;
+        }
+        if !s.segs.in_window(seg) {
+            self.stats.dropped += 1;
+            return Verdict::Drop;
+        }
+        let placed = if is_send {
+            let rsn = s.rsn;
+            match self.recv_wqe(rsn) {
+                Some(rq) => {
+                    let sgl = rq.wqe.local;
+                    sgl.for_each_piece(offset, data.len(), |sge, off, r| {
+                        mem.write_local(sge, off, data.get(r).unwrap_or(&[]))
+                    })
+                }
+                None => Err(AccessError::Length),
+            }
+        } else if data.is_empty() {
+            Ok(())
+        } else {
+            match va.checked_add(data.len() as u64) {
+                Some(_) => mem.write_remote(rkey, va, data),
+                None => Err(AccessError::Bounds),
+            }
+        };
+        if let Err(e) = placed {
+            let code = if is_send {
+                NakCode::RemoteOperational
+            } else {
+                access_nak(e)
+            };
+            return self.fail(msn, code);
+        }
+        let Some(s) = self.slots.get_mut(idx) else {
+            return Verdict::Drop;
+        };
+        s.segs.mark_done(seg);
+        if imm.is_some() {
+            s.imm = imm;
+        }
+        s.solicited |= solicited;
+        self.stats.placed_bytes += data.len() as u64;
+        if s.segs.complete(s.n_segs) {
+            s.state = SlotState::Done;
+            self.advance();
+        }
+        Verdict::Accept
+    }
+
+    /// Claims a response slot for `msn`, or None when all are busy.
+    fn new_response(&mut self, msn: u32, kind: ResponseKind, n_segs: u32) -> bool {
+        match self.resps.iter_mut().find(|r| !r.used) {
+            Some(r) => {
+                *r = Response {
+                    used: true,
+                    msn,
+                    kind,
+                    n_segs,
+                    segs: SegWindow::new(),
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Claims the assembly slot for a single-packet request; Err if it was seen already.
+    fn single_packet_slot(&mut self, msn: u32, opcode: Opcode) -> Result<(), Verdict> {
+        let idx = slot_index(msn);
+        let s = self.slots.get_mut(idx).ok_or(Verdict::Drop)?;
+        if s.state != SlotState::Free && s.msn == msn {
+            return Err(match s.state {
+                SlotState::Failed(code) => Verdict::Nak(code, 0),
+                _ => Verdict::Accept,
+            });
+        }
+        *s = Slot {
+            state: SlotState::Receiving,
+            msn,
+            opcode,
+            n_segs: 1,
+            ..Slot::free()
+        };
+        Ok(())
+    }
+
+    fn done_single(&mut self, msn: u32) {
+        if let Some(s) = self.slots.get_mut(slot_index(msn)) {
+            s.state = SlotState::Done;
+        }
+        self.advance();
+    }
+
+    /// RDMA READ request: validate the whole range now, then serve it from a response slot.
+    pub fn on_read_request(
+        &mut self,
+        msn: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        mtu: u32,
+        mem: &mut impl Memory,
+    ) -> Verdict {
+        if let Err(v) = self.window_check(msn) {
+            return v;
+        }
+        let idx = slot_index(msn);
+        if self
+            .slots
+            .get(idx)
+            .is_some_and(|s| s.state != SlotState::Free && s.msn == msn)
+        {
+            return self
+                .single_packet_slot(msn, Opcode::ReadRequest)
+                .err()
+                .unwrap_or(Verdict::Accept);
+        }
+        if va.checked_add(u64::from(len)).is_none() {
+            return self.fail_new(msn, Opcode::ReadRequest, NakCode::RemoteAccess);
+        }
+        if let Err(e) = mem.check_remote(rkey, va, len, Access::Read) {
+            return self.fail_new(msn, Opcode::ReadRequest, access_nak(e));
+        }
+        if !self.new_response(
+            msn,
+            ResponseKind::Read { va, rkey, len },
+            segments(len, mtu),
+        ) {
+            self.stats.dropped += 1;
+            return Verdict::Drop;
+        }
+        if let Err(v) = self.single_packet_slot(msn, Opcode::ReadRequest) {
+            return v;
+        }
+        self.done_single(msn);
+        Verdict::Accept
+    }
+
+    /// CMP_SWP / FETCH_ADD: executed exactly once; the result is kept for resending.
+    pub fn on_atomic(
+        &mut self,
+        msn: u32,
+        va: u64,
+        rkey: u32,
+        op: AtomicOp,
+        opcode: Opcode,
+        mem: &mut impl Memory,
+    ) -> Verdict {
+        if let Err(v) = self.window_check(msn) {
+            return v;
+        }
+        let idx = slot_index(msn);
+        if self
+            .slots
+            .get(idx)
+            .is_some_and(|s| s.state != SlotState::Free && s.msn == msn)
+        {
+            return self
+                .single_packet_slot(msn, opcode)
+                .err()
+                .unwrap_or(Verdict::Accept);
+        }
+        if !self.resps.iter().any(|r| !r.used) {
+            self.stats.dropped += 1;
+            return Verdict::Drop;
+        }
+        let orig = match mem.atomic(rkey, va, op) {
+            Ok(v) => v,
+            Err(e) => return self.fail_new(msn, opcode, access_nak(e)),
+        };
+        self.new_response(msn, ResponseKind::Atomic { orig }, 1);
+        if let Err(v) = self.single_packet_slot(msn, opcode) {
+            return v;
+        }
+        self.done_single(msn);
+        Verdict::Accept
+    }
+
+    fn fail_new(&mut self, msn: u32, opcode: Opcode, code: NakCode) -> Verdict {
+        let _ = self.single_packet_slot(msn, opcode);
+        self.fail(msn, code)
+    }
+
+    /// Moves the completion point over complete messages, completing receive WQEs.
+    fn advance(&mut self) {
+        loop {
+            if matches!(self.error_msn, Some((m, _)) if m == self.completed) {
+                return;
+            }
+            let idx = slot_index(self.completed);
+            let Some(s) = self.slots.get(idx).copied() else {
+                return;
+            };
+            if s.state != SlotState::Done || s.msn != self.completed {
+                return;
+            }
+            if matches!(
+                s.opcode,
+                Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
+            ) {
+                let (opcode, byte_len) = if s.opcode == Opcode::RdmaWriteWithImm {
+                    (CqOpcode::RecvRdmaWithImm, 0)
+                } else {
+                    (CqOpcode::Recv, s.total_len)
+                };
+                if let Some(rq) = self.rq.get_mut(s.rsn as usize % RQ_DEPTH) {
+                    rq.state = RqState::Done {
+                        status: CqStatus::Success,
+                        byte_len,
+                        imm: s.imm,
+                        opcode,
+                        solicited: s.solicited,
+                    };
+                }
+            }
+            if let Some(slot) = self.slots.get_mut(idx) {
+                *slot = Slot::free();
+            }
+            self.stats.completed += 1;
+            self.completed = self.completed.wrapping_add(1);
+        }
+    }
+
+    /// Next response packet to send: a lost or unsent segment of the oldest response.
+    pub fn next_segment(&self) -> Option<ResponseSegment> {
+        let mut best: Option<ResponseSegment> = None;
+        for r in self.resps.iter().filter(|r| r.used) {
+            if let Some(seg) = r.segs.next_unsent(r.n_segs) {
+                let older = best.is_none_or(|b| seq_diff(r.msn, b.msn) < 0);
+                if older {
+                    best = Some(ResponseSegment {
+                        msn: r.msn,
+                        seg,
+                        kind: r.kind,
+                        retransmit: r.segs.was_sent(seg),
+                    });
+                }
+            }
+        }
+        best
+    }
+
+    fn response(&mut self, msn: u32) -> Option<&mut Response> {
+        self.resps.iter_mut().find(|r| r.used && r.msn == msn)
+    }
+
+    pub fn mark_sent(&mut self, msn: u32, seg: u32) {
+        if let Some(r) = self.response(msn) {
+            r.segs.mark_sent(seg);
+        }
+    }
+
+    /// A response packet was resolved on its path; fully acknowledged responses are freed.
+    pub fn on_outcome(&mut self, msn: u32, seg: u32, outcome: Outcome) {
+        let Some(r) = self.response(msn) else { return };
+        match outcome {
+            Outcome::Acked => {
+                r.segs.mark_done(seg);
+                if r.segs.complete(r.n_segs) {
+                    r.used = false;
+                }
+            }
+            Outcome::Lost | Outcome::TimedOut => r.segs.mark_lost(seg),
+        }
+    }
+
+    /// The response's source could not be read any more: drop it (the caller NAKs).
+    pub fn abort_response(&mut self, msn: u32) {
+        if let Some(r) = self.response(msn) {
+            r.used = false;
+        }
+    }
+
+    /// Delivers the next receive completion in order; with the stream in error, posted
+    /// receive WQEs are flushed.
+    pub fn pop_completion(&mut self, stream: StreamId, src_qp: u32, in_error: bool) -> Option<Cqe> {
+        if self.rq_head == self.rq_tail {
+            return None;
+        }
+        let e = self.rq.get(self.rq_head as usize % RQ_DEPTH)?;
+        let cqe = match e.state {
+            RqState::Done {
+                status,
+                byte_len,
+                imm,
+                opcode,
+                solicited,
+            } => Cqe {
+                stream,
+                wr_id: e.wqe.wr_id,
+                status,
+                opcode,
+                byte_len,
+                imm,
+                solicited,
+                src_qp,
+            },
+            RqState::Posted if in_error => Cqe {
+                stream,
+                wr_id: e.wqe.wr_id,
+                status: CqStatus::WrFlushErr,
+                opcode: CqOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                solicited: false,
+                src_qp,
+            },
+            RqState::Posted => return None,
+        };
+        self.rq_head = self.rq_head.wrapping_add(1);
+        Some(cqe)
+    }
+}
+
+fn access_nak(e: AccessError) -> NakCode {
+    match e {
+        AccessError::Alignment => NakCode::InvalidRequest,
+        _ => NakCode::RemoteAccess,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::memory::{SgList, Sge};
+    use super::*;
+    use std::vec::Vec;
+
+    /// One flat region: lkey/rkey 1 covers [0, len).
+    struct Flat(Vec<u8>);
+
+    impl Flat {
+        fn range(
+            &self,
+            key: u32,
+            va: u64,
+            len: usize,
+        ) -> Result<core::ops::Range<usize>, AccessError> {
+            if key != 1 {
+                return Err(AccessError::Key);
+            }
+            let s = usize::try_from(va).map_err(|_| AccessError::Bounds)?;
+            let e = s.checked_add(len).ok_or(AccessError::Bounds)?;
+            if e > self.0.len() {
+                return Err(AccessError::Bounds);
+            }
+            Ok(s..e)
+        }
+    }
+
+    impl Memory for Flat {
+        fn read_local(
+            &mut self,
+            sge: &Sge,
+            offset: u32,
+            out: &mut [u8],
+        ) -> Result<(), AccessError> {
+            let r = self.range(sge.lkey, sge.addr + u64::from(offset), out.len())?;
+            out.copy_from_slice(&self.0[r]);
+            Ok(())
+        }
+        fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+            let r = self.range(sge.lkey, sge.addr + u64::from(offset), data.len())?;
+            self.0[r].copy_from_slice(data);
+            Ok(())
+        }
+        fn check_remote(
+            &mut self,
+            rkey: u32,
+            va: u64,
+            len: u32,
+            _a: Access,
+        ) -> Result<(), AccessError> {
+            self.range(rkey, va, len as usize).map(|_| ())
+        }
+        fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+            let r = self.range(rkey, va, data.len())?;
+            self.0[r].copy_from_slice(data);
+            Ok(())
+        }
+        fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+            let r = self.range(rkey, va, out.len())?;
+            out.copy_from_slice(&self.0[r]);
+            Ok(())
+        }
+        fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+            let r = self.range(rkey, va, 8)?;
+            let old = u64::from_ne_bytes(self.0[r.clone()].try_into().unwrap());
+            let new = match op {
+                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+                AtomicOp::CompareSwap { compare, swap } => {
+                    if old == compare {
+                        swap
+                    } else {
+                        old
+                    }
+                }
+            };
+            self.0[r].copy_from_slice(&new.to_ne_bytes());
+            Ok(old)
+        }
+    }
+
+    fn send(
+        r: &mut Responder,
+        mem: &mut Flat,
+        msn: u32,
+        rsn: u32,
+        off: u32,
+        total: u32,
+        byte: u8,
+    ) -> Verdict {
+        let len = total.saturating_sub(off).min(4) as usize;
+        let data = std::vec![byte; len];
+        r.on_data(
+            Opcode::Send,
+            msn,
+            rsn,
+            0,
+            0,
+            off,
+            total,
+            None,
+            false,
+            &data,
+            4,
+            100,
+            mem,
+        )
+    }
+
+    #[test]
+    fn out_of_order_send_placement_and_in_order_completion() {
+        let mut mem = Flat(std::vec![0; 64]);
+        let mut r = Responder::new();
+        r.post_recv(RecvWqe {
+            wr_id: 10,
+            local: SgList::single(Sge {
+                addr: 0,
+                len: 8,
+                lkey: 1,
+            }),
+        })
+        .unwrap();
+        r.post_recv(RecvWqe {
+            wr_id: 11,
+            local: SgList::single(Sge {
+                addr: 16,
+                len: 8,
+                lkey: 1,
+            }),
+        })
+        .unwrap();
+        // Message 1 arrives complete before message 0.
+        assert_eq!(send(&mut r, &mut mem, 1, 1, 0, 3, 0xbb), Verdict::Accept);
+        assert!(r.pop_completion(StreamId(0), 0, false).is_none());
+        assert_eq!(send(&mut r, &mut mem, 0, 0, 4, 8, 0xa2), Verdict::Accept);
+        assert_eq!(send(&mut r, &mut mem, 0, 0, 4, 8, 0xa2), Verdict::Accept); // duplicate
+        assert_eq!(r.stats.duplicates, 1);
+        assert_eq!(r.completed_msn(), 0);
+        assert_eq!(send(&mut r, &mut mem, 0, 0, 0, 8, 0xa1), Verdict::Accept);
+        assert_eq!(r.completed_msn(), 2);
+        assert_eq!(
+            &mem.0[0..8],
+            &[0xa1, 0xa1, 0xa1, 0xa1, 0xa2, 0xa2, 0xa2, 0xa2]
+        );
+        assert_eq!(&mem.0[16..19], &[0xbb; 3]);
+        let c = r.pop_completion(StreamId(0), 0, false).unwrap();
+        assert_eq!((c.wr_id, c.byte_len), (10, 8));
+        assert_eq!(r.pop_completion(StreamId(0), 0, false).unwrap().wr_id, 11);
+        // Late duplicate of a completed message.
+        assert_eq!(send(&mut r, &mut mem, 0, 0, 0, 8, 0xff), Verdict::Accept);
+        assert_eq!(mem.0[0], 0xa1);
+    }
+
+    #[test]
+    fn rnr_then_accept() {
+        let mut mem = Flat(std::vec![0; 64]);
+        let mut r = Responder::new();
+        assert_eq!(
+            send(&mut r, &mut mem, 0, 0, 0, 4, 1),
+            Verdict::Nak(NakCode::Rnr, 100)
+        );
+        r.post_recv(RecvWqe {
+            wr_id: 1,
+            local: SgList::single(Sge {
+                addr: 0,
+                len: 8,
+                lkey: 1,
+            }),
+        })
+        .unwrap();
+        assert_eq!(send(&mut r, &mut mem, 0, 0, 0, 4, 1), Verdict::Accept);
+        assert_eq!(r.completed_msn(), 1);
+    }
+
+    #[test]
+    fn bad_rkey_fails_and_blocks_later_messages() {
+        let mut mem = Flat(std::vec![0; 64]);
+        let mut r = Responder::new();
+        let v = r.on_data(
+            Opcode::RdmaWrite,
+            0,
+            0,
+            0,
+            9,
+            0,
+            4,
+            None,
+            false,
+            &[1, 2, 3, 4],
+            4,
+            100,
+            &mut mem,
+        );
+        assert_eq!(v, Verdict::Nak(NakCode::RemoteAccess, 0));
+        assert_eq!(r.failed(), Some(NakCode::RemoteAccess));
+        let v = r.on_data(
+            Opcode::RdmaWrite,
+            1,
+            0,
+            0,
+            1,
+            0,
+            4,
+            None,
+            false,
+            &[1, 2, 3, 4],
+            4,
+            100,
+            &mut mem,
+        );
+        assert_eq!(v, Verdict::Nak(NakCode::RemoteAccess, 0));
+        assert_eq!(mem.0[0], 0);
+    }
+
+    #[test]
+    fn window_and_misaligned_packets() {
+        let mut mem = Flat(std::vec![0; 64]);
+        let mut r = Responder::new();
+        let v = r.on_data(
+            Opcode::RdmaWrite,
+            MSG_WINDOW,
+            0,
+            0,
+            1,
+            0,
+            4,
+            None,
+            false,
+            &[1; 4],
+            4,
+            100,
+            &mut mem,
+        );
+        assert_eq!(v, Verdict::Drop);
+        let v = r.on_data(
+            Opcode::RdmaWrite,
+            0,
+            0,
+            2,
+            1,
+            2,
+            8,
+            None,
+            false,
+            &[1; 4],
+            4,
+            100,
+            &mut mem,
+        );
+        assert_eq!(v, Verdict::Nak(NakCode::InvalidRequest, 0));
+    }
+
+    #[test]
+    fn read_and_atomic_responses() {
+        let mut mem = Flat(std::vec![0; 64]);
+        mem.0[8..16].copy_from_slice(&5u64.to_ne_bytes());
+        let mut r = Responder::new();
+        assert_eq!(r.on_read_request(0, 0, 1, 10, 4, &mut mem), Verdict::Accept);
+        assert_eq!(r.on_read_request(0, 0, 1, 10, 4, &mut mem), Verdict::Accept);
+        assert_eq!(
+            r.on_read_request(1, 60, 1, 10, 4, &mut mem),
+            Verdict::Nak(NakCode::RemoteAccess, 0)
+        );
+        let mut r = Responder::new();
+        r.on_read_request(0, 0, 1, 10, 4, &mut mem);
+        let op = AtomicOp::FetchAdd { add: 3 };
+        assert_eq!(
+            r.on_atomic(1, 8, 1, op, Opcode::FetchAdd, &mut mem),
+            Verdict::Accept
+        );
+        assert_eq!(
+            r.on_atomic(1, 8, 1, op, Opcode::FetchAdd, &mut mem),
+            Verdict::Accept
+        );
+        assert_eq!(
+            u64::from_ne_bytes(mem.0[8..16].try_into().unwrap()),
+            8,
+            "executed once"
+        );
+        let mut segs = Vec::new();
+        while let Some(s) = r.next_segment() {
+            r.mark_sent(s.msn, s.seg);
+            segs.push((s.msn, s.seg));
+        }
+        assert_eq!(segs, std::vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+        r.on_outcome(0, 1, Outcome::Lost);
+        assert_eq!(
+            r.next_segment().map(|s| (s.msn, s.seg, s.retransmit)),
+            Some((0, 1, true))
+        );
+        for seg in 0..3 {
+            r.on_outcome(0, seg, Outcome::Acked);
+        }
+        r.on_outcome(1, 0, Outcome::Acked);
+        assert!(r.next_segment().is_none());
+        assert_eq!(r.completed_msn(), 2);
+    }
+}

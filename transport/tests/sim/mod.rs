@@ -1,0 +1,451 @@
+//! A deterministic fabric simulator: two endpoints, Vec-backed memory regions, and a link
+//! model with loss, per-path delay and jitter (FIFO per path, so jitter reorders packets
+//! across paths only, like ECMP routes), duplication and a serialisation rate; time advances
+//! through an event queue. Everything is seeded.
+#![allow(dead_code)]
+
+use metaroce_transport::connection::{Config, Connection, Event, Transmit};
+use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
+use metaroce_transport::stream::{Cqe, StreamConfig, StreamId};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+pub const PATHS: usize = 8;
+pub const STREAMS: usize = 4;
+pub type Conn = Connection<PATHS, STREAMS>;
+
+/// Small deterministic PRNG (splitmix64).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// True with probability `ppm` / 1e6.
+    pub fn chance(&mut self, ppm: u32) -> bool {
+        (self.next_u64() % 1_000_000) < u64::from(ppm)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}
+
+/// A memory region: keys are both lkey and rkey.
+pub struct Region {
+    pub base: u64,
+    pub data: Vec<u8>,
+    pub remote_write: bool,
+    pub remote_read: bool,
+    pub remote_atomic: bool,
+}
+
+#[derive(Default)]
+pub struct SimMemory {
+    pub regions: HashMap<u32, Region>,
+}
+
+impl SimMemory {
+    pub fn add(&mut self, key: u32, base: u64, len: usize) {
+        self.regions.insert(
+            key,
+            Region {
+                base,
+                data: vec![0; len],
+                remote_write: true,
+                remote_read: true,
+                remote_atomic: true,
+            },
+        );
+    }
+
+    fn range(
+        &self,
+        key: u32,
+        va: u64,
+        len: usize,
+    ) -> Result<(&Region, std::ops::Range<usize>), AccessError> {
+        let r = self.regions.get(&key).ok_or(AccessError::Key)?;
+        let off = va.checked_sub(r.base).ok_or(AccessError::Bounds)? as usize;
+        let end = off.checked_add(len).ok_or(AccessError::Bounds)?;
+        if end > r.data.len() {
+            return Err(AccessError::Bounds);
+        }
+        Ok((r, off..end))
+    }
+
+    pub fn bytes(&self, key: u32, va: u64, len: usize) -> &[u8] {
+        let (r, range) = self.range(key, va, len).expect("range");
+        &r.data[range]
+    }
+
+    pub fn fill(&mut self, key: u32, va: u64, src: &[u8]) {
+        let (_, range) = self.range(key, va, src.len()).expect("range");
+        self.regions.get_mut(&key).unwrap().data[range].copy_from_slice(src);
+    }
+
+    fn write(&mut self, key: u32, va: u64, src: &[u8]) -> Result<(), AccessError> {
+        let (_, range) = self.range(key, va, src.len())?;
+        self.regions.get_mut(&key).unwrap().data[range].copy_from_slice(src);
+        Ok(())
+    }
+}
+
+impl Memory for SimMemory {
+    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
+        if u64::from(offset) + out.len() as u64 > u64::from(sge.len) {
+            return Err(AccessError::Length);
+        }
+        let (r, range) = self.range(sge.lkey, sge.addr + u64::from(offset), out.len())?;
+        out.copy_from_slice(&r.data[range]);
+        Ok(())
+    }
+    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+        if u64::from(offset) + data.len() as u64 > u64::from(sge.len) {
+            return Err(AccessError::Length);
+        }
+        self.write(sge.lkey, sge.addr + u64::from(offset), data)
+    }
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u32,
+        access: Access,
+    ) -> Result<(), AccessError> {
+        let (r, _) = self.range(rkey, va, len as usize)?;
+        let ok = match access {
+            Access::Read => r.remote_read,
+            Access::Write => r.remote_write,
+            Access::Atomic => r.remote_atomic,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(AccessError::Permission)
+        }
+    }
+    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+        self.check_remote(rkey, va, data.len() as u32, Access::Write)?;
+        self.write(rkey, va, data)
+    }
+    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        self.check_remote(rkey, va, out.len() as u32, Access::Read)?;
+        let (r, range) = self.range(rkey, va, out.len())?;
+        out.copy_from_slice(&r.data[range]);
+        Ok(())
+    }
+    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        if !va.is_multiple_of(8) {
+            return Err(AccessError::Alignment);
+        }
+        self.check_remote(rkey, va, 8, Access::Atomic)?;
+        let (r, range) = self.range(rkey, va, 8)?;
+        let old = u64::from_ne_bytes(r.data[range].try_into().unwrap());
+        let new = match op {
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+        };
+        self.write(rkey, va, &new.to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+/// Link behaviour, the same in both directions. Probabilities in parts per million.
+#[derive(Clone, Debug)]
+pub struct LinkConfig {
+    pub loss_ppm: u32,
+    pub dup_ppm: u32,
+    /// Fraction of packets that get an extra delay (which, FIFO per path, also holds back
+    /// the packets behind them on that path).
+    pub reorder_ppm: u32,
+    pub reorder_max_ns: u64,
+    /// One-way delay of each path.
+    pub path_delay_ns: Vec<u64>,
+    /// Serialisation rate of each direction, bits per microsecond (10_000 = 10 Gbit/s).
+    pub rate_bits_per_us: u64,
+}
+
+impl LinkConfig {
+    pub fn clean() -> Self {
+        LinkConfig {
+            loss_ppm: 0,
+            dup_ppm: 0,
+            reorder_ppm: 0,
+            reorder_max_ns: 0,
+            path_delay_ns: (0..PATHS as u64).map(|i| 5_000 + 1_000 * i).collect(),
+            rate_bits_per_us: 10_000,
+        }
+    }
+    pub fn loss(mut self, pct_x100: u32) -> Self {
+        self.loss_ppm = pct_x100 * 100;
+        self
+    }
+    pub fn reorder(mut self, pct: u32, max_ns: u64) -> Self {
+        self.reorder_ppm = pct * 10_000;
+        self.reorder_max_ns = max_ns;
+        self
+    }
+    pub fn dup(mut self, pct_x100: u32) -> Self {
+        self.dup_ppm = pct_x100 * 100;
+        self
+    }
+}
+
+pub struct Endpoint {
+    pub conn: Box<Conn>,
+    pub mem: SimMemory,
+    pub send_cqes: Vec<Cqe>,
+    pub recv_cqes: Vec<Cqe>,
+    pub stream_errors: Vec<(StreamId, metaroce_transport::stream::CqStatus)>,
+    pub stream: StreamId,
+    /// Packets this endpoint handed to the network.
+    pub tx: u64,
+}
+
+impl Endpoint {
+    fn drain_events(&mut self) {
+        while let Some(e) = self.conn.poll_event() {
+            match e {
+                Event::SendCompletion(c) => self.send_cqes.push(c),
+                Event::RecvCompletion(c) => self.recv_cqes.push(c),
+                Event::StreamError { stream, status } => self.stream_errors.push((stream, status)),
+            }
+        }
+    }
+}
+
+#[derive(Default, Debug, Clone)]
+pub struct NetStats {
+    pub sent: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub delivered: u64,
+    pub bytes_delivered: u64,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct InFlight {
+    at: u64,
+    seq: u64,
+    to: usize,
+    path: u16,
+    bytes: Vec<u8>,
+}
+
+pub struct Sim {
+    pub now: u64,
+    pub ep: [Endpoint; 2],
+    pub link: LinkConfig,
+    pub net: NetStats,
+    /// While true, everything to or from endpoint 1 vanishes.
+    pub b_dead: bool,
+    rng: Rng,
+    queue: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    link_free: [u64; 2],
+    path_last: Vec<[u64; 2]>,
+}
+
+pub fn config(local: u32, remote: u32, seed: u64) -> Config {
+    let mut c = Config::new(local, remote);
+    c.num_paths = PATHS as u16;
+    c.mtu = 1024;
+    c.seed = seed;
+    c.path.min_rto = 150_000;
+    c.path.initial_rto = 300_000;
+    c.path.max_rto = 5_000_000;
+    c.path.ack_delay = 5_000;
+    c.stall_timeout = 2_000_000;
+    c
+}
+
+impl Sim {
+    /// Two endpoints, each with one stream (QPs 0x11 and 0x22) and a 1 MiB region (keys
+    /// 1 on A, 2 on B; base addresses 0x10000 and 0x20000 times 16).
+    pub fn new(link: LinkConfig, seed: u64) -> Self {
+        Self::with_config(link, seed, |_| {})
+    }
+
+    pub fn with_config(link: LinkConfig, seed: u64, tweak: impl Fn(&mut Config)) -> Self {
+        let mut ca = config(100, 200, seed ^ 0xa);
+        let mut cb = config(200, 100, seed ^ 0xb);
+        tweak(&mut ca);
+        tweak(&mut cb);
+        let mut a = Box::new(Conn::new(ca).expect("config"));
+        let mut b = Box::new(Conn::new(cb).expect("config"));
+        let sa = a.open_stream(StreamConfig::new(0x11, 0x22)).unwrap();
+        let sb = b.open_stream(StreamConfig::new(0x22, 0x11)).unwrap();
+        let mut ma = SimMemory::default();
+        ma.add(1, 0x100000, 1 << 20);
+        let mut mb = SimMemory::default();
+        mb.add(2, 0x200000, 1 << 20);
+        let ep = |conn, mem, stream| Endpoint {
+            conn,
+            mem,
+            send_cqes: Vec::new(),
+            recv_cqes: Vec::new(),
+            stream_errors: Vec::new(),
+            stream,
+            tx: 0,
+        };
+        let paths = link.path_delay_ns.len();
+        Sim {
+            now: 1_000,
+            ep: [ep(a, ma, sa), ep(b, mb, sb)],
+            link,
+            net: NetStats::default(),
+            b_dead: false,
+            rng: Rng::new(seed),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            link_free: [0; 2],
+            path_last: vec![[0; 2]; paths],
+        }
+    }
+
+    fn send(&mut self, from: usize, t: Transmit, bytes: Vec<u8>) {
+        self.net.sent += 1;
+        let to = 1 - from;
+        if self.b_dead && (from == 1 || to == 1) {
+            self.net.dropped += 1;
+            return;
+        }
+        // Serialisation on the sender's link (every packet, lost or not).
+        let ser = (bytes.len() as u64 + 50) * 8 * 1_000 / self.link.rate_bits_per_us.max(1);
+        let depart = self.now.max(self.link_free[from]) + ser;
+        self.link_free[from] = depart;
+        if self.rng.chance(self.link.loss_ppm) {
+            self.net.dropped += 1;
+            return;
+        }
+        let p = usize::from(t.path) % self.path_last.len();
+        let mut at = depart + self.link.path_delay_ns[p];
+        if self.rng.chance(self.link.reorder_ppm) {
+            at += self.rng.below(self.link.reorder_max_ns);
+        }
+        // Each path is one route: FIFO.
+        at = at.max(self.path_last[p][from]);
+        self.path_last[p][from] = at;
+        let copies = if self.rng.chance(self.link.dup_ppm) {
+            2
+        } else {
+            1
+        };
+        if copies == 2 {
+            self.net.duplicated += 1;
+        }
+        for _ in 0..copies {
+            self.seq += 1;
+            self.queue.push(Reverse(InFlight {
+                at,
+                seq: self.seq,
+                to,
+                path: t.path,
+                bytes: bytes.clone(),
+            }));
+        }
+    }
+
+    /// Lets both endpoints send everything they have now and collects their events.
+    pub fn pump(&mut self) {
+        let mut buf = vec![0u8; 2048];
+        loop {
+            let mut any = false;
+            for i in 0..2 {
+                let now = self.now;
+                let ep = &mut self.ep[i];
+                if let Some(t) = ep.conn.poll_transmit(now, &mut buf, &mut ep.mem) {
+                    ep.tx += 1;
+                    let bytes = buf[..t.len].to_vec();
+                    self.send(i, t, bytes);
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        for ep in &mut self.ep {
+            ep.drain_events();
+        }
+    }
+
+    /// Advances to the next event (packet arrival or timer). Returns false if there is none.
+    pub fn step(&mut self) -> bool {
+        self.pump();
+        let mut next = self.queue.peek().map(|Reverse(p)| p.at);
+        for ep in &self.ep {
+            if let Some(t) = ep.conn.poll_timeout() {
+                next = Some(next.map_or(t, |n: u64| n.min(t)));
+            }
+        }
+        let Some(t) = next else { return false };
+        self.now = self.now.max(t);
+        while let Some(Reverse(p)) = self.queue.peek() {
+            if p.at > self.now {
+                break;
+            }
+            let Reverse(p) = self.queue.pop().unwrap();
+            self.net.delivered += 1;
+            self.net.bytes_delivered += p.bytes.len() as u64;
+            let now = self.now;
+            let ep = &mut self.ep[p.to];
+            let _ = ep.conn.handle_packet(now, &p.bytes, false, &mut ep.mem);
+        }
+        for ep in &mut self.ep {
+            if ep.conn.poll_timeout().is_some_and(|d| d <= self.now) {
+                ep.conn.handle_timeout(self.now);
+            }
+        }
+        true
+    }
+
+    /// Runs until `done` or `deadline` (simulated ns); returns whether `done` became true.
+    pub fn run_until(&mut self, deadline: u64, mut done: impl FnMut(&Sim) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            if self.now > deadline || !self.step() {
+                self.pump();
+                return done(self);
+            }
+        }
+    }
+
+    pub fn retransmits(&self) -> u64 {
+        self.ep.iter().map(|e| e.conn.stats().retransmits).sum()
+    }
+}
+
+pub fn sge(key: u32, addr: u64, len: u32) -> SgList {
+    SgList::single(Sge {
+        addr,
+        len,
+        lkey: key,
+    })
+}
+
+/// Deterministic test pattern.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    (0..len).map(|_| r.next_u64() as u8).collect()
+}
