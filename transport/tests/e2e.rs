@@ -59,3 +59,307 @@ fn write_and_send_byte_exact() {
     );
     assert_eq!(sim.retransmits(), 0);
 }
+
+fn bulk(n: usize, len: u32) -> Vec<Msg> {
+    (0..n)
+        .map(|_| Msg {
+            op: WrOpcode::RdmaWrite,
+            len,
+        })
+        .collect()
+}
+
+fn mixed(n: usize) -> Vec<Msg> {
+    let ops = [
+        WrOpcode::RdmaWrite,
+        WrOpcode::Send,
+        WrOpcode::RdmaRead,
+        WrOpcode::SendWithImm,
+        WrOpcode::RdmaWriteWithImm,
+        WrOpcode::FetchAdd,
+        WrOpcode::RdmaWrite,
+        WrOpcode::CmpSwap,
+    ];
+    let sizes = [1u32, 1024, 3000, 16384, 0, 777, 8192, 2048];
+    (0..n)
+        .map(|i| Msg {
+            op: ops[i % ops.len()],
+            len: sizes[(i / ops.len() + i) % sizes.len()],
+        })
+        .collect()
+}
+
+#[test]
+fn every_opcode_clean() {
+    let mut sim = Sim::new(LinkConfig::clean(), 2);
+    let r = run_workload(&mut sim, &mixed(64), 100_000_000);
+    assert!(r.completed, "{r:?}");
+    assert_eq!(r.retransmits, 0);
+}
+
+#[test]
+fn atomics_return_original_values() {
+    let mut sim = Sim::new(LinkConfig::clean(), 3);
+    sim.ep[1].mem.fill(2, B_BUF + 64, &41u64.to_ne_bytes());
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::FetchAdd, sge(1, A_BUF, 8))
+            .remote(B_BUF + 64, 2)
+            .atomic(0, 1),
+    );
+    post(
+        &mut sim,
+        SendWqe::new(2, WrOpcode::CmpSwap, sge(1, A_BUF + 8, 8))
+            .remote(B_BUF + 64, 2)
+            .atomic(42, 7),
+    );
+    post(
+        &mut sim,
+        SendWqe::new(3, WrOpcode::CmpSwap, sge(1, A_BUF + 16, 8))
+            .remote(B_BUF + 64, 2)
+            .atomic(42, 9),
+    );
+    assert!(sim.run_until(10_000_000, |s| s.ep[0].send_cqes.len() == 3));
+    let word = |sim: &Sim, ep: usize, key: u32, va: u64| {
+        u64::from_ne_bytes(sim.ep[ep].mem.bytes(key, va, 8).try_into().unwrap())
+    };
+    assert_eq!(word(&sim, 0, 1, A_BUF), 41);
+    assert_eq!(word(&sim, 0, 1, A_BUF + 8), 42);
+    assert_eq!(
+        word(&sim, 0, 1, A_BUF + 16),
+        7,
+        "compare failed: original returned"
+    );
+    assert_eq!(word(&sim, 1, 2, B_BUF + 64), 7);
+    assert!(sim.ep[0]
+        .send_cqes
+        .iter()
+        .all(|c| c.status == CqStatus::Success && c.byte_len == 8));
+}
+
+fn lossy(link: LinkConfig, seed: u64, msgs: &[Msg]) -> WorkloadResult {
+    let mut sim = Sim::new(link, seed);
+    let r = run_workload(&mut sim, msgs, 2_000_000_000);
+    assert!(r.completed, "did not complete: {r:?}");
+    r
+}
+
+#[test]
+fn lossy_links_deliver_everything_once_in_order() {
+    let msgs = mixed(160);
+    for (name, link) in [
+        ("1% loss", LinkConfig::clean().loss(100)),
+        ("10% loss", LinkConfig::clean().loss(1000)),
+        ("25% reorder", LinkConfig::clean().reorder(25, 30_000)),
+        ("1% dup", LinkConfig::clean().dup(100)),
+        (
+            "all",
+            LinkConfig::clean().loss(500).reorder(25, 30_000).dup(100),
+        ),
+    ] {
+        let r = lossy(link, 11, &msgs);
+        eprintln!(
+            "{name}: goodput {} Mbit/s, retransmits {}, net {:?}",
+            r.goodput_mbps(),
+            r.retransmits,
+            r.net
+        );
+    }
+}
+
+#[test]
+fn reordering_without_loss_causes_no_retransmission() {
+    for seed in 0..4 {
+        let r = lossy(LinkConfig::clean().reorder(25, 40_000), seed, &mixed(96));
+        assert_eq!(r.retransmits, 0, "seed {seed}: {r:?}");
+    }
+}
+
+#[test]
+fn goodput_under_loss() {
+    let msgs = bulk(200, 16384);
+    let base = lossy(LinkConfig::clean(), 5, &msgs);
+    let l1 = lossy(LinkConfig::clean().loss(100), 5, &msgs);
+    let l10 = lossy(LinkConfig::clean().loss(1000), 5, &msgs);
+    eprintln!(
+        "goodput: 0% {} Mbit/s; 1% {} Mbit/s ({}%, {} retransmits); 10% {} Mbit/s ({}%, {} retransmits)",
+        base.goodput_mbps(),
+        l1.goodput_mbps(),
+        l1.goodput_mbps() * 100 / base.goodput_mbps().max(1),
+        l1.retransmits,
+        l10.goodput_mbps(),
+        l10.goodput_mbps() * 100 / base.goodput_mbps().max(1),
+        l10.retransmits,
+    );
+    assert!(
+        l1.goodput_mbps() * 100 >= base.goodput_mbps() * 50,
+        "1% loss keeps at least half"
+    );
+    assert!(
+        l10.goodput_mbps() * 100 >= base.goodput_mbps() * 10,
+        "10% loss keeps at least a tenth"
+    );
+}
+
+#[test]
+fn bad_rkey_gives_remote_access_error_and_flush() {
+    let mut sim = Sim::new(LinkConfig::clean(), 4);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 100)).remote(B_BUF, 2),
+    );
+    post(
+        &mut sim,
+        SendWqe::new(2, WrOpcode::RdmaWrite, sge(1, A_BUF, 100)).remote(B_BUF, 99),
+    );
+    post(
+        &mut sim,
+        SendWqe::new(3, WrOpcode::RdmaWrite, sge(1, A_BUF, 100)).remote(B_BUF, 2),
+    );
+    assert!(sim.run_until(50_000_000, |s| s.ep[0].send_cqes.len() == 3));
+    let st: Vec<_> = sim.ep[0]
+        .send_cqes
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        st,
+        vec![
+            (1, CqStatus::Success),
+            (2, CqStatus::RemAccessErr),
+            (3, CqStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(sim.ep[0].stream_errors.len(), 1);
+    // The responder's QP went to error too.
+    assert_eq!(sim.ep[1].stream_errors.len(), 1);
+    assert_eq!(sim.ep[1].stream_errors[0].1, CqStatus::RemAccessErr);
+    // Out-of-bounds READ and misaligned atomic on a fresh pair.
+    let mut sim = Sim::new(LinkConfig::clean(), 5);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaRead, sge(1, A_BUF, 100))
+            .remote(B_BUF + REGION as u64 - 50, 2),
+    );
+    assert!(sim.run_until(50_000_000, |s| !s.ep[0].send_cqes.is_empty()));
+    assert_eq!(sim.ep[0].send_cqes[0].status, CqStatus::RemAccessErr);
+}
+
+#[test]
+fn rnr_then_success_once_receive_posted() {
+    let mut sim = Sim::new(LinkConfig::clean(), 6);
+    let data = pattern(6, 5000);
+    sim.ep[0].mem.fill(1, A_BUF, &data);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::Send, sge(1, A_BUF, 5000)),
+    );
+    post(
+        &mut sim,
+        SendWqe::new(2, WrOpcode::RdmaWrite, sge(1, A_BUF, 5000)).remote(B_BUF + 8192, 2),
+    );
+    // Let it bounce off the empty receive queue for a while.
+    sim.run_until(sim.now + 2_000_000, |_| false);
+    assert!(sim.ep[0].send_cqes.is_empty());
+    let rnr = sim.ep[1].conn.stats().naks_out;
+    assert!(rnr >= 2, "several RNR NAKs: {rnr}");
+    recv(&mut sim, 9, B_BUF, 8000);
+    assert!(
+        sim.run_until(sim.now + 50_000_000, |s| s.ep[0].send_cqes.len() == 2
+            && s.ep[1].recv_cqes.len() == 1)
+    );
+    assert!(sim.ep[0]
+        .send_cqes
+        .iter()
+        .all(|c| c.status == CqStatus::Success));
+    assert_eq!(sim.ep[0].send_cqes[0].wr_id, 1);
+    assert_eq!(sim.ep[1].mem.bytes(2, B_BUF, 5000), &data[..]);
+    assert_eq!(
+        (
+            sim.ep[1].recv_cqes[0].wr_id,
+            sim.ep[1].recv_cqes[0].byte_len
+        ),
+        (9, 5000)
+    );
+}
+
+#[test]
+fn rnr_retry_exhausted() {
+    let mut sim = Sim::new(LinkConfig::clean(), 7);
+    let s = sim.ep[0].stream;
+    sim.ep[0].conn.close_stream(s);
+    let mut cfg = metaroce_transport::stream::StreamConfig::new(0x11, 0x22);
+    cfg.rnr_retry = 2;
+    sim.ep[0].stream = sim.ep[0].conn.open_stream(cfg).unwrap();
+    post(&mut sim, SendWqe::new(1, WrOpcode::Send, sge(1, A_BUF, 10)));
+    post(&mut sim, SendWqe::new(2, WrOpcode::Send, sge(1, A_BUF, 10)));
+    assert!(sim.run_until(100_000_000, |s| s.ep[0].send_cqes.len() == 2));
+    let st: Vec<_> = sim.ep[0].send_cqes.iter().map(|c| c.status).collect();
+    assert_eq!(st, vec![CqStatus::RnrRetryExcErr, CqStatus::WrFlushErr]);
+}
+
+#[test]
+fn peer_disappears_retry_exceeded_and_flush() {
+    let mut sim = Sim::new(LinkConfig::clean(), 8);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 3000)).remote(B_BUF, 2),
+    );
+    assert!(sim.run_until(10_000_000, |s| s.ep[0].send_cqes.len() == 1));
+    sim.b_dead = true;
+    for i in 0..5 {
+        post(
+            &mut sim,
+            SendWqe::new(10 + i, WrOpcode::RdmaWrite, sge(1, A_BUF, 3000)).remote(B_BUF, 2),
+        );
+    }
+    let t0 = sim.now;
+    assert!(sim.run_until(sim.now + 10_000_000_000, |s| s.ep[0].send_cqes.len() == 6));
+    let st: Vec<_> = sim.ep[0].send_cqes[1..]
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(st[0], (10, CqStatus::RetryExcErr));
+    assert!(st[1..].iter().all(|&(_, s)| s == CqStatus::WrFlushErr));
+    assert_eq!(
+        sim.ep[0].stream_errors,
+        vec![(sim.ep[0].stream, CqStatus::RetryExcErr)]
+    );
+    eprintln!(
+        "retry exceeded after {} us; paths {:?}",
+        (sim.now - t0) / 1000,
+        (0..PATHS)
+            .map(|p| sim.ep[0].conn.path_state(p).unwrap())
+            .collect::<Vec<_>>()
+    );
+    // Posting to the errored stream flushes at once.
+    post(&mut sim, SendWqe::new(99, WrOpcode::Send, sge(1, A_BUF, 1)));
+    sim.pump();
+    assert_eq!(
+        sim.ep[0].send_cqes.last().map(|c| (c.wr_id, c.status)),
+        Some((99, CqStatus::WrFlushErr))
+    );
+}
+
+#[test]
+fn psn_and_msn_wrap() {
+    let mut sim = Sim::with_config(LinkConfig::clean().loss(300), 9, |c| {
+        c.path.initial_psn = u32::MAX - 40
+    });
+    let r = run_workload(&mut sim, &mixed(120), 2_000_000_000);
+    assert!(r.completed);
+}
+
+#[test]
+fn one_dead_path_is_routed_around() {
+    // Path 3 drops everything in both directions: its packets time out, it changes entropy,
+    // turns Suspect/Failed and traffic continues on the others.
+    let mut link = LinkConfig::clean();
+    link.path_delay_ns[3] = 1_000_000_000_000; // never arrives within the test
+    let mut sim = Sim::new(link, 10);
+    let r = run_workload(&mut sim, &bulk(100, 8192), 2_000_000_000);
+    assert!(r.completed);
+    let st = sim.ep[0].conn.path_state(3).unwrap();
+    assert_ne!(st, metaroce_transport::connection::path::PathState::Active);
+    assert!(sim.ep[0].conn.path_stats(3).unwrap().entropy_changes >= 1);
+}

@@ -557,6 +557,8 @@ impl Requester {
         while self.head != self.tail {
             let e = self.sq.get(self.head as usize % SQ_DEPTH)?;
             let status = match e.state {
+                // Once the stream is in error, later failures are flushes.
+                State::Done(s) if in_error && s != CqStatus::Success => CqStatus::WrFlushErr,
                 State::Done(s) => s,
                 State::Pending if in_error => CqStatus::WrFlushErr,
                 State::Pending => return None,

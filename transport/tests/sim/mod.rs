@@ -6,13 +6,17 @@
 
 use metaroce_transport::connection::{Config, Connection, Event, Transmit};
 use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
-use metaroce_transport::stream::{Cqe, StreamConfig, StreamId};
+use metaroce_transport::stream::{
+    CqStatus, Cqe, RecvWqe, SendWqe, StreamConfig, StreamId, WrOpcode,
+};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 pub const PATHS: usize = 8;
 pub const STREAMS: usize = 4;
 pub type Conn = Connection<PATHS, STREAMS>;
+/// Size of each endpoint's memory region.
+pub const REGION: usize = 5 << 20;
 
 /// Small deterministic PRNG (splitmix64).
 #[derive(Clone, Debug)]
@@ -214,7 +218,7 @@ pub struct Endpoint {
     pub mem: SimMemory,
     pub send_cqes: Vec<Cqe>,
     pub recv_cqes: Vec<Cqe>,
-    pub stream_errors: Vec<(StreamId, metaroce_transport::stream::CqStatus)>,
+    pub stream_errors: Vec<(StreamId, CqStatus)>,
     pub stream: StreamId,
     /// Packets this endpoint handed to the network.
     pub tx: u64,
@@ -294,9 +298,9 @@ impl Sim {
         let sa = a.open_stream(StreamConfig::new(0x11, 0x22)).unwrap();
         let sb = b.open_stream(StreamConfig::new(0x22, 0x11)).unwrap();
         let mut ma = SimMemory::default();
-        ma.add(1, 0x100000, 1 << 20);
+        ma.add(1, 0x100000, REGION);
         let mut mb = SimMemory::default();
-        mb.add(2, 0x200000, 1 << 20);
+        mb.add(2, 0x200000, REGION);
         let ep = |conn, mem, stream| Endpoint {
             conn,
             mem,
@@ -448,4 +452,182 @@ pub fn sge(key: u32, addr: u64, len: u32) -> SgList {
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut r = Rng::new(seed);
     (0..len).map(|_| r.next_u64() as u8).collect()
+}
+
+/// One message of a workload: endpoint 0 is the requester.
+#[derive(Clone, Copy, Debug)]
+pub struct Msg {
+    pub op: WrOpcode,
+    pub len: u32,
+}
+
+/// Bytes reserved per message in both regions.
+pub const SLOT: u64 = 16 << 10;
+/// Offset of the FETCH_ADD counter in endpoint 1's region.
+pub const COUNTER: u64 = 4 << 20;
+
+#[derive(Debug, Clone)]
+pub struct WorkloadResult {
+    pub completed: bool,
+    pub elapsed_ns: u64,
+    pub payload_bytes: u64,
+    pub retransmits: u64,
+    pub net: NetStats,
+}
+
+impl WorkloadResult {
+    /// Payload goodput in Mbit/s (bits per microsecond).
+    pub fn goodput_mbps(&self) -> u64 {
+        self.payload_bytes * 8 * 1_000 / self.elapsed_ns.max(1)
+    }
+}
+
+/// Runs `msgs` from endpoint 0 to endpoint 1 (posting as the queues allow) and checks that
+/// every message completed exactly once, in order, successfully and byte-exact.
+pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResult {
+    assert!((msgs.len() as u64) * SLOT <= COUNTER);
+    let a_base = 0x100000u64;
+    let b_base = 0x200000u64;
+    let a_pat = pattern(0xa, COUNTER as usize);
+    let b_pat = pattern(0xb, COUNTER as usize);
+    sim.ep[0].mem.fill(1, a_base, &a_pat);
+    sim.ep[1].mem.fill(2, b_base, &b_pat);
+    sim.ep[1].mem.fill(2, b_base + COUNTER, &0u64.to_ne_bytes());
+    let consumers: Vec<usize> = (0..msgs.len())
+        .filter(|&i| msgs[i].op.consumes_recv())
+        .collect();
+    let start = sim.now;
+    let (mut next_send, mut next_recv) = (0usize, 0usize);
+    let mut last_done = start;
+    let done = |sim: &Sim| {
+        sim.ep[0].send_cqes.len() == msgs.len() && sim.ep[1].recv_cqes.len() == consumers.len()
+    };
+    loop {
+        // Keep the queues topped up.
+        while next_recv < consumers.len() {
+            let i = consumers[next_recv];
+            let s = sim.ep[1].stream;
+            let w = RecvWqe {
+                wr_id: i as u64,
+                local: sge(2, b_base + i as u64 * SLOT, msgs[i].len),
+            };
+            if sim.ep[1].conn.post_recv(s, w).is_err() {
+                break;
+            }
+            next_recv += 1;
+        }
+        while next_send < msgs.len() {
+            let i = next_send;
+            let m = msgs[i];
+            let slot = i as u64 * SLOT;
+            let wqe = match m.op {
+                WrOpcode::RdmaRead => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, m.len))
+                    .remote(b_base + slot, 2),
+                WrOpcode::FetchAdd => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, 8))
+                    .remote(b_base + COUNTER, 2)
+                    .atomic(0, 1),
+                WrOpcode::CmpSwap => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, 8))
+                    .remote(b_base + COUNTER + 8, 2)
+                    .atomic(0, 0),
+                _ => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, m.len))
+                    .remote(b_base + slot, 2)
+                    .imm(i as u32 ^ 0x5a5a),
+            };
+            let s = sim.ep[0].stream;
+            let now = sim.now;
+            if sim.ep[0].conn.post_send(now, s, wqe).is_err() {
+                break;
+            }
+            next_send += 1;
+        }
+        let before = sim.ep[0].send_cqes.len();
+        if done(sim) || sim.now > deadline {
+            break;
+        }
+        if !sim.step() {
+            sim.pump();
+            if !done(sim) {
+                break;
+            }
+        }
+        if sim.ep[0].send_cqes.len() != before {
+            last_done = sim.now;
+        }
+    }
+    let completed = done(sim);
+    let mut payload_bytes = 0u64;
+    if completed {
+        // Exactly once, in posting order, successful.
+        for (k, c) in sim.ep[0].send_cqes.iter().enumerate() {
+            assert_eq!(c.wr_id, k as u64, "send completions in order");
+            assert_eq!(
+                c.status,
+                CqStatus::Success,
+                "message {k} ({:?})",
+                msgs[k].op
+            );
+        }
+        for (k, c) in sim.ep[1].recv_cqes.iter().enumerate() {
+            let i = consumers[k];
+            assert_eq!(c.wr_id, i as u64, "receive completions in order");
+            assert_eq!(c.status, CqStatus::Success);
+            match msgs[i].op {
+                WrOpcode::Send => assert_eq!((c.byte_len, c.imm), (msgs[i].len, None)),
+                WrOpcode::SendWithImm => {
+                    assert_eq!((c.byte_len, c.imm), (msgs[i].len, Some(i as u32 ^ 0x5a5a)))
+                }
+                _ => assert_eq!(c.imm, Some(i as u32 ^ 0x5a5a)),
+            }
+        }
+        let mut adds = 0u64;
+        for (i, m) in msgs.iter().enumerate() {
+            let slot = i as u64 * SLOT;
+            let len = m.len as usize;
+            match m.op {
+                WrOpcode::RdmaRead => {
+                    assert_eq!(
+                        sim.ep[0].mem.bytes(1, a_base + slot, len),
+                        &b_pat[slot as usize..slot as usize + len],
+                        "READ {i}"
+                    );
+                }
+                WrOpcode::FetchAdd => {
+                    let got = u64::from_ne_bytes(
+                        sim.ep[0].mem.bytes(1, a_base + slot, 8).try_into().unwrap(),
+                    );
+                    assert!(got < msgs.len() as u64);
+                    adds += 1;
+                }
+                WrOpcode::CmpSwap => {}
+                _ => {
+                    assert_eq!(
+                        sim.ep[1].mem.bytes(2, b_base + slot, len),
+                        &a_pat[slot as usize..slot as usize + len],
+                        "{:?} {i}",
+                        m.op
+                    );
+                }
+            }
+            payload_bytes += if matches!(m.op, WrOpcode::FetchAdd | WrOpcode::CmpSwap) {
+                8
+            } else {
+                u64::from(m.len)
+            };
+        }
+        let counter = u64::from_ne_bytes(
+            sim.ep[1]
+                .mem
+                .bytes(2, b_base + COUNTER, 8)
+                .try_into()
+                .unwrap(),
+        );
+        assert_eq!(counter, adds, "every FETCH_ADD executed exactly once");
+    }
+    WorkloadResult {
+        completed,
+        elapsed_ns: last_done.saturating_sub(start),
+        payload_bytes,
+        retransmits: sim.retransmits(),
+        net: sim.net.clone(),
+    }
 }
