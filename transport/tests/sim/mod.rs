@@ -631,3 +631,16 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
         net: sim.net.clone(),
     }
 }
+
+impl Sim {
+    /// Reopens both streams with another retry count (property tests at extreme loss).
+    pub fn set_retry_cnt(&mut self, retry_cnt: u8) {
+        for (i, (l, r)) in [(0x11, 0x22), (0x22, 0x11)].into_iter().enumerate() {
+            let ep = &mut self.ep[i];
+            ep.conn.close_stream(ep.stream);
+            let mut cfg = StreamConfig::new(l, r);
+            cfg.retry_cnt = retry_cnt;
+            ep.stream = ep.conn.open_stream(cfg).unwrap();
+        }
+    }
+}
