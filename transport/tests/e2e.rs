@@ -363,3 +363,22 @@ fn one_dead_path_is_routed_around() {
     assert_ne!(st, metaroce_transport::connection::path::PathState::Active);
     assert!(sim.ep[0].conn.path_stats(3).unwrap().entropy_changes >= 1);
 }
+
+#[test]
+fn zeroed_connection_is_inert_until_reset_and_sizes() {
+    let mut c = zeroed_conn();
+    let mut mem = SimMemory::default();
+    let mut buf = [0u8; 2048];
+    // All-zero: no paths, no streams, nothing to do, nothing panics.
+    assert_eq!(c.poll_timeout(), None);
+    assert!(c.poll_transmit(0, &mut buf, &mut mem).is_none());
+    assert!(c.poll_event().is_none());
+    c.handle_timeout(1_000_000);
+    let _ = c.handle_packet(0, &[1, 0, 0, 0], false, &mut mem);
+    eprintln!(
+        "size_of Connection<{PATHS}, {STREAMS}> = {} bytes; Path = {}; Stream = {}",
+        std::mem::size_of::<Conn>(),
+        std::mem::size_of::<metaroce_transport::connection::path::Path>(),
+        std::mem::size_of::<metaroce_transport::stream::Stream>()
+    );
+}

@@ -153,7 +153,8 @@ pub struct ConnStats {
 struct PendingNak {
     stream: u16,
     msn: u32,
-    code: Option<NakCode>,
+    /// NAK code as on the wire (0 = none).
+    code: u8,
     value: u32,
 }
 
@@ -188,7 +189,9 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     nak_head: usize,
     nak_len: usize,
     ack_now: bool,
-    ack_deadline: Option<u64>,
+    /// The delayed-ACK timer is armed for `ack_at`.
+    ack_armed: bool,
+    ack_at: u64,
     unacked: u16,
     rr_path: usize,
     rr_ack_path: usize,
@@ -199,14 +202,10 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
 }
 
 impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
+    /// A connection configured with `cfg`. It is large (tens to hundreds of KiB, depending on
+    /// `PATHS` and `STREAMS`): in the kernel, zero-allocate and use [`Connection::reset`].
     pub fn new(cfg: Config) -> Result<Self, ConfigError> {
-        let num_paths = usize::from(cfg.num_paths);
-        if num_paths == 0 || num_paths > PATHS || num_paths > usize::from(u16::MAX) {
-            return Err(ConfigError::PathCount);
-        }
-        if cfg.mtu == 0 || cfg.mtu > 65_000 {
-            return Err(ConfigError::Mtu);
-        }
+        let num_paths = Self::check(&cfg)?;
         let mut rng = XorShift::new(cfg.seed);
         let planes = cfg.planes.max(1);
         let paths = core::array::from_fn(|i| {
@@ -224,7 +223,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             nak_head: 0,
             nak_len: 0,
             ack_now: false,
-            ack_deadline: None,
+            ack_armed: false,
+            ack_at: 0,
             unacked: 0,
             rr_path: 0,
             rr_ack_path: 0,
@@ -233,6 +233,57 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             rto_event: 0,
             stats: ConnStats::default(),
         })
+    }
+
+    /// Re-initialises this connection in place with `cfg`, as [`Connection::new`] would, but
+    /// without building a whole connection on the stack. Every type the connection stores is
+    /// plain data whose all-zero bit pattern is a valid value (integers, bools, arrays,
+    /// `#[repr(u8)]` enums whose variant 0 is the empty state, no `Option` fields, no
+    /// references), so a caller can allocate a zeroed connection and call this: how the
+    /// kernel, with its small stacks, makes one.
+    pub fn reset(&mut self, cfg: Config) -> Result<(), ConfigError> {
+        let num_paths = Self::check(&cfg)?;
+        self.cfg = cfg;
+        self.rng = XorShift::new(cfg.seed);
+        let planes = usize::from(cfg.planes.max(1));
+        for (i, p) in self.paths.iter_mut().enumerate() {
+            p.reset(i as u16, (i % planes) as u8, &cfg.path, &mut self.rng);
+        }
+        self.num_paths = num_paths;
+        for s in self.streams.iter_mut() {
+            s.reset(None);
+        }
+        for n in self.naks.iter_mut() {
+            *n = PendingNak::default();
+        }
+        self.nak_head = 0;
+        self.nak_len = 0;
+        self.ack_now = false;
+        self.ack_armed = false;
+        self.ack_at = 0;
+        self.unacked = 0;
+        self.rr_path = 0;
+        self.rr_ack_path = 0;
+        self.rr_stream = 0;
+        self.rr_event = 0;
+        self.rto_event = 0;
+        self.stats = ConnStats::default();
+        Ok(())
+    }
+
+    fn check(cfg: &Config) -> Result<usize, ConfigError> {
+        let num_paths = usize::from(cfg.num_paths);
+        if num_paths == 0 || num_paths > PATHS {
+            return Err(ConfigError::PathCount);
+        }
+        if cfg.mtu == 0 || cfg.mtu > 65_000 {
+            return Err(ConfigError::Mtu);
+        }
+        Ok(num_paths)
+    }
+
+    fn ack_deadline(&self) -> Option<u64> {
+        self.ack_armed.then_some(self.ack_at)
     }
 
     pub fn config(&self) -> &Config {
@@ -276,20 +327,20 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             .enumerate()
             .find(|(_, s)| !s.open)
             .ok_or(ConfigError::NoStreamSlot)?;
-        *s = Stream::open(cfg);
+        s.reset(Some(cfg));
         Ok(StreamId(i as u16))
     }
 
     /// Closes a stream; everything outstanding on it is dropped without completions.
     pub fn close_stream(&mut self, id: StreamId) {
         if let Some(s) = self.streams.get_mut(usize::from(id.0)) {
-            *s = Stream::closed();
+            s.reset(None);
         }
     }
 
     /// The stream's error state, if any.
     pub fn stream_error(&self, id: StreamId) -> Option<CqStatus> {
-        self.streams.get(usize::from(id.0)).and_then(|s| s.error)
+        self.streams.get(usize::from(id.0)).and_then(|s| s.error())
     }
 
     fn open_stream_mut(&mut self, id: StreamId) -> Result<&mut Stream, PostError> {
@@ -303,7 +354,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
     pub fn post_send(&mut self, now: u64, id: StreamId, wqe: SendWqe) -> Result<(), PostError> {
         let mtu = self.cfg.mtu;
         let s = self.open_stream_mut(id)?;
-        let failed = s.error.is_some();
+        let failed = s.error().is_some();
         s.req.post(wqe, mtu, now, failed)
     }
 
@@ -409,7 +460,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             };
             let rnr_us = s.cfg.rnr_timer_us;
             let solicited = b.flags.has(Flags::SOLICITED);
-            let v = if s.error.is_some() {
+            let v = if s.error().is_some() {
                 // A QP in error answers requests with a NAK so the peer fails fast.
                 match view.header.ext {
                     Ext::ReadResponse(_) | Ext::AtomicResponse(_) => Verdict::Accept,
@@ -508,8 +559,9 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             || matches!(verdict, Verdict::Nak(..))
         {
             self.ack_now = true;
-        } else if self.ack_deadline.is_none() {
-            self.ack_deadline = Some(now.saturating_add(self.cfg.path.ack_delay));
+        } else if !self.ack_armed {
+            self.ack_armed = true;
+            self.ack_at = now.saturating_add(self.cfg.path.ack_delay);
         }
         Ok(())
     }
@@ -518,7 +570,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         // One pending NAK per message is enough.
         for k in 0..self.nak_len {
             if let Some(n) = self.naks.get((self.nak_head + k) % NAK_QUEUE) {
-                if n.stream == stream && n.msn == msn && n.code == Some(code) {
+                if n.stream == stream && n.msn == msn && n.code == code as u8 {
                     return;
                 }
             }
@@ -534,7 +586,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             *n = PendingNak {
                 stream,
                 msn,
-                code: Some(code),
+                code: code as u8,
                 value,
             };
             self.nak_len += 1;
@@ -550,12 +602,12 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
 
     fn next_timer(&self) -> Option<(u64, Timer)> {
         let mut e = Earliest::new();
-        e.offer(self.ack_deadline, Timer::Ack);
+        e.offer(self.ack_deadline(), Timer::Ack);
         for (i, p) in self.paths.iter().take(self.num_paths).enumerate() {
             e.offer(p.deadline(), Timer::Path(i));
         }
         for (i, s) in self.streams.iter().enumerate() {
-            if s.open && s.error.is_none() {
+            if s.open && s.error().is_none() {
                 e.offer(s.req.deadline(self.cfg.stall_timeout), Timer::Stream(i));
             }
         }
@@ -564,9 +616,9 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
-        if self.ack_deadline.is_some_and(|d| d <= now) {
+        if self.ack_deadline().is_some_and(|d| d <= now) {
             self.ack_now = true;
-            self.ack_deadline = None;
+            self.ack_armed = false;
         }
         let (paths, streams, rng) = (&mut self.paths, &mut self.streams, &mut self.rng);
         for p in paths.iter_mut().take(self.num_paths) {
@@ -581,7 +633,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.stats.timeouts = self.paths.iter().map(|p| p.stats.timeouts).sum();
         let stall = self.cfg.stall_timeout;
         for s in self.streams.iter_mut() {
-            if !s.open || s.error.is_some() {
+            if !s.open || s.error().is_some() {
                 continue;
             }
             if s.req.deadline(stall).is_some_and(|d| d <= now) {
@@ -603,7 +655,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         buf: &mut [u8],
         mem: &mut impl Memory,
     ) -> Option<Transmit> {
-        if self.ack_now || self.ack_deadline.is_some_and(|d| d <= now) {
+        if self.ack_now || self.ack_deadline().is_some_and(|d| d <= now) {
             if let Some(t) = self.emit_ack(now, buf) {
                 return Some(t);
             }
@@ -655,7 +707,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         for k in 0..n {
             let i = (self.rr_stream + k) % n;
             let s = self.streams.get_mut(i)?;
-            if !s.open || s.error.is_some() {
+            if !s.open || s.error().is_some() {
                 continue;
             }
             if let Some(r) = s.resp.next_segment() {
@@ -721,7 +773,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         let any_stream = self.streams.iter().any(|s| s.open && s.ack_dirty);
         if !any_path && !any_stream {
             self.ack_now = false;
-            self.ack_deadline = None;
+            self.ack_armed = false;
             self.unacked = 0;
             return None;
         }
@@ -765,7 +817,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
         let len = w.finish();
         self.ack_now = left_over;
-        self.ack_deadline = None;
+        self.ack_armed = false;
         self.unacked = 0;
         self.stats.acks_out += 1;
         self.transmit(cp, len, false)
@@ -778,7 +830,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         let n = *self.naks.get(self.nak_head)?;
         self.nak_head = (self.nak_head + 1) % NAK_QUEUE;
         self.nak_len -= 1;
-        let code = n.code?;
+        let code = NakCode::from_code(n.code)?;
         let cfg = self.streams.get(usize::from(n.stream))?.cfg;
         let cp = self.control_path();
         let mut base = base_header(&self.cfg, self.paths.get(cp), Opcode::Nak, Some(&cfg), now);
@@ -1022,11 +1074,11 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 continue;
             }
             if let Some(code) = s.resp.failed() {
-                if s.error.is_none() {
+                if s.error().is_none() {
                     s.set_error(CqStatus::from_nak(code));
                 }
             }
-            if let Some(status) = s.error {
+            if let Some(status) = s.error() {
                 if !s.error_reported {
                     s.error_reported = true;
                     self.rr_event = (i + 1) % n;
@@ -1036,7 +1088,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                     });
                 }
             }
-            let in_error = s.error.is_some();
+            let in_error = s.error().is_some();
             if let Some((cqe, fatal)) = s.req.pop_completion(StreamId(i as u16), in_error) {
                 if fatal {
                     s.set_error(cqe.status);

@@ -9,6 +9,7 @@ use super::sack::PsnWindow;
 
 /// Path health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum PathState {
     /// Carries data.
     Active,
@@ -64,8 +65,9 @@ pub struct Path {
     fail_after: u8,
     /// Start of the current probe-timeout interval (last progress or first send after idle).
     timer_start: u64,
-    /// When the outstanding probe (TLP or RTO probe) was scheduled.
-    probe_at: Option<u64>,
+    /// A probe (TLP or RTO probe) is outstanding, scheduled at `probe_at`.
+    probe_armed: bool,
+    probe_at: u64,
     backoff: u8,
     consecutive_rtos: u8,
     /// A probe should be sent on this path.
@@ -95,7 +97,8 @@ impl Path {
             ack_delay: cfg.ack_delay,
             fail_after: cfg.fail_after.max(1),
             timer_start: 0,
-            probe_at: None,
+            probe_armed: false,
+            probe_at: 0,
             backoff: 0,
             consecutive_rtos: 0,
             need_probe: false,
@@ -105,6 +108,33 @@ impl Path {
             ecn_ce: 0,
             stats: PathStats::default(),
         }
+    }
+
+    /// Re-initialises in place (as `new`, without a stack temporary).
+    pub fn reset(&mut self, id: u16, plane: u8, cfg: &PathConfig, rng: &mut XorShift) {
+        self.id = id;
+        self.plane = plane;
+        self.sport = rng.source_port(0);
+        self.state = PathState::Active;
+        self.inflight.reset(cfg.initial_psn);
+        self.cwnd = cfg.initial_cwnd.clamp(1, 256);
+        self.cwnd_acc = 0;
+        self.max_cwnd = cfg.max_cwnd.clamp(1, 256);
+        self.last_decrease = 0;
+        self.rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
+        self.ack_delay = cfg.ack_delay;
+        self.fail_after = cfg.fail_after.max(1);
+        self.timer_start = 0;
+        self.probe_armed = false;
+        self.probe_at = 0;
+        self.backoff = 0;
+        self.consecutive_rtos = 0;
+        self.need_probe = false;
+        self.recv = PsnWindow::new(cfg.initial_psn);
+        self.recv_pending = false;
+        self.last_ts = 0;
+        self.ecn_ce = 0;
+        self.stats = PathStats::default();
     }
 
     /// Window room for a data packet (state is judged by the caller).
@@ -139,7 +169,7 @@ impl Path {
             let sample = (now as u32).wrapping_sub(ack.echo_ts);
             self.rtt.sample(u64::from(sample));
             self.timer_start = now;
-            self.probe_at = None;
+            self.probe_armed = false;
             self.need_probe = false;
             self.backoff = 0;
             self.consecutive_rtos = 0;
@@ -175,8 +205,11 @@ impl Path {
 
     /// The deadline of this path's timer, if armed.
     pub fn deadline(&self) -> Option<u64> {
-        if let Some(t) = self.probe_at {
-            return Some(t.saturating_add(self.rtt.backed_off(self.backoff)));
+        if self.probe_armed {
+            return Some(
+                self.probe_at
+                    .saturating_add(self.rtt.backed_off(self.backoff)),
+            );
         }
         if self.inflight.unresolved() > 0 {
             return Some(
@@ -201,9 +234,10 @@ impl Path {
             Some(d) if d <= now => {}
             _ => return 0,
         }
-        if self.probe_at.is_none() {
+        if !self.probe_armed {
             // Tail-loss probe.
-            self.probe_at = Some(now);
+            self.probe_armed = true;
+            self.probe_at = now;
             self.need_probe = true;
             return 0;
         }
@@ -221,7 +255,8 @@ impl Path {
         self.stats.entropy_changes += 1;
         self.cwnd = (self.cwnd / 2).max(1);
         self.cwnd_acc = 0;
-        self.probe_at = Some(now);
+        self.probe_armed = true;
+        self.probe_at = now;
         self.need_probe = true;
         lost
     }

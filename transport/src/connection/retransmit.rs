@@ -22,6 +22,7 @@ pub struct SentItem {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ItemKind {
     /// A requester packet (SEND/WRITE data, READ or atomic request).
     #[default]
@@ -72,6 +73,16 @@ impl InFlight {
             next: initial_psn,
             unresolved: 0,
             slots: [Slot::default(); SACK_BITS],
+        }
+    }
+
+    /// Re-initialises in place.
+    pub fn reset(&mut self, initial_psn: u32) {
+        self.una = initial_psn;
+        self.next = initial_psn;
+        self.unresolved = 0;
+        for s in self.slots.iter_mut() {
+            *s = Slot::default();
         }
     }
 

@@ -61,8 +61,10 @@ impl StreamConfig {
 }
 
 /// Operation of a send WQE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum WrOpcode {
+    #[default]
     Send,
     SendWithImm,
     RdmaWrite,
@@ -103,7 +105,7 @@ impl WrOpcode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendWqe {
     pub wr_id: u64,
-    pub opcode: Option<WrOpcode>,
+    pub opcode: WrOpcode,
     /// Source (SEND/WRITE) or destination (READ; atomic: 8 bytes for the original value).
     pub local: SgList,
     pub remote_va: u64,
@@ -122,7 +124,7 @@ impl SendWqe {
     pub fn new(wr_id: u64, opcode: WrOpcode, local: SgList) -> Self {
         SendWqe {
             wr_id,
-            opcode: Some(opcode),
+            opcode,
             local,
             signaled: true,
             ..SendWqe::default()
@@ -156,6 +158,7 @@ pub struct RecvWqe {
 
 /// Completion status, named after `ib_wc_status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum CqStatus {
     Success,
     LocLenErr,
@@ -180,6 +183,7 @@ impl CqStatus {
 
 /// Completion opcode, named after `ib_wc_opcode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum CqOpcode {
     Send,
     RdmaWrite,
@@ -214,12 +218,17 @@ pub enum PostError {
 }
 
 /// One stream slot of a connection.
+///
+/// Like every type the connection stores, its all-zero bit pattern is a valid (closed) value;
+/// see [`super::connection::Connection::reset`].
 #[derive(Clone, Debug)]
 pub struct Stream {
     pub cfg: StreamConfig,
     pub open: bool,
-    /// The stream (QP) is in the error state: everything outstanding is flushed.
-    pub error: Option<CqStatus>,
+    /// The stream (QP) is in the error state (with `error_status`): everything outstanding is
+    /// flushed.
+    in_error: bool,
+    error_status: CqStatus,
     pub error_reported: bool,
     pub req: Requester,
     pub resp: Responder,
@@ -232,7 +241,8 @@ impl Stream {
         Stream {
             cfg: StreamConfig::new(0, 0),
             open: false,
-            error: None,
+            in_error: false,
+            error_status: CqStatus::Success,
             error_reported: false,
             req: Requester::new(),
             resp: Responder::new(),
@@ -240,18 +250,28 @@ impl Stream {
         }
     }
 
-    pub fn open(cfg: StreamConfig) -> Self {
-        Stream {
-            cfg,
-            open: true,
-            ..Stream::closed()
-        }
+    /// Re-initialises in place (no large temporaries): open with `cfg`, or closed.
+    pub fn reset(&mut self, cfg: Option<StreamConfig>) {
+        self.cfg = cfg.unwrap_or(StreamConfig::new(0, 0));
+        self.open = cfg.is_some();
+        self.in_error = false;
+        self.error_status = CqStatus::Success;
+        self.error_reported = false;
+        self.req.reset();
+        self.resp.reset();
+        self.ack_dirty = false;
+    }
+
+    /// The error state, if the stream is in it.
+    pub fn error(&self) -> Option<CqStatus> {
+        self.in_error.then_some(self.error_status)
     }
 
     /// Moves the stream to the error state (first error wins).
     pub fn set_error(&mut self, status: CqStatus) {
-        if self.error.is_none() {
-            self.error = Some(status);
+        if !self.in_error {
+            self.in_error = true;
+            self.error_status = status;
         }
     }
 }

@@ -26,6 +26,7 @@ pub enum Verdict {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum SlotState {
     Free,
     /// Data arriving.
@@ -45,7 +46,9 @@ struct Slot {
     n_segs: u32,
     segs: SegWindow,
     rsn: u32,
-    imm: Option<u32>,
+    /// Immediate data (valid with `has_imm`).
+    imm: u32,
+    has_imm: bool,
     solicited: bool,
 }
 
@@ -59,13 +62,15 @@ impl Slot {
             n_segs: 0,
             segs: SegWindow::new(),
             rsn: 0,
-            imm: None,
+            imm: 0,
+            has_imm: false,
             solicited: false,
         }
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum RqState {
     Posted,
     Done {
@@ -85,6 +90,7 @@ struct RqEntry {
 
 /// A response being sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ResponseKind {
     Read { va: u64, rkey: u32, len: u32 },
     Atomic { orig: u64 },
@@ -130,7 +136,10 @@ pub struct Responder {
     completed: u32,
     resps: [Response; RESP_DEPTH],
     /// First failed message: nothing at or after it completes.
-    error_msn: Option<(u32, NakCode)>,
+    /// First failed message (valid with `error_set`) and its NAK code.
+    error_set: bool,
+    error_msn: u32,
+    error_code: u8,
     pub stats: ResponderStats,
 }
 
@@ -162,7 +171,9 @@ impl Responder {
                 n_segs: 0,
                 segs: SegWindow::new(),
             }; RESP_DEPTH],
-            error_msn: None,
+            error_set: false,
+            error_msn: 0,
+            error_code: 0,
             stats: ResponderStats::default(),
         }
     }
@@ -174,10 +185,39 @@ impl Responder {
 
     /// The completion point reached a failed message: the stream must go to error.
     pub fn failed(&self) -> Option<NakCode> {
-        match self.error_msn {
+        match self.error() {
             Some((m, code)) if m == self.completed => Some(code),
             _ => None,
         }
+    }
+
+    /// The first failed message and its NAK code.
+    fn error(&self) -> Option<(u32, NakCode)> {
+        if !self.error_set {
+            return None;
+        }
+        NakCode::from_code(self.error_code).map(|c| (self.error_msn, c))
+    }
+
+    /// Re-initialises in place.
+    pub fn reset(&mut self) {
+        for e in self.rq.iter_mut() {
+            e.state = RqState::Posted;
+            e.wqe = RecvWqe::default();
+        }
+        self.rq_head = 0;
+        self.rq_tail = 0;
+        for s in self.slots.iter_mut() {
+            *s = Slot::free();
+        }
+        self.completed = 0;
+        for r in self.resps.iter_mut() {
+            r.used = false;
+        }
+        self.error_set = false;
+        self.error_msn = 0;
+        self.error_code = 0;
+        self.stats = ResponderStats::default();
     }
 
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
@@ -205,9 +245,13 @@ impl Responder {
     }
 
     fn fail(&mut self, msn: u32, code: NakCode) -> Verdict {
-        match self.error_msn {
+        match self.error() {
             Some((m, _)) if seq_diff(m, msn) <= 0 => {}
-            _ => self.error_msn = Some((msn, code)),
+            _ => {
+                self.error_set = true;
+                self.error_msn = msn;
+                self.error_code = code as u8;
+            }
         }
         if let Some(s) = self.slots.get_mut(slot_index(msn)) {
             if s.msn == msn && s.state != SlotState::Free {
@@ -224,7 +268,7 @@ impl Responder {
             self.stats.duplicates += 1;
             return Err(Verdict::Accept);
         }
-        if let Some((m, code)) = self.error_msn {
+        if let Some((m, code)) = self.error() {
             if seq_diff(msn, m) >= 0 {
                 return Err(Verdict::Nak(code, 0));
             }
@@ -299,7 +343,8 @@ impl Responder {
                 n_segs: segments(total_len, mtu),
                 segs: SegWindow::new(),
                 rsn,
-                imm: None,
+                imm: 0,
+                has_imm: false,
                 solicited: false,
             };
         }
@@ -364,8 +409,9 @@ impl Responder {
             return Verdict::Drop;
         };
         s.segs.mark_done(seg);
-        if imm.is_some() {
-            s.imm = imm;
+        if let Some(v) = imm {
+            s.imm = v;
+            s.has_imm = true;
         }
         s.solicited |= solicited;
         self.stats.placed_bytes += data.len() as u64;
@@ -513,7 +559,7 @@ impl Responder {
     /// Moves the completion point over complete messages, completing receive WQEs.
     fn advance(&mut self) {
         loop {
-            if matches!(self.error_msn, Some((m, _)) if m == self.completed) {
+            if matches!(self.error(), Some((m, _)) if m == self.completed) {
                 return;
             }
             let idx = slot_index(self.completed);
@@ -536,7 +582,7 @@ impl Responder {
                     rq.state = RqState::Done {
                         status: CqStatus::Success,
                         byte_len,
-                        imm: s.imm,
+                        imm: s.has_imm.then_some(s.imm),
                         opcode,
                         solicited: s.solicited,
                     };

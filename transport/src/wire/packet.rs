@@ -101,6 +101,11 @@ pub enum NakCode {
 }
 
 impl NakCode {
+    /// The code for a wire value, if defined.
+    pub fn from_code(v: u8) -> Option<NakCode> {
+        NakCode::from_u8(v).ok()
+    }
+
     fn from_u8(v: u8) -> Result<NakCode, ParseError> {
         Ok(match v {
             1 => NakCode::RemoteAccess,

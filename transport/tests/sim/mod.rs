@@ -294,7 +294,9 @@ impl Sim {
         tweak(&mut ca);
         tweak(&mut cb);
         let mut a = Box::new(Conn::new(ca).expect("config"));
-        let mut b = Box::new(Conn::new(cb).expect("config"));
+        // B is made the way the kernel makes one: zeroed allocation, then `reset` in place.
+        let mut b = zeroed_conn();
+        b.reset(cb).expect("config");
         let sa = a.open_stream(StreamConfig::new(0x11, 0x22)).unwrap();
         let sb = b.open_stream(StreamConfig::new(0x22, 0x11)).unwrap();
         let mut ma = SimMemory::default();
@@ -438,6 +440,14 @@ impl Sim {
     pub fn retransmits(&self) -> u64 {
         self.ep.iter().map(|e| e.conn.stats().retransmits).sum()
     }
+}
+
+/// A connection allocated zeroed on the heap, never on the stack.
+pub fn zeroed_conn() -> Box<Conn> {
+    // SAFETY: `Connection::reset` documents that the all-zero bit pattern is a valid value of
+    // every type a connection stores (plain integers, bools, arrays and `#[repr(u8)]` enums
+    // whose variant 0 is the empty state); the connection is reset before use.
+    unsafe { Box::<Conn>::new_zeroed().assume_init() }
 }
 
 pub fn sge(key: u32, addr: u64, len: u32) -> SgList {
