@@ -382,3 +382,156 @@ fn zeroed_connection_is_inert_until_reset_and_sizes() {
         std::mem::size_of::<metaroce_transport::stream::Stream>()
     );
 }
+
+#[test]
+fn streams_are_isolated() {
+    // Stream 2 hits a bad rkey and goes to error; stream 1 keeps running to completion over
+    // the same connection, with loss.
+    let mut sim = Sim::new(LinkConfig::clean().loss(200), 12);
+    let (a2, b2) = sim.open_pair(0x33, 0x44);
+    let now = sim.now;
+    sim.ep[0]
+        .conn
+        .post_send(
+            now,
+            a2,
+            SendWqe::new(500, WrOpcode::RdmaWrite, sge(1, A_BUF, 100)).remote(B_BUF, 77),
+        )
+        .unwrap();
+    sim.ep[0]
+        .conn
+        .post_send(
+            now,
+            a2,
+            SendWqe::new(501, WrOpcode::Send, sge(1, A_BUF, 100)),
+        )
+        .unwrap();
+    sim.ep[1]
+        .conn
+        .post_recv(
+            b2,
+            RecvWqe {
+                wr_id: 600,
+                local: sge(2, B_BUF + (4 << 20) + 512, 100),
+            },
+        )
+        .unwrap();
+    let r = run_workload(&mut sim, &mixed(80), 2_000_000_000);
+    assert!(r.completed);
+    sim.run_until(sim.now + 50_000_000, |s| {
+        s.ep[0].send_cqes.len() >= 82 && s.ep[1].recv_cqes.len() >= 41
+    });
+    let other: Vec<_> = sim.ep[0]
+        .send_cqes
+        .iter()
+        .filter(|c| c.stream == a2)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        other,
+        vec![(500, CqStatus::RemAccessErr), (501, CqStatus::WrFlushErr)]
+    );
+    assert!(sim.ep[0].conn.stream_error(a2).is_some());
+    assert!(sim.ep[0].conn.stream_error(sim.ep[0].stream).is_none());
+    // B's second stream went to error and flushed its receive.
+    let flushed: Vec<_> = sim.ep[1]
+        .recv_cqes
+        .iter()
+        .filter(|c| c.stream == b2)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(flushed, vec![(600, CqStatus::WrFlushErr)]);
+}
+
+#[test]
+fn ecn_marks_are_echoed_and_shrink_windows() {
+    let mut link = LinkConfig::clean();
+    link.ce_ppm = 50_000;
+    let mut sim = Sim::new(link, 13);
+    let r = run_workload(&mut sim, &bulk(100, 8192), 2_000_000_000);
+    assert!(r.completed);
+    let echoed: u64 = (0..PATHS)
+        .map(|p| sim.ep[0].conn.path_stats(p).unwrap().ecn_ce)
+        .sum();
+    assert!(echoed > 0, "CE marks echoed back to the sender");
+    assert_eq!(r.retransmits, 0, "ECN alone loses nothing");
+}
+
+#[test]
+fn two_hundred_fifty_six_paths() {
+    use metaroce_transport::connection::Connection;
+    use metaroce_transport::stream::StreamConfig;
+    type Big = Connection<256, 1>;
+    let mk = |l: u32, r: u32| -> Box<Big> {
+        // SAFETY: all-zero is a valid connection (see `Connection::reset`), reset before use.
+        let mut c: Box<Big> = unsafe { Box::new_zeroed().assume_init() };
+        let mut cfg = sim::config(l, r, u64::from(l));
+        cfg.num_paths = 256;
+        cfg.planes = 4;
+        c.reset(cfg).unwrap();
+        c
+    };
+    let mut ep = [mk(1, 2), mk(2, 1)];
+    let sa = ep[0].open_stream(StreamConfig::new(1, 2)).unwrap();
+    ep[1].open_stream(StreamConfig::new(2, 1)).unwrap();
+    let mut mem = [SimMemory::default(), SimMemory::default()];
+    mem[0].add(1, A_BUF, 1 << 20);
+    mem[1].add(2, B_BUF, 1 << 20);
+    let data = pattern(77, 1 << 20);
+    mem[0].fill(1, A_BUF, &data);
+    let mut rng = Rng::new(5);
+    let mut queue: Vec<(u64, usize, Vec<u8>)> = Vec::new();
+    let (mut now, mut posted, mut completed) = (0u64, 0u64, 0u64);
+    let total = 256u64; // 256 WRITEs of 4 KiB
+    let mut buf = vec![0u8; 2048];
+    while completed < total && now < 1_000_000_000 {
+        while posted < total {
+            let off = posted * 4096;
+            let w = SendWqe::new(posted, WrOpcode::RdmaWrite, sge(1, A_BUF + off, 4096))
+                .remote(B_BUF + off, 2);
+            if ep[0].post_send(now, sa, w).is_err() {
+                break;
+            }
+            posted += 1;
+        }
+        for i in 0..2 {
+            while let Some(t) = ep[i].poll_transmit(now, &mut buf, &mut mem[i]) {
+                if !rng.chance(10_000) {
+                    queue.push((
+                        now + 10_000 + u64::from(t.path % 7) * 1_000,
+                        1 - i,
+                        buf[..t.len].to_vec(),
+                    ));
+                }
+            }
+            while let Some(e) = ep[i].poll_event() {
+                if let metaroce_transport::connection::Event::SendCompletion(c) = e {
+                    assert_eq!((c.wr_id, c.status), (completed, CqStatus::Success));
+                    completed += 1;
+                }
+            }
+        }
+        let next_pkt = queue.iter().map(|q| q.0).min();
+        let next_timer = ep.iter().filter_map(|c| c.poll_timeout()).min();
+        let Some(t) = [next_pkt, next_timer].into_iter().flatten().min() else {
+            break;
+        };
+        now = now.max(t);
+        let (due, rest): (Vec<_>, Vec<_>) = queue.into_iter().partition(|q| q.0 <= now);
+        queue = rest;
+        for (_, to, bytes) in due {
+            let _ = ep[to].handle_packet(now, &bytes, false, &mut mem[to]);
+        }
+        for i in 0..2 {
+            if ep[i].poll_timeout().is_some_and(|d| d <= now) {
+                ep[i].handle_timeout(now);
+            }
+        }
+    }
+    assert_eq!(completed, total);
+    assert_eq!(mem[1].bytes(2, B_BUF, 1 << 20), &data[..]);
+    let used = (0..256)
+        .filter(|&p| ep[0].path_stats(p).unwrap().sent > 0)
+        .count();
+    assert_eq!(used, 256, "every path carried data");
+}

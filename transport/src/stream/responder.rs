@@ -573,11 +573,13 @@ impl Responder {
                 s.opcode,
                 Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
             ) {
-                let (opcode, byte_len) = if s.opcode == Opcode::RdmaWriteWithImm {
-                    (CqOpcode::RecvRdmaWithImm, 0)
+                // byte_len is the message length for both (as rxe reports it).
+                let opcode = if s.opcode == Opcode::RdmaWriteWithImm {
+                    CqOpcode::RecvRdmaWithImm
                 } else {
-                    (CqOpcode::Recv, s.total_len)
+                    CqOpcode::Recv
                 };
+                let byte_len = s.total_len;
                 if let Some(rq) = self.rq.get_mut(s.rsn as usize % RQ_DEPTH) {
                     rq.state = RqState::Done {
                         status: CqStatus::Success,

@@ -200,6 +200,16 @@ fn check_data(offset: u32, total: u32, payload_len: u32, rest: &[u8]) -> Result<
 }
 
 impl Packet {
+    /// The destination connection id of a datagram, without parsing the rest: for an
+    /// endpoint's demultiplexing fast path. None if too short or not version 1.
+    pub fn peek_conn_id(buf: &[u8]) -> Option<u32> {
+        if *buf.first()? != VERSION {
+            return None;
+        }
+        let b: [u8; 4] = buf.get(12..16)?.try_into().ok()?;
+        Some(u32::from_be_bytes(b))
+    }
+
     /// Parses one datagram. Never panics; every length is checked before it is used.
     pub fn parse(buf: &[u8]) -> Result<PacketView<'_>, ParseError> {
         let mut r = Reader::new(buf);

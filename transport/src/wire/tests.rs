@@ -416,6 +416,16 @@ fn ack_round_trip_and_sack_bits() {
 }
 
 #[test]
+fn peek_conn_id() {
+    let (h, p) = all_headers().remove(0);
+    let v = roundtrip(h, &p);
+    assert_eq!(Packet::peek_conn_id(&v), Some(0xdead_beef));
+    assert_eq!(Packet::peek_conn_id(&v[..15]), None);
+    assert_eq!(Packet::peek_conn_id(&[2; 32]), None);
+    assert_eq!(Packet::peek_conn_id(&[]), None);
+}
+
+#[test]
 fn seq_compare_wraps() {
     assert!(seq_lt(u32::MAX, 0));
     assert!(seq_lt(5, 6));

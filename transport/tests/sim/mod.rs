@@ -185,6 +185,8 @@ pub struct LinkConfig {
     pub path_delay_ns: Vec<u64>,
     /// Serialisation rate of each direction, bits per microsecond (10_000 = 10 Gbit/s).
     pub rate_bits_per_us: u64,
+    /// Fraction of ECN-capable packets delivered with CE set.
+    pub ce_ppm: u32,
 }
 
 impl LinkConfig {
@@ -196,6 +198,7 @@ impl LinkConfig {
             reorder_max_ns: 0,
             path_delay_ns: (0..PATHS as u64).map(|i| 5_000 + 1_000 * i).collect(),
             rate_bits_per_us: 10_000,
+            ce_ppm: 0,
         }
     }
     pub fn loss(mut self, pct_x100: u32) -> Self {
@@ -251,6 +254,7 @@ struct InFlight {
     seq: u64,
     to: usize,
     path: u16,
+    ce: bool,
     bytes: Vec<u8>,
 }
 
@@ -350,6 +354,7 @@ impl Sim {
         // Each path is one route: FIFO.
         at = at.max(self.path_last[p][from]);
         self.path_last[p][from] = at;
+        let ce = t.ecn_capable && self.rng.chance(self.link.ce_ppm);
         let copies = if self.rng.chance(self.link.dup_ppm) {
             2
         } else {
@@ -365,6 +370,7 @@ impl Sim {
                 seq: self.seq,
                 to,
                 path: t.path,
+                ce,
                 bytes: bytes.clone(),
             }));
         }
@@ -414,7 +420,7 @@ impl Sim {
             self.net.bytes_delivered += p.bytes.len() as u64;
             let now = self.now;
             let ep = &mut self.ep[p.to];
-            let _ = ep.conn.handle_packet(now, &p.bytes, false, &mut ep.mem);
+            let _ = ep.conn.handle_packet(now, &p.bytes, p.ce, &mut ep.mem);
         }
         for ep in &mut self.ep {
             if ep.conn.poll_timeout().is_some_and(|d| d <= self.now) {
@@ -509,9 +515,24 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
     let start = sim.now;
     let (mut next_send, mut next_recv) = (0usize, 0usize);
     let mut last_done = start;
-    let done = |sim: &Sim| {
-        sim.ep[0].send_cqes.len() == msgs.len() && sim.ep[1].recv_cqes.len() == consumers.len()
+    // Only the workload's own streams count (a test may run others beside it).
+    let sends = |sim: &Sim| -> Vec<Cqe> {
+        sim.ep[0]
+            .send_cqes
+            .iter()
+            .filter(|c| c.stream == sim.ep[0].stream)
+            .copied()
+            .collect()
     };
+    let recvs = |sim: &Sim| -> Vec<Cqe> {
+        sim.ep[1]
+            .recv_cqes
+            .iter()
+            .filter(|c| c.stream == sim.ep[1].stream)
+            .copied()
+            .collect()
+    };
+    let done = |sim: &Sim| sends(sim).len() == msgs.len() && recvs(sim).len() == consumers.len();
     loop {
         // Keep the queues topped up.
         while next_recv < consumers.len() {
@@ -550,7 +571,7 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
             }
             next_send += 1;
         }
-        let before = sim.ep[0].send_cqes.len();
+        let before = sends(sim).len();
         if done(sim) || sim.now > deadline {
             break;
         }
@@ -560,7 +581,7 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
                 break;
             }
         }
-        if sim.ep[0].send_cqes.len() != before {
+        if sends(sim).len() != before {
             last_done = sim.now;
         }
     }
@@ -568,7 +589,7 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
     let mut payload_bytes = 0u64;
     if completed {
         // Exactly once, in posting order, successful.
-        for (k, c) in sim.ep[0].send_cqes.iter().enumerate() {
+        for (k, c) in sends(sim).iter().enumerate() {
             assert_eq!(c.wr_id, k as u64, "send completions in order");
             assert_eq!(
                 c.status,
@@ -577,7 +598,7 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
                 msgs[k].op
             );
         }
-        for (k, c) in sim.ep[1].recv_cqes.iter().enumerate() {
+        for (k, c) in recvs(sim).iter().enumerate() {
             let i = consumers[k];
             assert_eq!(c.wr_id, i as u64, "receive completions in order");
             assert_eq!(c.status, CqStatus::Success);
@@ -652,5 +673,20 @@ impl Sim {
             cfg.retry_cnt = retry_cnt;
             ep.stream = ep.conn.open_stream(cfg).unwrap();
         }
+    }
+}
+
+impl Sim {
+    /// Opens one more stream pair (QP `qa` on A, `qb` on B).
+    pub fn open_pair(&mut self, qa: u32, qb: u32) -> (StreamId, StreamId) {
+        let a = self.ep[0]
+            .conn
+            .open_stream(StreamConfig::new(qa, qb))
+            .unwrap();
+        let b = self.ep[1]
+            .conn
+            .open_stream(StreamConfig::new(qb, qa))
+            .unwrap();
+        (a, b)
     }
 }
