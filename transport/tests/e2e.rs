@@ -522,9 +522,9 @@ fn two_hundred_fifty_six_paths() {
         for (_, to, bytes) in due {
             let _ = ep[to].handle_packet(now, &bytes, false, &mut mem[to]);
         }
-        for i in 0..2 {
-            if ep[i].poll_timeout().is_some_and(|d| d <= now) {
-                ep[i].handle_timeout(now);
+        for c in ep.iter_mut() {
+            if c.poll_timeout().is_some_and(|d| d <= now) {
+                c.handle_timeout(now);
             }
         }
     }
