@@ -155,17 +155,26 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, output: &Path) {
         "--allowlist-function",
         "verbs_register_driver_[0-9]+|_verbs_init_and_alloc_context|verbs_uninit_context|\
          verbs_set_ops|ibv_cmd_get_context|ibv_cmd_query_device_any|ibv_cmd_query_port|\
-         calloc|free|__errno_location",
+         ibv_cmd_(alloc|dealloc)_pd|ibv_cmd_(reg|dereg)_mr|ibv_cmd_(create|destroy)_cq|\
+         ibv_cmd_req_notify_cq|ibv_cmd_(create|query|modify|destroy)_qp|\
+         ibv_cmd_(create|query|modify|destroy)_srq|\
+         calloc|free|__errno_location|mmap|munmap|write",
     ]);
     cmd.args([
         "--allowlist-type",
         "verbs_device_ops|verbs_device|verbs_sysfs_dev|verbs_context|verbs_context_ops|\
          verbs_match_ent|metaroce_.*|ibv_get_context|ib_uverbs_get_context_resp|ibv_query_port|\
-         ib_uverbs_ex_query_device_resp|ibv_device_attr_ex",
+         ib_uverbs_ex_query_device_resp|ibv_device_attr_ex|ibv_alloc_pd|ib_uverbs_alloc_pd_resp|\
+         ibv_reg_mr|ib_uverbs_reg_mr_resp|verbs_mr|verbs_cq|verbs_qp|verbs_srq|ibv_create_cq|\
+         ibv_create_qp|ibv_query_qp|ibv_modify_qp|ibv_create_srq|ibv_modify_srq|ibv_query_srq|\
+         ib_uverbs_post_send|ib_uverbs_post_send_resp|ib_uverbs_cmd_hdr|ib_uverbs_write_cmds|\
+         ibv_wc|ibv_send_wr|ibv_recv_wr|ibv_send_flags|ibv_wc_flags|ibv_wc_status|ibv_wc_opcode|\
+         ibv_wr_opcode|ibv_qp_type|ibv_srq_attr_mask",
     ]);
     cmd.args([
         "--allowlist-var",
-        "METAROCE_.*|VERBS_MATCH_.*|IBVERBS_PABI_VERSION|EPROTO|EIO",
+        "METAROCE_.*|VERBS_MATCH_.*|IBVERBS_PABI_VERSION|EPROTO|EIO|EINVAL|ENOMEM|EOPNOTSUPP|\
+         PROT_READ|PROT_WRITE|MAP_SHARED",
     ]);
     cmd.arg("--");
     cmd.arg(format!("-I{}", include.display()));

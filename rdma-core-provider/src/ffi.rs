@@ -12,11 +12,16 @@
 //! No callback lets a panic escape: each runs its body under [`guard`].
 
 use crate::abi::{self, DeviceInfo};
+use crate::ring::{Consumer, Geometry, Producer, RingMemory, CONSUMER_OFFSET, PRODUCER_OFFSET};
+use crate::wqe::{self, PostError, PostOutcome, SendLimits, SendWr};
 use core::ffi::{c_int, c_void};
-use core::mem::{offset_of, size_of};
-use core::ptr;
+use core::marker::PhantomData;
+use core::mem::{offset_of, size_of, MaybeUninit};
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU32, Ordering};
 use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The bindgen output for `src/wrapper.h` (rdma-core `driver.h`, `kern-abi.h`, our uapi header).
 #[allow(
@@ -101,6 +106,26 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     query_device_ex: Some(query_device_ex),
     query_port: Some(query_port),
     free_context: Some(free_context),
+    alloc_pd: Some(alloc_pd),
+    dealloc_pd: Some(dealloc_pd),
+    reg_mr: Some(reg_mr),
+    dereg_mr: Some(dereg_mr),
+    create_cq: Some(create_cq),
+    poll_cq: Some(poll_cq),
+    // Plain C with no Rust in between, so no guard needed.
+    req_notify_cq: Some(sys::ibv_cmd_req_notify_cq),
+    destroy_cq: Some(destroy_cq),
+    create_qp: Some(create_qp),
+    query_qp: Some(query_qp),
+    modify_qp: Some(modify_qp),
+    destroy_qp: Some(destroy_qp),
+    post_send: Some(post_send),
+    post_recv: Some(post_recv),
+    create_srq: Some(create_srq),
+    modify_srq: Some(modify_srq),
+    query_srq: Some(query_srq),
+    destroy_srq: Some(destroy_srq),
+    post_srq_recv: Some(post_srq_recv),
     // SAFETY: verbs_context_ops holds only `Option<extern "C" fn>` fields, for which all-zero
     // bytes are `None`.
     ..unsafe { core::mem::zeroed() }
@@ -304,6 +329,982 @@ unsafe extern "C" fn query_port(
     })
 }
 
+// ---------------------------------------------------------------------------------------------
+// Data path: PDs, MRs, CQs, QPs, SRQs and their shared-memory rings.
+//
+// Object layout: each object embeds the libibverbs structure at offset 0 (`ibv_pd`,
+// `verbs_mr`, `verbs_cq`, `verbs_qp`, `verbs_srq`) and is a `Box` leaked to libibverbs by the
+// create verb and reclaimed by the destroy verb once the kernel destroyed its side. The
+// libibverbs part is written by libibverbs behind our back (e.g. `qp->state`), so the code never
+// forms a reference to a whole object, only to our own fields (mutexes and plain values set
+// before the object is handed out).
+
+/// Entry types that may live in a ring shared with the kernel.
+///
+/// # Safety
+/// Plain old data: `repr(C)`, no padding-sensitive invariants, every bit pattern valid.
+unsafe trait RingEntry: Copy {}
+// SAFETY: bindgen'd structs of fixed-width integers (and a union of integer arrays).
+unsafe impl RingEntry for sys::metaroce_send_wqe {}
+// SAFETY: as above.
+unsafe impl RingEntry for sys::metaroce_recv_wqe {}
+// SAFETY: as above.
+unsafe impl RingEntry for sys::metaroce_cqe {}
+
+/// One ring inside a mapping shared with the kernel. Indices are accessed as atomics, entries
+/// copied with volatile reads/writes; no `&`/`&mut` to an entry is ever formed.
+#[derive(Debug)]
+struct MappedRing<T> {
+    base: NonNull<u8>,
+    geo: Geometry,
+    _entry: PhantomData<T>,
+}
+
+// SAFETY: the ring is plain shared memory; all access goes through atomics or volatile copies,
+// and every user serialises producer/consumer work with a Mutex.
+unsafe impl<T> Send for MappedRing<T> {}
+
+impl<T: RingEntry> MappedRing<T> {
+    /// # Safety
+    /// `base` must point to `geo.map_len` readable and writable bytes, 8-byte aligned, that
+    /// stay mapped while the ring is used, and `geo` must come from
+    /// `Geometry::new(.., size_of::<T>())` (so every entry offset is in bounds).
+    unsafe fn new(base: NonNull<u8>, geo: Geometry) -> Self {
+        debug_assert!(geo.stride >= size_of::<T>() && geo.map_len >= crate::ring::HDR_SIZE);
+        debug_assert!(base.as_ptr().align_offset(8) == 0);
+        Self {
+            base,
+            geo,
+            _entry: PhantomData,
+        }
+    }
+
+    fn index(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: offset is PRODUCER_OFFSET or CONSUMER_OFFSET, inside the 128-byte header of
+        // the mapping (new()'s contract) and 4-byte aligned. The other side accesses these words
+        // only with atomic (READ_ONCE / smp_load_acquire / smp_store_release) operations.
+        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast()) }
+    }
+
+    fn entry(&self, index: u32) -> *mut T {
+        // SAFETY: entry_offset(index) + size_of::<T>() <= map_len for a checked geometry, and
+        // is 8-byte aligned (stride and header are multiples of 8).
+        unsafe { self.base.as_ptr().add(self.geo.entry_offset(index)).cast() }
+    }
+}
+
+impl<T: RingEntry> RingMemory for MappedRing<T> {
+    type Entry = T;
+    fn num_entries(&self) -> u32 {
+        self.geo.num_entries
+    }
+    fn load_producer(&self) -> u32 {
+        self.index(PRODUCER_OFFSET).load(Ordering::Acquire)
+    }
+    fn load_consumer(&self) -> u32 {
+        self.index(CONSUMER_OFFSET).load(Ordering::Acquire)
+    }
+    fn store_producer(&self, value: u32) {
+        self.index(PRODUCER_OFFSET).store(value, Ordering::Release)
+    }
+    fn store_consumer(&self, value: u32) {
+        self.index(CONSUMER_OFFSET).store(value, Ordering::Release)
+    }
+    fn write_entry(&self, index: u32, entry: &T) {
+        // SAFETY: in-bounds aligned slot (see entry()); the consumer does not read this slot
+        // before the release store of `producer` that publishes it.
+        unsafe { ptr::write_volatile(self.entry(index), *entry) }
+    }
+    fn read_entry(&self, index: u32) -> T {
+        // SAFETY: in-bounds aligned slot; T accepts any bit pattern (RingEntry); the producer
+        // does not rewrite the slot before our release store of `consumer` frees it.
+        unsafe { ptr::read_volatile(self.entry(index)) }
+    }
+}
+
+/// An mmap() of the uverbs fd, unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    addr: NonNull<c_void>,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: addr/len are exactly what mmap() returned and nobody uses the range after
+        // the owning object is dropped.
+        unsafe { sys::munmap(self.addr.as_ptr(), self.len) };
+    }
+}
+
+/// Maps the ring `info` describes from `cmd_fd`. Errors are errno values.
+fn map_ring<T: RingEntry>(
+    cmd_fd: c_int,
+    info: &sys::metaroce_mmap_info,
+    what: &str,
+) -> Result<(Mapping, MappedRing<T>), c_int> {
+    let geo = Geometry::new(info, size_of::<T>()).map_err(|e| {
+        let _ = writeln!(std::io::stderr(), "metaroce: {what}: {e}");
+        abi::ABI_MISMATCH_ERRNO
+    })?;
+    let offset = sys::__off_t::try_from(geo.offset).map_err(|_| sys::EINVAL as c_int)?;
+    // SAFETY: a fresh shared mapping chosen by the kernel; no existing memory is affected.
+    let addr = unsafe {
+        sys::mmap(
+            ptr::null_mut(),
+            geo.map_len,
+            (sys::PROT_READ | sys::PROT_WRITE) as c_int,
+            sys::MAP_SHARED as c_int,
+            cmd_fd,
+            offset,
+        )
+    };
+    if addr as usize == usize::MAX {
+        // MAP_FAILED
+        return Err(errno());
+    }
+    let addr = NonNull::new(addr).ok_or(sys::EIO as c_int)?;
+    let mapping = Mapping {
+        addr,
+        len: geo.map_len,
+    };
+    // SAFETY: the mapping is map_len bytes, page aligned, read/write, and lives in the same
+    // object as the ring (dropped after its last use); geo was checked for T.
+    let ring = unsafe { MappedRing::new(addr.cast(), geo) };
+    Ok((mapping, ring))
+}
+
+fn errno() -> c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *sys::__errno_location() }
+}
+
+/// Locks `m`; a poisoned lock (a panic caught by `guard` while holding it) is still usable,
+/// the ring state is consistent at every point where a panic can occur.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Boxes `T` with its first field (the libibverbs object) zeroed, the rest uninitialised.
+fn new_object<T>() -> Box<MaybeUninit<T>> {
+    // Zero everything: the libibverbs part must start zeroed (as calloc'ed in C providers);
+    // our own fields are written before assume_init.
+    Box::new_zeroed()
+}
+
+type SendRing = Producer<MappedRing<sys::metaroce_send_wqe>>;
+type RecvRing = Producer<MappedRing<sys::metaroce_recv_wqe>>;
+type CqRing = Consumer<MappedRing<sys::metaroce_cqe>>;
+
+#[repr(C)]
+struct Pd {
+    ibv_pd: sys::ibv_pd,
+}
+
+#[repr(C)]
+struct Mr {
+    vmr: sys::verbs_mr,
+}
+
+#[repr(C)]
+struct Cq {
+    vcq: sys::verbs_cq,
+    ring: Mutex<CqRing>,
+    _map: Mapping,
+}
+
+#[repr(C)]
+struct Qp {
+    vqp: sys::verbs_qp,
+    limits: SendLimits,
+    max_recv_sge: u32,
+    /// None if the kernel gave no SQ (sq.length 0).
+    sq: Option<Mutex<SendRing>>,
+    /// None if the QP receives through an SRQ (rq.length 0).
+    rq: Option<Mutex<RecvRing>>,
+    _maps: [Option<Mapping>; 2],
+}
+
+#[repr(C)]
+struct Srq {
+    vsrq: sys::verbs_srq,
+    max_sge: u32,
+    srq_num: u32,
+    ring: Mutex<RecvRing>,
+    _map: Mapping,
+}
+
+const _: () = assert!(offset_of!(Pd, ibv_pd) == 0);
+const _: () = assert!(offset_of!(Mr, vmr) == 0);
+const _: () = assert!(offset_of!(Cq, vcq) == 0);
+const _: () = assert!(offset_of!(Qp, vqp) == 0);
+const _: () = assert!(offset_of!(Srq, vsrq) == 0);
+
+/// The uverbs POST_SEND command with no work requests: our SQ doorbell.
+#[repr(C)]
+struct PostSendDoorbell {
+    hdr: sys::ib_uverbs_cmd_hdr,
+    cmd: sys::ib_uverbs_post_send,
+}
+const _: () = assert!(size_of::<PostSendDoorbell>() == 32);
+
+/// Rings the SQ doorbell of `ibqp` (as rxe's `post_send_db`). Returns 0 or an errno value.
+///
+/// # Safety
+/// `ibqp` must be a live QP of an open context.
+unsafe fn ring_doorbell(ibqp: *mut sys::ibv_qp) -> c_int {
+    let mut resp = sys::ib_uverbs_post_send_resp { bad_wr: 0 };
+    // SAFETY: ibqp is live (contract); handle and context never change after creation.
+    let (handle, cmd_fd) = unsafe { ((*ibqp).handle, (*(*ibqp).context).cmd_fd) };
+    let db = PostSendDoorbell {
+        hdr: sys::ib_uverbs_cmd_hdr {
+            command: sys::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_POST_SEND,
+            in_words: (size_of::<PostSendDoorbell>() / 4) as u16,
+            out_words: (size_of::<sys::ib_uverbs_post_send_resp>() / 4) as u16,
+        },
+        cmd: sys::ib_uverbs_post_send {
+            response: ptr::addr_of_mut!(resp) as u64,
+            qp_handle: handle,
+            wr_count: 0,
+            sge_count: 0,
+            // The kernel refuses a wqe_size below its ib_uverbs_send_wr.
+            wqe_size: size_of::<sys::ibv_send_wr>() as u32,
+            send_wr: sys::__IncompleteArrayField::new(),
+        },
+    };
+    // SAFETY: db is a live buffer of the size passed; the kernel writes resp, which outlives
+    // the call.
+    let n = unsafe {
+        sys::write(
+            cmd_fd,
+            ptr::addr_of!(db).cast(),
+            size_of::<PostSendDoorbell>(),
+        )
+    };
+    match n {
+        n if n == size_of::<PostSendDoorbell>() as isize => 0,
+        n if n < 0 => errno(),
+        _ => sys::EIO as c_int,
+    }
+}
+
+/// A libibverbs work request list (`next`-linked).
+trait Linked {
+    fn next(&self) -> *mut Self;
+}
+impl Linked for sys::ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+impl Linked for sys::ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Walks a work request list, yielding each element's pointer.
+struct WrIter<T: Linked>(*mut T);
+
+impl<T: Linked> WrIter<T> {
+    /// # Safety
+    /// `head` must be NULL or the start of a valid, NULL-terminated list that is not modified
+    /// while the iterator is used.
+    unsafe fn new(head: *mut T) -> Self {
+        Self(head)
+    }
+}
+
+impl<T: Linked> Iterator for WrIter<T> {
+    type Item = *mut T;
+    fn next(&mut self) -> Option<*mut T> {
+        let cur = self.0;
+        if cur.is_null() {
+            return None;
+        }
+        // SAFETY: a non-NULL element of a valid list (new()'s contract).
+        self.0 = unsafe { (*cur).next() };
+        Some(cur)
+    }
+}
+
+/// The SGE list of a work request, refusing negative counts and (before touching the memory)
+/// more than `max` entries.
+///
+/// # Safety
+/// `sg_list` must point to `num_sge` SGEs when `0 < num_sge <= max`.
+unsafe fn sg_list<'a>(
+    sg_list: *const sys::ibv_sge,
+    num_sge: c_int,
+    max: u32,
+) -> Result<&'a [sys::ibv_sge], PostError> {
+    let n = u32::try_from(num_sge).map_err(|_| PostError::TooManySge)?;
+    if n > max {
+        return Err(PostError::TooManySge);
+    }
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if sg_list.is_null() {
+        return Err(PostError::TooManySge);
+    }
+    // SAFETY: the caller's SGE array of n entries (contract); verbs callers do not modify it
+    // during the post call.
+    Ok(unsafe { core::slice::from_raw_parts(sg_list, n as usize) })
+}
+
+/// Reads the fields of `wr` its opcode uses.
+///
+/// # Safety
+/// `wr` must be a valid `ibv_send_wr` (with `num_sge` SGEs at `sg_list`).
+unsafe fn send_wr_view<'a>(wr: *const sys::ibv_send_wr) -> Result<SendWr<'a>, PostError> {
+    // SAFETY: valid per contract.
+    let w = unsafe { &*wr };
+    // SAFETY: as above.
+    let sg = unsafe { sg_list(w.sg_list, w.num_sge, wqe::MAX_SEND_SGE) }?;
+    let mut view = SendWr {
+        wr_id: w.wr_id,
+        opcode: w.opcode,
+        send_flags: w.send_flags,
+        sg_list: sg,
+        // SAFETY: both union members are u32; any value is valid.
+        imm_data: unsafe { w.__bindgen_anon_1.imm_data },
+        remote_addr: 0,
+        rkey: 0,
+        compare_add: 0,
+        swap: 0,
+    };
+    match wqe::op_class(w.opcode) {
+        Some(wqe::OpClass::Rdma) => {
+            // SAFETY: RDMA opcodes use the `rdma` member (plain integers).
+            let r = unsafe { w.wr.rdma };
+            (view.remote_addr, view.rkey) = (r.remote_addr, r.rkey);
+        }
+        Some(wqe::OpClass::Atomic) => {
+            // SAFETY: atomic opcodes use the `atomic` member (plain integers).
+            let a = unsafe { w.wr.atomic };
+            (view.remote_addr, view.rkey) = (a.remote_addr, a.rkey);
+            (view.compare_add, view.swap) = (a.compare_add, a.swap);
+        }
+        _ => {}
+    }
+    Ok(view)
+}
+
+/// Encodes and queues the send WRs of `head` into `sq` (under its lock), publishing them.
+///
+/// # Safety
+/// `head` must be NULL or a valid send WR list (see [`send_wr_view`]) whose inline SGEs point
+/// to readable memory.
+unsafe fn post_send_list(
+    sq: &Mutex<SendRing>,
+    limits: &SendLimits,
+    head: *mut sys::ibv_send_wr,
+) -> PostOutcome<*mut sys::ibv_send_wr> {
+    let mut ring = lock(sq);
+    // SAFETY: contract.
+    let wrs = unsafe { WrIter::new(head) };
+    wqe::post_list(ring.batch(), wrs, |&wr| {
+        // SAFETY: an element of the caller's list.
+        let view = unsafe { send_wr_view(wr) }?;
+        wqe::encode_send(&view, limits, |sge, dst| {
+            // SAFETY: IBV_SEND_INLINE: the application guarantees sge.addr .. + sge.length is
+            // readable for the duration of ibv_post_send; dst has exactly sge.length bytes.
+            unsafe {
+                ptr::copy_nonoverlapping(
+                    sge.addr as usize as *const u8,
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                )
+            }
+        })
+    })
+}
+
+/// Encodes and queues the receive WRs of `head` into `rq` (under its lock), publishing them.
+///
+/// # Safety
+/// `head` must be NULL or a valid receive WR list.
+unsafe fn post_recv_list(
+    rq: &Mutex<RecvRing>,
+    max_sge: u32,
+    head: *mut sys::ibv_recv_wr,
+) -> PostOutcome<*mut sys::ibv_recv_wr> {
+    let mut ring = lock(rq);
+    // SAFETY: contract.
+    let wrs = unsafe { WrIter::new(head) };
+    wqe::post_list(ring.batch(), wrs, |&wr| {
+        // SAFETY: an element of the caller's list.
+        let w = unsafe { &*wr };
+        // SAFETY: num_sge SGEs at sg_list (verbs contract).
+        let sg = unsafe { sg_list(w.sg_list, w.num_sge, wqe::MAX_RECV_SGE) }?;
+        wqe::encode_recv(w.wr_id, sg, max_sge)
+    })
+}
+
+/// Reports a post outcome the verbs way: `*bad_wr` = first WR not posted, errno value returned.
+///
+/// # Safety
+/// `bad_wr` must be NULL or writable.
+unsafe fn finish_post<W>(outcome: &PostOutcome<*mut W>, bad_wr: *mut *mut W) -> c_int {
+    match outcome.failed {
+        Some((wr, err)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: writable per contract.
+                unsafe { *bad_wr = wr };
+            }
+            err.errno()
+        }
+        None => 0,
+    }
+}
+
+/// Moves up to `ne` completions from `cq` into `wc`; -1 if the kernel corrupted the ring.
+///
+/// # Safety
+/// `wc` must have room for `ne` entries.
+unsafe fn poll_into(cq: &Mutex<CqRing>, ne: c_int, wc: *mut sys::ibv_wc) -> c_int {
+    let max = usize::try_from(ne).unwrap_or(0);
+    let mut ring = lock(cq);
+    let mut i = 0usize;
+    let res = ring.poll(max, |cqe| {
+        // SAFETY: i < max <= the room of wc (contract).
+        unsafe { wc.add(i).write(wqe::cqe_to_wc(&cqe)) };
+        i += 1;
+    });
+    match res {
+        Ok(n) => n as c_int,
+        Err(c) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "metaroce: CQ ring corrupt (producer {}, consumer {})",
+                c.producer,
+                c.consumer
+            );
+            -1
+        }
+    }
+}
+
+/// `container_of` from the embedded libibverbs object to our wrapper (offset 0).
+fn outer<F, T>(field: *mut F) -> *mut T {
+    field.cast()
+}
+
+unsafe extern "C" fn alloc_pd(ibctx: *mut sys::ibv_context) -> *mut sys::ibv_pd {
+    guard(ptr::null_mut(), || {
+        let mut pd = new_object::<Pd>();
+        let p = pd.as_mut_ptr();
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_alloc_pd = unsafe { core::mem::zeroed() };
+        let mut resp: sys::ib_uverbs_alloc_pd_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: p is a zeroed Pd at its final address; the buffers are live.
+        let ret = unsafe {
+            sys::ibv_cmd_alloc_pd(
+                ibctx,
+                ptr::addr_of_mut!((*p).ibv_pd),
+                &mut cmd,
+                size_of::<sys::ibv_alloc_pd>(),
+                &mut resp,
+                size_of::<sys::ib_uverbs_alloc_pd_resp>(),
+            )
+        };
+        if ret != 0 {
+            set_errno(ret);
+            return ptr::null_mut();
+        }
+        // SAFETY: Pd is only the zeroed (now initialised) ibv_pd.
+        let p = Box::into_raw(unsafe { pd.assume_init() });
+        // SAFETY: p is live.
+        unsafe { ptr::addr_of_mut!((*p).ibv_pd) }
+    })
+}
+
+unsafe extern "C" fn dealloc_pd(ibpd: *mut sys::ibv_pd) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: ibpd came from alloc_pd and is deallocated once.
+        let ret = unsafe { sys::ibv_cmd_dealloc_pd(ibpd) };
+        if ret == 0 {
+            // SAFETY: the Box leaked by alloc_pd; the kernel object is gone.
+            drop(unsafe { Box::from_raw(outer::<_, Pd>(ibpd)) });
+        }
+        ret
+    })
+}
+
+unsafe extern "C" fn reg_mr(
+    ibpd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    hca_va: u64,
+    access: c_int,
+) -> *mut sys::ibv_mr {
+    guard(ptr::null_mut(), || {
+        let mut mr = new_object::<Mr>();
+        let p = mr.as_mut_ptr();
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_reg_mr = unsafe { core::mem::zeroed() };
+        let mut resp: sys::ib_uverbs_reg_mr_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them (hca_va is the iova of
+        // ibv_reg_mr_iova, or addr); p is a zeroed Mr at its final address.
+        let ret = unsafe {
+            sys::ibv_cmd_reg_mr(
+                ibpd,
+                addr,
+                length,
+                hca_va,
+                access,
+                ptr::addr_of_mut!((*p).vmr),
+                &mut cmd,
+                size_of::<sys::ibv_reg_mr>(),
+                &mut resp,
+                size_of::<sys::ib_uverbs_reg_mr_resp>(),
+            )
+        };
+        if ret != 0 {
+            set_errno(ret);
+            return ptr::null_mut();
+        }
+        // SAFETY: Mr is only the (now initialised) verbs_mr.
+        let p = Box::into_raw(unsafe { mr.assume_init() });
+        // SAFETY: p is live.
+        unsafe { ptr::addr_of_mut!((*p).vmr.ibv_mr) }
+    })
+}
+
+unsafe extern "C" fn dereg_mr(vmr: *mut sys::verbs_mr) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: vmr came from reg_mr and is deregistered once.
+        let ret = unsafe { sys::ibv_cmd_dereg_mr(vmr) };
+        if ret == 0 {
+            // SAFETY: the Box leaked by reg_mr.
+            drop(unsafe { Box::from_raw(outer::<_, Mr>(vmr)) });
+        }
+        ret
+    })
+}
+
+unsafe extern "C" fn create_cq(
+    ibctx: *mut sys::ibv_context,
+    cqe: c_int,
+    channel: *mut sys::ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut sys::ibv_cq {
+    guard(ptr::null_mut(), || {
+        let mut cq = new_object::<Cq>();
+        let p = cq.as_mut_ptr();
+        // SAFETY: p is zeroed memory of a Cq; taking a field address.
+        let ibcq = unsafe { ptr::addr_of_mut!((*p).vcq.__bindgen_anon_1.cq) };
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_create_cq = unsafe { core::mem::zeroed() };
+        let mut resp: sys::metaroce_cmd_create_cq_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them; ibcq is zeroed and stays at this address
+        // (its address is the kernel's user_handle).
+        let ret = unsafe {
+            sys::ibv_cmd_create_cq(
+                ibctx,
+                cqe,
+                channel,
+                comp_vector,
+                ibcq,
+                &mut cmd,
+                size_of::<sys::ibv_create_cq>(),
+                ptr::addr_of_mut!(resp.ibv_resp),
+                size_of::<sys::metaroce_cmd_create_cq_resp>(),
+            )
+        };
+        if ret != 0 {
+            set_errno(ret);
+            return ptr::null_mut();
+        }
+        // SAFETY: ibctx is the live context.
+        let cmd_fd = unsafe { (*ibctx).cmd_fd };
+        let mapped = map_ring::<sys::metaroce_cqe>(cmd_fd, &resp.drv_payload.ring, "CQ").and_then(
+            |(map, ring)| {
+                Consumer::new(ring)
+                    .map(|ring| (map, ring))
+                    .map_err(|_| abi::ABI_MISMATCH_ERRNO)
+            },
+        );
+        match mapped {
+            Ok((map, ring)) => {
+                // SAFETY: writing our fields of the boxed Cq (vcq is initialised).
+                unsafe {
+                    ptr::addr_of_mut!((*p).ring).write(Mutex::new(ring));
+                    ptr::addr_of_mut!((*p)._map).write(map);
+                }
+                // SAFETY: every field is initialised now.
+                let p = Box::into_raw(unsafe { cq.assume_init() });
+                // SAFETY: p is live; the same address the kernel got as user_handle.
+                unsafe { ptr::addr_of_mut!((*p).vcq.__bindgen_anon_1.cq) }
+            }
+            Err(errno) => {
+                // SAFETY: undo the kernel CQ; the Box (uninit fields never dropped) is freed.
+                unsafe { sys::ibv_cmd_destroy_cq(ibcq) };
+                set_errno(errno);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn poll_cq(ibcq: *mut sys::ibv_cq, ne: c_int, wc: *mut sys::ibv_wc) -> c_int {
+    guard(-1, || {
+        let cq = outer::<_, Cq>(ibcq);
+        // SAFETY: ibcq came from create_cq (a live Cq); ring is our Mutex, wc has ne entries.
+        unsafe { poll_into(&(*cq).ring, ne, wc) }
+    })
+}
+
+unsafe extern "C" fn destroy_cq(ibcq: *mut sys::ibv_cq) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: ibcq came from create_cq and is destroyed once.
+        let ret = unsafe { sys::ibv_cmd_destroy_cq(ibcq) };
+        if ret == 0 {
+            // SAFETY: the Box leaked by create_cq; dropping it unmaps the ring.
+            drop(unsafe { Box::from_raw(outer::<_, Cq>(ibcq)) });
+        }
+        ret
+    })
+}
+
+unsafe extern "C" fn create_qp(
+    ibpd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_qp_init_attr,
+) -> *mut sys::ibv_qp {
+    guard(ptr::null_mut(), || {
+        let mut qp = new_object::<Qp>();
+        let p = qp.as_mut_ptr();
+        // SAFETY: p is zeroed memory of a Qp; taking a field address.
+        let ibqp = unsafe { ptr::addr_of_mut!((*p).vqp.__bindgen_anon_1.qp) };
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_create_qp = unsafe { core::mem::zeroed() };
+        let mut resp: sys::metaroce_cmd_create_qp_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them; ibqp is zeroed and stays at this address.
+        let ret = unsafe {
+            sys::ibv_cmd_create_qp(
+                ibpd,
+                ibqp,
+                attr,
+                &mut cmd,
+                size_of::<sys::ibv_create_qp>(),
+                ptr::addr_of_mut!(resp.ibv_resp),
+                size_of::<sys::metaroce_cmd_create_qp_resp>(),
+            )
+        };
+        if ret != 0 {
+            set_errno(ret);
+            return ptr::null_mut();
+        }
+        let drv = resp.drv_payload;
+        // SAFETY: ibpd is live; attr is the caller's, now holding the kernel's capabilities.
+        let (cmd_fd, qp_type, cap) =
+            unsafe { ((*(*ibpd).context).cmd_fd, (*attr).qp_type, (*attr).cap) };
+        let limits = SendLimits {
+            qp_type,
+            max_sge: cap.max_send_sge.min(wqe::MAX_SEND_SGE),
+            max_inline: drv.max_inline_data.min(wqe::MAX_INLINE),
+        };
+        let max_recv_sge = cap.max_recv_sge.min(wqe::MAX_RECV_SGE);
+        let rings = (|| -> Result<_, c_int> {
+            let sq = if drv.sq.length != 0 {
+                let (m, r) = map_ring::<sys::metaroce_send_wqe>(cmd_fd, &drv.sq, "SQ")?;
+                let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
+                Some((m, r))
+            } else {
+                None
+            };
+            let rq = if drv.rq.length != 0 {
+                let (m, r) = map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &drv.rq, "RQ")?;
+                let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
+                Some((m, r))
+            } else {
+                None
+            };
+            Ok((sq, rq))
+        })();
+        match rings {
+            Ok((sq, rq)) => {
+                let (sq_map, sq) = sq.map_or((None, None), |(m, r)| (Some(m), Some(Mutex::new(r))));
+                let (rq_map, rq) = rq.map_or((None, None), |(m, r)| (Some(m), Some(Mutex::new(r))));
+                // SAFETY: writing our fields of the boxed Qp; attr is the caller's.
+                unsafe {
+                    ptr::addr_of_mut!((*p).limits).write(limits);
+                    ptr::addr_of_mut!((*p).max_recv_sge).write(max_recv_sge);
+                    ptr::addr_of_mut!((*p).sq).write(sq);
+                    ptr::addr_of_mut!((*p).rq).write(rq);
+                    ptr::addr_of_mut!((*p)._maps).write([sq_map, rq_map]);
+                    (*attr).cap.max_send_sge = limits.max_sge;
+                    (*attr).cap.max_recv_sge = max_recv_sge;
+                    (*attr).cap.max_inline_data = limits.max_inline;
+                }
+                // SAFETY: every field is initialised now.
+                let p = Box::into_raw(unsafe { qp.assume_init() });
+                // SAFETY: p is live; the same address the kernel got as user_handle.
+                unsafe { ptr::addr_of_mut!((*p).vqp.__bindgen_anon_1.qp) }
+            }
+            Err(errno) => {
+                // SAFETY: undo the kernel QP (a mapping made before the failure is unmapped
+                // when dropped above); the Box is freed without dropping uninit fields.
+                unsafe { sys::ibv_cmd_destroy_qp(ibqp) };
+                set_errno(errno);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn query_qp(
+    ibqp: *mut sys::ibv_qp,
+    attr: *mut sys::ibv_qp_attr,
+    attr_mask: c_int,
+    init_attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: an all-zero request is valid.
+        let mut cmd: sys::ibv_query_qp = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them.
+        let ret = unsafe {
+            sys::ibv_cmd_query_qp(
+                ibqp,
+                attr,
+                attr_mask,
+                init_attr,
+                &mut cmd,
+                size_of::<sys::ibv_query_qp>(),
+            )
+        };
+        if ret == 0 && !init_attr.is_null() {
+            // Report the inline limit we enforce (the core response does not know it).
+            let qp = outer::<_, Qp>(ibqp);
+            // SAFETY: ibqp is a live Qp; limits never change; init_attr/attr are writable.
+            unsafe {
+                let max_inline = (*qp).limits.max_inline;
+                (*init_attr).cap.max_inline_data = max_inline;
+                if !attr.is_null() {
+                    (*attr).cap.max_inline_data = max_inline;
+                }
+            }
+        }
+        ret
+    })
+}
+
+unsafe extern "C" fn modify_qp(
+    ibqp: *mut sys::ibv_qp,
+    attr: *mut sys::ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: an all-zero request is valid.
+        let mut cmd: sys::ibv_modify_qp = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them.
+        unsafe {
+            sys::ibv_cmd_modify_qp(
+                ibqp,
+                attr,
+                attr_mask,
+                &mut cmd,
+                size_of::<sys::ibv_modify_qp>(),
+            )
+        }
+    })
+}
+
+unsafe extern "C" fn destroy_qp(ibqp: *mut sys::ibv_qp) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: ibqp came from create_qp and is destroyed once.
+        let ret = unsafe { sys::ibv_cmd_destroy_qp(ibqp) };
+        if ret == 0 {
+            // SAFETY: the Box leaked by create_qp; dropping it unmaps the rings.
+            drop(unsafe { Box::from_raw(outer::<_, Qp>(ibqp)) });
+        }
+        ret
+    })
+}
+
+unsafe extern "C" fn post_send(
+    ibqp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_send_wr,
+    bad_wr: *mut *mut sys::ibv_send_wr,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        let qp = outer::<_, Qp>(ibqp);
+        // SAFETY: ibqp came from create_qp: a live Qp whose limits/sq never change.
+        let (limits, sq) = unsafe { ((*qp).limits, &(*qp).sq) };
+        let Some(sq) = sq else {
+            if !bad_wr.is_null() {
+                // SAFETY: writable (verbs contract).
+                unsafe { *bad_wr = wr };
+            }
+            return sys::EINVAL as c_int;
+        };
+        // SAFETY: the caller's WR list (verbs contract).
+        let outcome = unsafe { post_send_list(sq, &limits, wr) };
+        // SAFETY: bad_wr is the caller's.
+        let ret = unsafe { finish_post(&outcome, bad_wr) };
+        if outcome.posted == 0 {
+            return ret;
+        }
+        // SAFETY: ibqp is live.
+        match unsafe { ring_doorbell(ibqp) } {
+            0 => ret,
+            db_err if ret == 0 => db_err,
+            _ => ret,
+        }
+    })
+}
+
+unsafe extern "C" fn post_recv(
+    ibqp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_recv_wr,
+    bad_wr: *mut *mut sys::ibv_recv_wr,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        let qp = outer::<_, Qp>(ibqp);
+        // SAFETY: ibqp came from create_qp: a live Qp whose rq/max_recv_sge never change.
+        let (max_sge, rq) = unsafe { ((*qp).max_recv_sge, &(*qp).rq) };
+        let Some(rq) = rq else {
+            // The QP receives through an SRQ.
+            if !bad_wr.is_null() {
+                // SAFETY: writable (verbs contract).
+                unsafe { *bad_wr = wr };
+            }
+            return sys::EINVAL as c_int;
+        };
+        // SAFETY: the caller's WR list; bad_wr is the caller's.
+        unsafe {
+            let outcome = post_recv_list(rq, max_sge, wr);
+            finish_post(&outcome, bad_wr)
+        }
+    })
+}
+
+unsafe extern "C" fn create_srq(
+    ibpd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_srq_init_attr,
+) -> *mut sys::ibv_srq {
+    guard(ptr::null_mut(), || {
+        let mut srq = new_object::<Srq>();
+        let p = srq.as_mut_ptr();
+        // SAFETY: p is zeroed memory of a Srq; taking a field address.
+        let ibsrq = unsafe { ptr::addr_of_mut!((*p).vsrq.srq) };
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_create_srq = unsafe { core::mem::zeroed() };
+        let mut resp: sys::metaroce_cmd_create_srq_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them; ibsrq is zeroed at its final address.
+        let ret = unsafe {
+            sys::ibv_cmd_create_srq(
+                ibpd,
+                ibsrq,
+                attr,
+                &mut cmd,
+                size_of::<sys::ibv_create_srq>(),
+                ptr::addr_of_mut!(resp.ibv_resp),
+                size_of::<sys::metaroce_cmd_create_srq_resp>(),
+            )
+        };
+        if ret != 0 {
+            set_errno(ret);
+            return ptr::null_mut();
+        }
+        let drv = resp.drv_payload;
+        // SAFETY: ibpd is live; attr now holds the kernel's max_wr/max_sge.
+        let (cmd_fd, max_sge) = unsafe { ((*(*ibpd).context).cmd_fd, (*attr).attr.max_sge) };
+        let max_sge = max_sge.min(wqe::MAX_RECV_SGE);
+        let mapped =
+            map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &drv.ring, "SRQ").and_then(|(map, ring)| {
+                Producer::new(ring)
+                    .map(|ring| (map, ring))
+                    .map_err(|_| abi::ABI_MISMATCH_ERRNO)
+            });
+        match mapped {
+            Ok((map, ring)) => {
+                // SAFETY: writing our fields of the boxed Srq; attr is the caller's.
+                unsafe {
+                    ptr::addr_of_mut!((*p).max_sge).write(max_sge);
+                    ptr::addr_of_mut!((*p).srq_num).write(drv.srq_num);
+                    ptr::addr_of_mut!((*p).ring).write(Mutex::new(ring));
+                    ptr::addr_of_mut!((*p)._map).write(map);
+                    (*attr).attr.max_sge = max_sge;
+                }
+                // SAFETY: every field is initialised now.
+                let p = Box::into_raw(unsafe { srq.assume_init() });
+                // SAFETY: p is live; the same address the kernel got as user_handle.
+                unsafe { ptr::addr_of_mut!((*p).vsrq.srq) }
+            }
+            Err(errno) => {
+                // SAFETY: undo the kernel SRQ; the Box is freed without dropping uninit fields.
+                unsafe { sys::ibv_cmd_destroy_srq(ibsrq) };
+                set_errno(errno);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn modify_srq(
+    ibsrq: *mut sys::ibv_srq,
+    attr: *mut sys::ibv_srq_attr,
+    attr_mask: c_int,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // Resizing would need the new ring's mmap info, which the ABI has no response for.
+        if attr_mask as u32 & sys::ibv_srq_attr_mask_IBV_SRQ_MAX_WR != 0 {
+            return sys::EOPNOTSUPP as c_int;
+        }
+        // SAFETY: an all-zero request is valid.
+        let mut cmd: sys::ibv_modify_srq = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them.
+        unsafe {
+            sys::ibv_cmd_modify_srq(
+                ibsrq,
+                attr,
+                attr_mask,
+                &mut cmd,
+                size_of::<sys::ibv_modify_srq>(),
+            )
+        }
+    })
+}
+
+unsafe extern "C" fn query_srq(ibsrq: *mut sys::ibv_srq, attr: *mut sys::ibv_srq_attr) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: an all-zero request is valid.
+        let mut cmd: sys::ibv_query_srq = unsafe { core::mem::zeroed() };
+        // SAFETY: arguments as libibverbs passed them.
+        unsafe { sys::ibv_cmd_query_srq(ibsrq, attr, &mut cmd, size_of::<sys::ibv_query_srq>()) }
+    })
+}
+
+unsafe extern "C" fn destroy_srq(ibsrq: *mut sys::ibv_srq) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: ibsrq came from create_srq and is destroyed once.
+        let ret = unsafe { sys::ibv_cmd_destroy_srq(ibsrq) };
+        if ret == 0 {
+            // SAFETY: the Box leaked by create_srq; dropping it unmaps the ring.
+            drop(unsafe { Box::from_raw(outer::<_, Srq>(ibsrq)) });
+        }
+        ret
+    })
+}
+
+unsafe extern "C" fn post_srq_recv(
+    ibsrq: *mut sys::ibv_srq,
+    wr: *mut sys::ibv_recv_wr,
+    bad_wr: *mut *mut sys::ibv_recv_wr,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        let srq = outer::<_, Srq>(ibsrq);
+        // SAFETY: ibsrq came from create_srq: a live Srq whose max_sge/ring never change; the
+        // WR list and bad_wr are the caller's.
+        unsafe {
+            let outcome = post_recv_list(&(*srq).ring, (*srq).max_sge, wr);
+            finish_post(&outcome, bad_wr)
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,9 +1345,341 @@ mod tests {
         assert!(
             ops.query_device_ex.is_some() && ops.query_port.is_some() && ops.free_context.is_some()
         );
-        // The next issue fills these in; until then libibverbs answers EOPNOTSUPP.
-        assert!(ops.alloc_pd.is_none() && ops.reg_mr.is_none());
-        assert!(ops.create_cq.is_none() && ops.create_qp.is_none());
+        assert!(ops.alloc_pd.is_some() && ops.dealloc_pd.is_some());
+        assert!(ops.reg_mr.is_some() && ops.dereg_mr.is_some());
+        assert!(ops.create_cq.is_some() && ops.poll_cq.is_some() && ops.destroy_cq.is_some());
+        assert!(ops.req_notify_cq.is_some());
+        assert!(ops.create_qp.is_some() && ops.modify_qp.is_some() && ops.query_qp.is_some());
+        assert!(ops.destroy_qp.is_some() && ops.post_send.is_some() && ops.post_recv.is_some());
+        assert!(ops.create_srq.is_some() && ops.modify_srq.is_some() && ops.query_srq.is_some());
+        assert!(ops.destroy_srq.is_some() && ops.post_srq_recv.is_some());
+        // Not implemented: libibverbs answers EOPNOTSUPP.
+        assert!(ops.create_ah.is_none() && ops.destroy_ah.is_none());
+        assert!(ops.create_cq_ex.is_none() && ops.create_qp_ex.is_none());
+        assert!(ops.resize_cq.is_none() && ops.cq_event.is_none());
+    }
+
+    /// Ring memory in ordinary (8-aligned) heap memory: the Vec owns it, rings point into it.
+    fn test_ring<T: RingEntry>(n: u32) -> (Vec<u64>, Geometry) {
+        let stride = size_of::<T>();
+        let len = crate::ring::HDR_SIZE + n as usize * stride;
+        let info = sys::metaroce_mmap_info {
+            offset: 0,
+            length: len as u64,
+            num_entries: n,
+            entry_size: stride as u32,
+        };
+        (vec![0u64; len / 8], Geometry::new(&info, stride).unwrap())
+    }
+
+    fn view<T: RingEntry>(buf: &mut [u64], geo: Geometry) -> MappedRing<T> {
+        // SAFETY: buf is 8-aligned, geo.map_len bytes, outlives every use in the test.
+        unsafe { MappedRing::new(NonNull::new(buf.as_mut_ptr().cast()).unwrap(), geo) }
+    }
+
+    fn send_wr(opcode: u32, sg: &mut [sys::ibv_sge]) -> sys::ibv_send_wr {
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut wr: sys::ibv_send_wr = unsafe { core::mem::zeroed() };
+        wr.wr_id = 1000 + u64::from(opcode);
+        wr.opcode = opcode;
+        wr.sg_list = sg.as_mut_ptr();
+        wr.num_sge = sg.len() as c_int;
+        wr.send_flags = sys::ibv_send_flags_IBV_SEND_SIGNALED;
+        wr
+    }
+
+    fn link(wrs: &mut [sys::ibv_send_wr]) {
+        for i in 1..wrs.len() {
+            let next: *mut sys::ibv_send_wr = &mut wrs[i];
+            wrs[i - 1].next = next;
+        }
+    }
+
+    const RC: SendLimits = SendLimits {
+        qp_type: sys::ibv_qp_type_IBV_QPT_RC,
+        max_sge: 4,
+        max_inline: 64,
+    };
+
+    #[test]
+    fn post_send_list_writes_wqes_and_stops_at_the_first_bad_wr() {
+        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
+        let sq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let payload = *b"hello, metaroce!";
+        let mut inline_sg = [sys::ibv_sge {
+            addr: payload.as_ptr() as u64,
+            length: payload.len() as u32,
+            lkey: 0,
+        }];
+        let mut sg2 = [
+            sys::ibv_sge {
+                addr: 0x1000,
+                length: 100,
+                lkey: 7,
+            },
+            sys::ibv_sge {
+                addr: 0x2000,
+                length: 200,
+                lkey: 8,
+            },
+        ];
+        let mut sg5 = [sys::ibv_sge {
+            addr: 0,
+            length: 1,
+            lkey: 1,
+        }; 5];
+        let mut sg1 = [sys::ibv_sge {
+            addr: 0x3000,
+            length: 8,
+            lkey: 9,
+        }];
+        let mut wrs = [
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM, &mut inline_sg),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE, &mut sg2),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg5), // 5 SGEs > max 4
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg1),
+        ];
+        wrs[0].send_flags |= sys::ibv_send_flags_IBV_SEND_INLINE;
+        wrs[0].__bindgen_anon_1.imm_data = 0x0102_0304;
+        wrs[1].wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: 0xdead_0000,
+            rkey: 0x55,
+        };
+        link(&mut wrs);
+        let head: *mut sys::ibv_send_wr = &mut wrs[0];
+        let bad_expected: *mut sys::ibv_send_wr = &mut wrs[2];
+        // SAFETY: a valid list over live SGEs.
+        let out = unsafe { post_send_list(&sq, &RC, head) };
+        assert_eq!(out.posted, 2);
+        assert_eq!(out.failed, Some((bad_expected, PostError::TooManySge)));
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: bad is writable.
+        assert_eq!(unsafe { finish_post(&out, &mut bad) }, sys::EINVAL as c_int);
+        assert_eq!(bad, bad_expected);
+
+        let ring = lock(&sq);
+        let r = ring.ring();
+        assert_eq!((r.load_producer(), r.load_consumer()), (2, 0));
+        let w0 = r.read_entry(0);
+        assert_eq!(
+            (w0.wr_id, w0.opcode, w0.num_sge, w0.inline_len),
+            (1003, 3, 0, 16)
+        );
+        assert_eq!(w0.imm_data, 0x0102_0304);
+        assert_eq!(w0.send_flags, 0x0a);
+        // SAFETY: inline WQE: the bytes member.
+        assert_eq!(unsafe { &w0.data.inline_data[..16] }, &payload);
+        let w1 = r.read_entry(1);
+        assert_eq!(
+            (w1.wr_id, w1.opcode, w1.num_sge, w1.inline_len),
+            (1000, 0, 2, 0)
+        );
+        assert_eq!((w1.remote_addr, w1.rkey), (0xdead_0000, 0x55));
+        // SAFETY: SGE WQE.
+        let s = unsafe { w1.data.sge };
+        assert_eq!((s[1].addr, s[1].length, s[1].lkey), (0x2000, 200, 8));
+    }
+
+    #[test]
+    fn post_send_list_enomem_when_full_and_einval_for_negative_num_sge() {
+        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(2);
+        let sq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let mut sg = [sys::ibv_sge {
+            addr: 0x3000,
+            length: 8,
+            lkey: 9,
+        }];
+        let mut wrs = [
+            send_wr(sys::ibv_wr_opcode_IBV_WR_RDMA_READ, &mut sg),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD, &mut sg),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg),
+        ];
+        link(&mut wrs);
+        let third: *mut sys::ibv_send_wr = &mut wrs[2];
+        // SAFETY: a valid list.
+        let out = unsafe { post_send_list(&sq, &RC, &mut wrs[0]) };
+        assert_eq!(out.posted, 2);
+        assert_eq!(out.failed, Some((third, PostError::QueueFull)));
+        assert_eq!(out.failed.unwrap().1.errno(), sys::ENOMEM as c_int);
+        // The kernel consumes one; a WR with a negative num_sge is refused untouched.
+        lock(&sq).ring().store_consumer(1);
+        let mut neg = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
+        neg.num_sge = -1;
+        // SAFETY: a one-element list.
+        let out = unsafe { post_send_list(&sq, &RC, &mut neg) };
+        assert_eq!(
+            (out.posted, out.failed.unwrap().1.errno()),
+            (0, sys::EINVAL as c_int)
+        );
+        // SAFETY: a NULL list posts nothing.
+        let out = unsafe { post_send_list(&sq, &RC, ptr::null_mut()) };
+        assert_eq!((out.posted, out.failed), (0, None));
+    }
+
+    /// A Qp as create_qp builds it, with an SQ in heap memory and a socket as "cmd_fd".
+    fn test_qp(sq: MappedRing<sys::metaroce_send_wqe>, ctx: *mut sys::ibv_context) -> *mut Qp {
+        let mut qp = new_object::<Qp>();
+        let p = qp.as_mut_ptr();
+        // SAFETY: writing the fields of a zeroed Qp, as create_qp does.
+        unsafe {
+            (*p).vqp.__bindgen_anon_1.qp.context = ctx;
+            (*p).vqp.__bindgen_anon_1.qp.handle = 77;
+            ptr::addr_of_mut!((*p).limits).write(RC);
+            ptr::addr_of_mut!((*p).max_recv_sge).write(1);
+            ptr::addr_of_mut!((*p).sq).write(Some(Mutex::new(Producer::new(sq).unwrap())));
+            ptr::addr_of_mut!((*p).rq).write(None);
+            ptr::addr_of_mut!((*p)._maps).write([None, None]);
+            Box::into_raw(qp.assume_init())
+        }
+    }
+
+    #[test]
+    fn post_send_rings_the_doorbell_once_per_list() {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let (kernel, user) = std::os::unix::net::UnixStream::pair().unwrap();
+        kernel.set_nonblocking(true).unwrap();
+        // SAFETY: all-zero is a valid ibv_context for reading cmd_fd.
+        let mut ctx: Box<sys::ibv_context> = Box::new(unsafe { core::mem::zeroed() });
+        ctx.cmd_fd = user.as_raw_fd();
+        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(4);
+        let qp = test_qp(view(&mut buf, geo), &mut *ctx);
+        // SAFETY: qp is live.
+        let ibqp = unsafe { ptr::addr_of_mut!((*qp).vqp.__bindgen_anon_1.qp) };
+        let mut sg = [sys::ibv_sge {
+            addr: 0x3000,
+            length: 8,
+            lkey: 9,
+        }];
+        let mut wrs = [
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg),
+        ];
+        link(&mut wrs);
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the callback as libibverbs calls it.
+        assert_eq!(unsafe { post_send(ibqp, &mut wrs[0], &mut bad) }, 0);
+        assert!(bad.is_null());
+        let mut db = [0u8; 64];
+        let n = (&kernel).read(&mut db).unwrap();
+        assert_eq!(n, 32, "exactly one doorbell");
+        let word = |i: usize| u32::from_ne_bytes(db[i..i + 4].try_into().unwrap());
+        assert_eq!(
+            word(0),
+            sys::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_POST_SEND
+        );
+        assert_eq!(u16::from_ne_bytes([db[4], db[5]]), 8); // in_words
+        assert_eq!(u16::from_ne_bytes([db[6], db[7]]), 1); // out_words
+        assert_ne!(u64::from_ne_bytes(db[8..16].try_into().unwrap()), 0); // response
+        assert_eq!((word(16), word(20), word(24)), (77, 0, 0)); // handle, wr_count, sge_count
+        assert_eq!(word(28) as usize, size_of::<sys::ibv_send_wr>());
+
+        // A list whose first WR is bad: EINVAL, bad_wr set, no doorbell.
+        wrs[0].opcode = sys::ibv_wr_opcode_IBV_WR_BIND_MW;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { post_send(ibqp, &mut wrs[0], &mut bad) },
+            sys::EINVAL as c_int
+        );
+        assert_eq!(bad, &mut wrs[0] as *mut _);
+        assert!(
+            (&kernel).read(&mut db).is_err(),
+            "no doorbell without new WQEs"
+        );
+
+        // A full ring: the WRs that fit are posted and rung, the rest refused with ENOMEM.
+        wrs[0].opcode = sys::ibv_wr_opcode_IBV_WR_SEND;
+        let mut more = [send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg)];
+        wrs[1].next = &mut more[0];
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { post_send(ibqp, &mut wrs[0], &mut bad) },
+            sys::ENOMEM as c_int
+        );
+        assert_eq!(bad, &mut more[0] as *mut _);
+        assert_eq!((&kernel).read(&mut db).unwrap(), 32);
+        // SAFETY: the Box leaked by test_qp.
+        drop(unsafe { Box::from_raw(qp) });
+    }
+
+    #[test]
+    fn post_recv_list_checks_sges() {
+        let (mut buf, geo) = test_ring::<sys::metaroce_recv_wqe>(4);
+        let rq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let mut sg = [sys::ibv_sge {
+            addr: 0x5000,
+            length: 64,
+            lkey: 3,
+        }; 3];
+        // SAFETY: all-zero is a valid ibv_recv_wr.
+        let mut wrs: [sys::ibv_recv_wr; 2] = unsafe { core::mem::zeroed() };
+        wrs[0].wr_id = 1;
+        wrs[0].sg_list = sg.as_mut_ptr();
+        wrs[0].num_sge = 2;
+        wrs[1].wr_id = 2;
+        wrs[1].sg_list = sg.as_mut_ptr();
+        wrs[1].num_sge = 3;
+        wrs[0].next = &mut wrs[1];
+        let second: *mut sys::ibv_recv_wr = &mut wrs[1];
+        // SAFETY: a valid list.
+        let out = unsafe { post_recv_list(&rq, 2, &mut wrs[0]) };
+        assert_eq!(out.posted, 1);
+        assert_eq!(out.failed, Some((second, PostError::TooManySge)));
+        let r = lock(&rq);
+        let e = r.ring().read_entry(0);
+        assert_eq!(
+            (e.wr_id, e.num_sge, e.sge[1].addr, e.sge[1].lkey),
+            (1, 2, 0x5000, 3)
+        );
+        assert_eq!(r.ring().load_producer(), 1);
+    }
+
+    #[test]
+    fn poll_into_translates_and_frees_cqes() {
+        let (mut buf, geo) = test_ring::<sys::metaroce_cqe>(4);
+        let cq = Mutex::new(Consumer::new(view::<sys::metaroce_cqe>(&mut buf, geo)).unwrap());
+        let kernel = view::<sys::metaroce_cqe>(&mut buf, geo);
+        for i in 0..3u32 {
+            kernel.write_entry(
+                i,
+                &sys::metaroce_cqe {
+                    wr_id: 500 + u64::from(i),
+                    status: 0,
+                    opcode: sys::ibv_wc_opcode_IBV_WC_RECV,
+                    vendor_err: 0,
+                    byte_len: 10 * i,
+                    imm_data: 0,
+                    qp_num: 9,
+                    src_qp: 0,
+                    wc_flags: 0,
+                    pkey_index: 0,
+                    slid: 0,
+                    sl: 0,
+                    dlid_path_bits: 0,
+                    reserved: [0; 18],
+                },
+            );
+        }
+        kernel.store_producer(3);
+        // SAFETY: all-zero is a valid ibv_wc.
+        let mut wc: [sys::ibv_wc; 4] = unsafe { core::mem::zeroed() };
+        // SAFETY: wc has room for 4.
+        assert_eq!(unsafe { poll_into(&cq, 2, wc.as_mut_ptr()) }, 2);
+        assert_eq!(
+            (wc[0].wr_id, wc[1].wr_id, wc[1].byte_len, wc[1].qp_num),
+            (500, 501, 10, 9)
+        );
+        assert_eq!(kernel.load_consumer(), 2);
+        // SAFETY: as above.
+        assert_eq!(unsafe { poll_into(&cq, 4, wc.as_mut_ptr()) }, 1);
+        assert_eq!((wc[0].wr_id, wc[0].opcode), (502, 128));
+        // SAFETY: as above; ne <= 0 polls nothing.
+        assert_eq!(unsafe { poll_into(&cq, 4, wc.as_mut_ptr()) }, 0);
+        assert_eq!(unsafe { poll_into(&cq, -1, wc.as_mut_ptr()) }, 0);
+        // A producer claiming more than the ring: an error, nothing consumed.
+        kernel.store_producer(3 + 5);
+        assert_eq!(unsafe { poll_into(&cq, 4, wc.as_mut_ptr()) }, -1);
+        assert_eq!(kernel.load_consumer(), 3);
     }
 
     #[test]

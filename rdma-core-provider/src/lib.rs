@@ -6,12 +6,16 @@
 //! binds devices whose netlink driver id is `METAROCE_DRIVER_ID` and whose uverbs ABI version
 //! is `METAROCE_UVERBS_ABI_VERSION` (both from `uapi/metaroce-abi.h`).
 //!
-//! `ffi` holds all unsafe code (bindings, callbacks, registration); `abi` is the safe logic.
+//! `ffi` holds all unsafe code (bindings, callbacks, registration, the mapped rings); `abi`,
+//! `ring` (ring geometry, index math, producer/consumer) and `wqe` (WQE encoding, CQE
+//! translation) are the safe logic.
 
 #![deny(unsafe_code)]
 #![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod ring;
+pub mod wqe;
 
 #[allow(unsafe_code)]
 mod ffi;

@@ -6,6 +6,8 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <infiniband/driver.h>
 #include <infiniband/kern-abi.h>
@@ -24,3 +26,31 @@ _Static_assert(sizeof(struct metaroce_get_context_resp) ==
 		       sizeof(struct ib_uverbs_get_context_resp) +
 			       sizeof(struct metaroce_alloc_ucontext_resp),
 	       "implicit padding in metaroce_get_context_resp");
+
+/* The same for the verbs whose kernel response carries a driver part. */
+struct metaroce_cmd_create_cq_resp {
+	struct ib_uverbs_create_cq_resp ibv_resp;
+	struct metaroce_create_cq_resp drv_payload;
+};
+_Static_assert(sizeof(struct metaroce_cmd_create_cq_resp) ==
+		       sizeof(struct ib_uverbs_create_cq_resp) +
+			       sizeof(struct metaroce_create_cq_resp),
+	       "implicit padding in metaroce_cmd_create_cq_resp");
+
+struct metaroce_cmd_create_qp_resp {
+	struct ib_uverbs_create_qp_resp ibv_resp;
+	struct metaroce_create_qp_resp drv_payload;
+};
+_Static_assert(sizeof(struct metaroce_cmd_create_qp_resp) ==
+		       sizeof(struct ib_uverbs_create_qp_resp) +
+			       sizeof(struct metaroce_create_qp_resp),
+	       "implicit padding in metaroce_cmd_create_qp_resp");
+
+struct metaroce_cmd_create_srq_resp {
+	struct ib_uverbs_create_srq_resp ibv_resp;
+	struct metaroce_create_srq_resp drv_payload;
+};
+_Static_assert(sizeof(struct metaroce_cmd_create_srq_resp) ==
+		       sizeof(struct ib_uverbs_create_srq_resp) +
+			       sizeof(struct metaroce_create_srq_resp),
+	       "implicit padding in metaroce_cmd_create_srq_resp");

@@ -1,0 +1,745 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+//! Work queue entries of `uapi/metaroce-abi.h` in safe Rust: checking a send / receive work
+//! request and encoding it as `struct metaroce_send_wqe` / `struct metaroce_recv_wqe`, and
+//! translating a `struct metaroce_cqe` into an `ibv_wc`.
+//!
+//! The FFI layer turns the caller's `ibv_send_wr` / `ibv_recv_wr` into the borrowed views
+//! below (reading only the union members the opcode uses) and copies inline data through the
+//! callback it passes, so nothing here touches application memory directly.
+
+use crate::ffi::sys;
+use crate::ring::{Batch, PushError, RingMemory};
+use core::ffi::c_int;
+
+/// Largest SGE list of a send WQE (12).
+pub const MAX_SEND_SGE: u32 = sys::METAROCE_MAX_SEND_SGE;
+/// Largest inline payload of a send WQE (192 bytes).
+pub const MAX_INLINE: u32 = sys::METAROCE_MAX_INLINE;
+/// Largest SGE list of a receive WQE (7).
+pub const MAX_RECV_SGE: u32 = sys::METAROCE_MAX_RECV_SGE;
+
+const WR_RDMA_WRITE: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE;
+const WR_RDMA_WRITE_WITH_IMM: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM;
+const WR_SEND: u32 = sys::ibv_wr_opcode_IBV_WR_SEND;
+const WR_SEND_WITH_IMM: u32 = sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM;
+const WR_RDMA_READ: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_READ;
+const WR_ATOMIC_CMP_AND_SWP: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_CMP_AND_SWP;
+const WR_ATOMIC_FETCH_AND_ADD: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+/// `IBV_SEND_INLINE`.
+pub const SEND_INLINE: u32 = sys::ibv_send_flags_IBV_SEND_INLINE;
+/// The `ibv_send_flags` a WQE may carry (passed to the kernel unchanged).
+pub const SEND_FLAGS_SUPPORTED: u32 = sys::ibv_send_flags_IBV_SEND_FENCE
+    | sys::ibv_send_flags_IBV_SEND_SIGNALED
+    | sys::ibv_send_flags_IBV_SEND_SOLICITED
+    | sys::ibv_send_flags_IBV_SEND_INLINE
+    | sys::ibv_send_flags_IBV_SEND_IP_CSUM;
+
+/// What the operation of a send work request needs from the rest of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpClass {
+    /// SEND, SEND_WITH_IMM: no remote address.
+    Send,
+    /// RDMA_WRITE(_WITH_IMM), RDMA_READ: `wr.rdma`.
+    Rdma,
+    /// ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD: `wr.atomic`.
+    Atomic,
+}
+
+/// The class of a send opcode this provider supports, `None` for any other.
+pub fn op_class(opcode: u32) -> Option<OpClass> {
+    match opcode {
+        WR_SEND | WR_SEND_WITH_IMM => Some(OpClass::Send),
+        WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM | WR_RDMA_READ => Some(OpClass::Rdma),
+        WR_ATOMIC_CMP_AND_SWP | WR_ATOMIC_FETCH_AND_ADD => Some(OpClass::Atomic),
+        _ => None,
+    }
+}
+
+/// Whether a QP of `qp_type` may post `opcode`. RC: all seven; UC: sends and RDMA writes (no
+/// reads or atomics, IB spec). UD and every other type: none, because `metaroce_send_wqe`
+/// carries no address handle / remote QPN / Q_Key (see the README, ABI notes).
+pub fn opcode_allowed(qp_type: u32, opcode: u32) -> bool {
+    match qp_type {
+        sys::ibv_qp_type_IBV_QPT_RC => op_class(opcode).is_some(),
+        sys::ibv_qp_type_IBV_QPT_UC => matches!(
+            opcode,
+            WR_SEND | WR_SEND_WITH_IMM | WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM
+        ),
+        _ => false,
+    }
+}
+
+/// Why a work request was not posted; [`PostError::errno`] is what the verb returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostError {
+    /// Unsupported opcode for this QP, unknown send flag, negative `num_sge`.
+    BadOpcode,
+    BadFlags,
+    /// More SGEs than the queue allows.
+    TooManySge,
+    /// Inline payload larger than `max_inline_data`.
+    InlineTooLong,
+    /// Atomic with a local buffer under 8 bytes or a misaligned remote address.
+    BadAtomic,
+    /// The ring is full.
+    QueueFull,
+}
+
+impl PostError {
+    /// `EINVAL` for a malformed request, `ENOMEM` for a full queue.
+    pub fn errno(self) -> c_int {
+        match self {
+            Self::QueueFull => sys::ENOMEM as c_int,
+            _ => sys::EINVAL as c_int,
+        }
+    }
+}
+
+impl From<PushError> for PostError {
+    fn from(_: PushError) -> Self {
+        Self::QueueFull
+    }
+}
+
+/// Per-queue limits, as created (clamped to what the WQE layout can hold).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendLimits {
+    /// `ibv_qp_type` of the QP.
+    pub qp_type: u32,
+    /// `cap.max_send_sge`, at most [`MAX_SEND_SGE`].
+    pub max_sge: u32,
+    /// `cap.max_inline_data`, at most [`MAX_INLINE`].
+    pub max_inline: u32,
+}
+
+/// A send work request as the FFI layer read it from `struct ibv_send_wr`.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub sg_list: &'a [sys::ibv_sge],
+    /// `imm_data`, big-endian as the application stored it.
+    pub imm_data: u32,
+    /// `wr.rdma.remote_addr` / `wr.atomic.remote_addr` (0 for sends).
+    pub remote_addr: u64,
+    /// `wr.rdma.rkey` / `wr.atomic.rkey` (0 for sends).
+    pub rkey: u32,
+    /// `wr.atomic.compare_add` (0 otherwise).
+    pub compare_add: u64,
+    /// `wr.atomic.swap` (0 otherwise).
+    pub swap: u64,
+}
+
+fn sge(s: &sys::ibv_sge) -> sys::metaroce_sge {
+    sys::metaroce_sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
+}
+
+const NO_SGE: sys::metaroce_sge = sys::metaroce_sge {
+    addr: 0,
+    length: 0,
+    lkey: 0,
+};
+
+/// Checks `wr` against `limits` and encodes it. With `IBV_SEND_INLINE` (honoured for sends
+/// and RDMA writes, dropped for reads and atomics, which have no payload to inline) the SGEs'
+/// bytes go into `data.inline_data`: `copy_inline(sge, dst)` must fill `dst` (exactly
+/// `sge.length` bytes) from the SGE's address; it is called only after every check passed,
+/// in SGE order, and not for empty SGEs.
+pub fn encode_send(
+    wr: &SendWr<'_>,
+    limits: &SendLimits,
+    mut copy_inline: impl FnMut(&sys::ibv_sge, &mut [u8]),
+) -> Result<sys::metaroce_send_wqe, PostError> {
+    if !opcode_allowed(limits.qp_type, wr.opcode) {
+        return Err(PostError::BadOpcode);
+    }
+    let class = op_class(wr.opcode).ok_or(PostError::BadOpcode)?;
+    if wr.send_flags & !SEND_FLAGS_SUPPORTED != 0 {
+        return Err(PostError::BadFlags);
+    }
+    let num_sge = u32::try_from(wr.sg_list.len()).map_err(|_| PostError::TooManySge)?;
+    if num_sge > limits.max_sge.min(MAX_SEND_SGE) {
+        return Err(PostError::TooManySge);
+    }
+    let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    let mut send_flags = wr.send_flags;
+    if class == OpClass::Atomic && (total < 8 || !wr.remote_addr.is_multiple_of(8)) {
+        return Err(PostError::BadAtomic);
+    }
+    let inline =
+        send_flags & SEND_INLINE != 0 && class != OpClass::Atomic && wr.opcode != WR_RDMA_READ;
+    if !inline {
+        send_flags &= !SEND_INLINE;
+    }
+    let (data, num_sge, inline_len) = if inline {
+        if total > u64::from(limits.max_inline.min(MAX_INLINE)) {
+            return Err(PostError::InlineTooLong);
+        }
+        let mut bytes = [0u8; MAX_INLINE as usize];
+        let mut at = 0usize;
+        for s in wr.sg_list.iter().filter(|s| s.length != 0) {
+            let len = s.length as usize;
+            copy_inline(s, &mut bytes[at..at + len]);
+            at += len;
+        }
+        (
+            sys::metaroce_send_wqe__bindgen_ty_1 { inline_data: bytes },
+            0,
+            total as u32,
+        )
+    } else {
+        let mut sges = [NO_SGE; MAX_SEND_SGE as usize];
+        for (d, s) in sges.iter_mut().zip(wr.sg_list) {
+            *d = sge(s);
+        }
+        (
+            sys::metaroce_send_wqe__bindgen_ty_1 { sge: sges },
+            num_sge,
+            0,
+        )
+    };
+    let (remote_addr, rkey) = match class {
+        OpClass::Send => (0, 0),
+        OpClass::Rdma | OpClass::Atomic => (wr.remote_addr, wr.rkey),
+    };
+    let (compare_add, swap) = match wr.opcode {
+        WR_ATOMIC_CMP_AND_SWP => (wr.compare_add, wr.swap),
+        WR_ATOMIC_FETCH_AND_ADD => (wr.compare_add, 0),
+        _ => (0, 0),
+    };
+    let imm_data = match wr.opcode {
+        WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM => wr.imm_data,
+        _ => 0,
+    };
+    Ok(sys::metaroce_send_wqe {
+        wr_id: wr.wr_id,
+        opcode: wr.opcode,
+        send_flags,
+        num_sge,
+        inline_len,
+        imm_data,
+        reserved0: 0,
+        remote_addr,
+        rkey,
+        reserved1: 0,
+        compare_add,
+        swap,
+        data,
+    })
+}
+
+/// Checks a receive work request (RQ or SRQ) against the queue's `max_sge` and encodes it.
+pub fn encode_recv(
+    wr_id: u64,
+    sg_list: &[sys::ibv_sge],
+    max_sge: u32,
+) -> Result<sys::metaroce_recv_wqe, PostError> {
+    let num_sge = u32::try_from(sg_list.len()).map_err(|_| PostError::TooManySge)?;
+    if num_sge > max_sge.min(MAX_RECV_SGE) {
+        return Err(PostError::TooManySge);
+    }
+    let mut sges = [NO_SGE; MAX_RECV_SGE as usize];
+    for (d, s) in sges.iter_mut().zip(sg_list) {
+        *d = sge(s);
+    }
+    Ok(sys::metaroce_recv_wqe {
+        wr_id,
+        num_sge,
+        reserved: 0,
+        sge: sges,
+    })
+}
+
+/// How posting a list of work requests ended.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PostOutcome<W> {
+    /// Work requests written and published.
+    pub posted: u32,
+    /// The first one that was not posted, and why; the ones after it were not looked at.
+    pub failed: Option<(W, PostError)>,
+}
+
+/// Posts `wrs` in order into `batch`: `encode` checks and encodes each; the first failure (or
+/// a full ring) stops the list. Everything before it is published with one release store.
+pub fn post_list<M: RingMemory, W>(
+    mut batch: Batch<'_, M>,
+    wrs: impl IntoIterator<Item = W>,
+    mut encode: impl FnMut(&W) -> Result<M::Entry, PostError>,
+) -> PostOutcome<W> {
+    let mut failed = None;
+    for wr in wrs {
+        match encode(&wr).and_then(|e| batch.push(&e).map_err(PostError::from)) {
+            Ok(()) => {}
+            Err(e) => {
+                failed = Some((wr, e));
+                break;
+            }
+        }
+    }
+    PostOutcome {
+        posted: batch.commit(),
+        failed,
+    }
+}
+
+/// Translates a completion 1:1 (the CQE fields carry the `ibv_wc` values).
+pub fn cqe_to_wc(cqe: &sys::metaroce_cqe) -> sys::ibv_wc {
+    sys::ibv_wc {
+        wr_id: cqe.wr_id,
+        status: cqe.status,
+        opcode: cqe.opcode,
+        vendor_err: cqe.vendor_err,
+        byte_len: cqe.byte_len,
+        __bindgen_anon_1: sys::ibv_wc__bindgen_ty_1 {
+            imm_data: cqe.imm_data,
+        },
+        qp_num: cqe.qp_num,
+        src_qp: cqe.src_qp,
+        wc_flags: cqe.wc_flags,
+        pkey_index: cqe.pkey_index,
+        slid: cqe.slid,
+        sl: cqe.sl,
+        dlid_path_bits: cqe.dlid_path_bits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::testing::VecRing;
+    use crate::ring::Producer;
+    use core::mem::{offset_of, size_of};
+
+    const RC: SendLimits = SendLimits {
+        qp_type: sys::ibv_qp_type_IBV_QPT_RC,
+        max_sge: MAX_SEND_SGE,
+        max_inline: MAX_INLINE,
+    };
+
+    fn sges(n: usize) -> Vec<sys::ibv_sge> {
+        (0..n)
+            .map(|i| sys::ibv_sge {
+                addr: 0x1000 * (i as u64 + 1),
+                length: 8 * (i as u32 + 1),
+                lkey: 0x100 + i as u32,
+            })
+            .collect()
+    }
+
+    fn wr(opcode: u32, sg_list: &[sys::ibv_sge]) -> SendWr<'_> {
+        SendWr {
+            wr_id: 0xabcd_0000_0000_0001,
+            opcode,
+            send_flags: sys::ibv_send_flags_IBV_SEND_SIGNALED,
+            sg_list,
+            imm_data: 0x1234_5678u32.to_be(),
+            remote_addr: 0x7000_0000_0010,
+            rkey: 0xfeed,
+            compare_add: 11,
+            swap: 22,
+        }
+    }
+
+    fn no_inline(_: &sys::ibv_sge, _: &mut [u8]) {
+        panic!("no inline copy expected");
+    }
+
+    fn sge_of(w: &sys::metaroce_send_wqe) -> [sys::metaroce_sge; MAX_SEND_SGE as usize] {
+        // SAFETY(test): encode_send stores `sge` unless inline_len is set.
+        #[allow(unsafe_code)]
+        unsafe {
+            w.data.sge
+        }
+    }
+
+    fn inline_of(w: &sys::metaroce_send_wqe) -> [u8; MAX_INLINE as usize] {
+        #[allow(unsafe_code)]
+        // SAFETY(test): both union members are plain bytes.
+        unsafe {
+            w.data.inline_data
+        }
+    }
+
+    #[test]
+    fn wqe_layouts_match_the_abi() {
+        type S = sys::metaroce_send_wqe;
+        assert_eq!(size_of::<S>(), sys::METAROCE_SEND_WQE_SIZE as usize);
+        assert_eq!(size_of::<S>(), 256);
+        assert_eq!(offset_of!(S, opcode), 8);
+        assert_eq!(offset_of!(S, imm_data), 24);
+        assert_eq!(offset_of!(S, remote_addr), 32);
+        assert_eq!(offset_of!(S, rkey), 40);
+        assert_eq!(offset_of!(S, compare_add), 48);
+        assert_eq!(offset_of!(S, swap), 56);
+        assert_eq!(offset_of!(S, data), 64);
+        assert_eq!(MAX_SEND_SGE, 12);
+        assert_eq!(MAX_INLINE, 192);
+        type R = sys::metaroce_recv_wqe;
+        assert_eq!(size_of::<R>(), sys::METAROCE_RECV_WQE_SIZE as usize);
+        assert_eq!(offset_of!(R, sge), 16);
+        assert_eq!(MAX_RECV_SGE, 7);
+        type C = sys::metaroce_cqe;
+        assert_eq!(size_of::<C>(), sys::METAROCE_CQE_SIZE as usize);
+        assert_eq!(offset_of!(C, pkey_index), 40);
+        assert_eq!(offset_of!(C, sl), 44);
+        assert_eq!(size_of::<sys::metaroce_sge>(), 16);
+        assert_eq!(size_of::<sys::metaroce_sge>(), size_of::<sys::ibv_sge>());
+    }
+
+    #[test]
+    fn opcode_values_are_the_libibverbs_ones() {
+        // The ABI passes ibv_wr_opcode / ibv_send_flags values; the kernel's IB_WR_* /
+        // IB_SEND_* have the same values.
+        assert_eq!(
+            [
+                WR_RDMA_WRITE,
+                WR_RDMA_WRITE_WITH_IMM,
+                WR_SEND,
+                WR_SEND_WITH_IMM
+            ],
+            [0, 1, 2, 3]
+        );
+        assert_eq!(
+            [WR_RDMA_READ, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD],
+            [4, 5, 6]
+        );
+        assert_eq!(SEND_INLINE, 8);
+        assert_eq!(SEND_FLAGS_SUPPORTED, 0x1f);
+    }
+
+    #[test]
+    fn encodes_every_supported_opcode() {
+        let list = sges(3);
+        for op in 0..=6u32 {
+            let w = encode_send(&wr(op, &list), &RC, no_inline).unwrap();
+            assert_eq!(w.wr_id, 0xabcd_0000_0000_0001);
+            assert_eq!(w.opcode, op);
+            assert_eq!(w.send_flags, sys::ibv_send_flags_IBV_SEND_SIGNALED);
+            assert_eq!((w.num_sge, w.inline_len), (3, 0));
+            let s = sge_of(&w);
+            for (i, e) in list.iter().enumerate() {
+                assert_eq!(
+                    (s[i].addr, s[i].length, s[i].lkey),
+                    (e.addr, e.length, e.lkey)
+                );
+            }
+            assert!(s[3..]
+                .iter()
+                .all(|e| e.addr == 0 && e.length == 0 && e.lkey == 0));
+            let with_imm = op == WR_SEND_WITH_IMM || op == WR_RDMA_WRITE_WITH_IMM;
+            assert_eq!(
+                w.imm_data,
+                if with_imm { 0x1234_5678u32.to_be() } else { 0 }
+            );
+            let remote = op_class(op) != Some(OpClass::Send);
+            assert_eq!(w.remote_addr, if remote { 0x7000_0000_0010 } else { 0 });
+            assert_eq!(w.rkey, if remote { 0xfeed } else { 0 });
+            let (ca, sw) = match op {
+                WR_ATOMIC_CMP_AND_SWP => (11, 22),
+                WR_ATOMIC_FETCH_AND_ADD => (11, 0),
+                _ => (0, 0),
+            };
+            assert_eq!((w.compare_add, w.swap), (ca, sw));
+            assert_eq!((w.reserved0, w.reserved1), (0, 0));
+        }
+    }
+
+    #[test]
+    fn rejects_unsupported_opcodes_and_flags() {
+        let list = sges(1);
+        for op in [7, 8, 9, 10, 11, 14, 15, 100, u32::MAX] {
+            assert_eq!(
+                encode_send(&wr(op, &list), &RC, no_inline).err().unwrap(),
+                PostError::BadOpcode
+            );
+        }
+        let mut w = wr(WR_SEND, &list);
+        w.send_flags = 1 << 5;
+        assert_eq!(
+            encode_send(&w, &RC, no_inline).err().unwrap(),
+            PostError::BadFlags
+        );
+        w.send_flags = SEND_FLAGS_SUPPORTED & !SEND_INLINE;
+        assert_eq!(encode_send(&w, &RC, no_inline).unwrap().send_flags, 0x17);
+        assert_eq!(PostError::BadOpcode.errno(), 22);
+        assert_eq!(PostError::QueueFull.errno(), 12);
+    }
+
+    #[test]
+    fn opcodes_per_qp_type() {
+        let uc = SendLimits {
+            qp_type: sys::ibv_qp_type_IBV_QPT_UC,
+            ..RC
+        };
+        let ud = SendLimits {
+            qp_type: sys::ibv_qp_type_IBV_QPT_UD,
+            ..RC
+        };
+        let list = sges(1);
+        for op in 0..=6u32 {
+            let uc_ok = op <= 3;
+            assert_eq!(
+                encode_send(&wr(op, &list), &uc, no_inline).is_ok(),
+                uc_ok,
+                "{op}"
+            );
+            assert_eq!(
+                encode_send(&wr(op, &list), &ud, no_inline).err().unwrap(),
+                PostError::BadOpcode
+            );
+        }
+    }
+
+    #[test]
+    fn sge_limits() {
+        let list = sges(13);
+        assert!(encode_send(&wr(WR_SEND, &list[..12]), &RC, no_inline).is_ok());
+        assert_eq!(
+            encode_send(&wr(WR_SEND, &list), &RC, no_inline)
+                .err()
+                .unwrap(),
+            PostError::TooManySge
+        );
+        let two = SendLimits { max_sge: 2, ..RC };
+        assert!(encode_send(&wr(WR_RDMA_READ, &list[..2]), &two, no_inline).is_ok());
+        assert_eq!(
+            encode_send(&wr(WR_RDMA_READ, &list[..3]), &two, no_inline)
+                .err()
+                .unwrap(),
+            PostError::TooManySge
+        );
+        // A QP claiming more than the WQE holds is clamped to the WQE.
+        let big = SendLimits { max_sge: 64, ..RC };
+        assert!(encode_send(&wr(WR_SEND, &list), &big, no_inline).is_err());
+        // Zero SGEs: a zero-length send.
+        let w = encode_send(&wr(WR_SEND, &[]), &RC, no_inline).unwrap();
+        assert_eq!((w.num_sge, w.inline_len), (0, 0));
+    }
+
+    fn fill_pattern(s: &sys::ibv_sge, dst: &mut [u8]) {
+        assert_eq!(dst.len(), s.length as usize);
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = (s.lkey as u8).wrapping_add(i as u8);
+        }
+    }
+
+    #[test]
+    fn inline_sends_and_writes() {
+        let mut list = sges(3); // 8 + 16 + 24 = 48 bytes
+        list[1].length = 0; // skipped
+        for op in [
+            WR_SEND,
+            WR_SEND_WITH_IMM,
+            WR_RDMA_WRITE,
+            WR_RDMA_WRITE_WITH_IMM,
+        ] {
+            let mut w = wr(op, &list);
+            w.send_flags |= SEND_INLINE;
+            let mut calls = 0;
+            let e = encode_send(&w, &RC, |s, d| {
+                calls += 1;
+                fill_pattern(s, d)
+            })
+            .unwrap();
+            assert_eq!(calls, 2);
+            assert_eq!((e.num_sge, e.inline_len), (0, 32));
+            assert_eq!(
+                e.send_flags,
+                SEND_INLINE | sys::ibv_send_flags_IBV_SEND_SIGNALED
+            );
+            let data = inline_of(&e);
+            let expect: Vec<u8> = (0..8u8)
+                .map(|i| 0x00u8.wrapping_add(i))
+                .chain((0..24u8).map(|i| 0x02u8.wrapping_add(i)))
+                .collect();
+            assert_eq!(&data[..32], &expect[..]);
+            assert!(data[32..].iter().all(|b| *b == 0));
+        }
+    }
+
+    #[test]
+    fn inline_limits() {
+        let mut list = sges(2);
+        list[0].length = 100;
+        list[1].length = 92; // 192: exactly the WQE's room
+        let mut w = wr(WR_SEND, &list);
+        w.send_flags = SEND_INLINE;
+        assert_eq!(encode_send(&w, &RC, fill_pattern).unwrap().inline_len, 192);
+        list[1].length = 93;
+        let mut w = wr(WR_SEND, &list);
+        w.send_flags = SEND_INLINE;
+        assert_eq!(
+            encode_send(&w, &RC, no_inline).err().unwrap(),
+            PostError::InlineTooLong
+        );
+        // The QP's max_inline_data is the limit.
+        let small = SendLimits {
+            max_inline: 64,
+            ..RC
+        };
+        list[0].length = 32;
+        list[1].length = 33;
+        let mut w = wr(WR_RDMA_WRITE, &list);
+        w.send_flags = SEND_INLINE;
+        assert_eq!(
+            encode_send(&w, &small, no_inline).err().unwrap(),
+            PostError::InlineTooLong
+        );
+        list[1].length = 32;
+        let mut w = wr(WR_RDMA_WRITE, &list);
+        w.send_flags = SEND_INLINE;
+        assert_eq!(
+            encode_send(&w, &small, fill_pattern).unwrap().inline_len,
+            64
+        );
+        // Huge lengths do not overflow the sum.
+        list[0].length = u32::MAX;
+        list[1].length = u32::MAX;
+        let mut w = wr(WR_SEND, &list);
+        w.send_flags = SEND_INLINE;
+        assert_eq!(
+            encode_send(&w, &RC, no_inline).err().unwrap(),
+            PostError::InlineTooLong
+        );
+    }
+
+    #[test]
+    fn inline_is_ignored_for_reads_and_atomics() {
+        let list = sges(1);
+        for op in [WR_RDMA_READ, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD] {
+            let mut w = wr(op, &list);
+            w.send_flags |= SEND_INLINE;
+            let e = encode_send(&w, &RC, no_inline).unwrap();
+            assert_eq!((e.num_sge, e.inline_len), (1, 0));
+            assert_eq!(e.send_flags & SEND_INLINE, 0);
+        }
+    }
+
+    #[test]
+    fn atomic_checks() {
+        let mut list = sges(1);
+        list[0].length = 4;
+        for op in [WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD] {
+            assert_eq!(
+                encode_send(&wr(op, &list), &RC, no_inline).err().unwrap(),
+                PostError::BadAtomic
+            );
+            let ok = sges(1);
+            let mut w = wr(op, &ok);
+            w.remote_addr = 0x1004;
+            assert_eq!(
+                encode_send(&w, &RC, no_inline).err().unwrap(),
+                PostError::BadAtomic
+            );
+            w.remote_addr = 0x1008;
+            assert_eq!(encode_send(&w, &RC, no_inline).unwrap().remote_addr, 0x1008);
+        }
+    }
+
+    #[test]
+    fn recv_wqes() {
+        let list = sges(8);
+        let r = encode_recv(42, &list[..7], 7).unwrap();
+        assert_eq!((r.wr_id, r.num_sge, r.reserved), (42, 7, 0));
+        assert_eq!(
+            (r.sge[6].addr, r.sge[6].length, r.sge[6].lkey),
+            (0x7000, 56, 0x106)
+        );
+        assert_eq!(
+            encode_recv(1, &list, 7).err().unwrap(),
+            PostError::TooManySge
+        );
+        assert_eq!(
+            encode_recv(1, &list, 64).err().unwrap(),
+            PostError::TooManySge
+        );
+        assert_eq!(
+            encode_recv(1, &list[..3], 2).err().unwrap(),
+            PostError::TooManySge
+        );
+        let r = encode_recv(1, &[], 0).unwrap();
+        assert_eq!(r.num_sge, 0);
+        assert!(r.sge.iter().all(|s| s.addr == 0 && s.length == 0));
+    }
+
+    #[test]
+    fn post_list_stops_at_the_first_bad_wr() {
+        let list = sges(1);
+        let bad_op = wr(42, &list);
+        let reqs = [
+            wr(WR_SEND, &list),
+            wr(WR_RDMA_WRITE, &list),
+            bad_op,
+            wr(WR_SEND, &list),
+        ];
+        let ring = VecRing::new(8, 0u64, 0);
+        let mut p = Producer::new(&ring).unwrap();
+        let out = post_list(p.batch(), reqs.iter().enumerate(), |(_, w)| {
+            encode_send(w, &RC, no_inline).map(|e| e.wr_id ^ u64::from(e.opcode))
+        });
+        assert_eq!(out.posted, 2);
+        let (bad, err) = out.failed.unwrap();
+        assert_eq!((bad.0, err), (2, PostError::BadOpcode));
+        assert_eq!(ring.producer.get(), 2);
+        assert_eq!(ring.producer_stores.get(), 1);
+        assert_eq!(ring.slot(1), 0xabcd_0000_0000_0001); // RDMA_WRITE is opcode 0
+    }
+
+    #[test]
+    fn post_list_reports_a_full_ring_with_enomem() {
+        let ring = VecRing::new(2, 0u32, u32::MAX);
+        let mut p = Producer::new(&ring).unwrap();
+        let out = post_list(p.batch(), 0..5u32, |i| Ok(*i));
+        assert_eq!(out.posted, 2);
+        assert_eq!(out.failed, Some((2, PostError::QueueFull)));
+        assert_eq!(out.failed.unwrap().1.errno(), sys::ENOMEM as c_int);
+        assert_eq!(ring.producer.get(), 1);
+        // First WR bad: nothing published.
+        let out = post_list(p.batch(), 0..1u32, |_| Err(PostError::BadFlags));
+        assert_eq!(out.posted, 0);
+        assert_eq!(ring.producer_stores.get(), 1);
+    }
+
+    #[test]
+    fn cqe_translation_is_one_to_one() {
+        let cqe = sys::metaroce_cqe {
+            wr_id: 0x1122_3344_5566_7788,
+            status: sys::ibv_wc_status_IBV_WC_LOC_PROT_ERR,
+            opcode: sys::ibv_wc_opcode_IBV_WC_RECV_RDMA_WITH_IMM,
+            vendor_err: 0x55,
+            byte_len: 4096,
+            imm_data: 0xdead_beefu32.to_be(),
+            qp_num: 0x12,
+            src_qp: 0x34,
+            wc_flags: sys::ibv_wc_flags_IBV_WC_WITH_IMM | sys::ibv_wc_flags_IBV_WC_GRH,
+            pkey_index: 7,
+            slid: 0xbeef,
+            sl: 3,
+            dlid_path_bits: 9,
+            reserved: [0xff; 18],
+        };
+        let wc = cqe_to_wc(&cqe);
+        assert_eq!(wc.wr_id, 0x1122_3344_5566_7788);
+        assert_eq!(wc.status, 4);
+        assert_eq!(wc.opcode, 129);
+        assert_eq!((wc.vendor_err, wc.byte_len), (0x55, 4096));
+        #[allow(unsafe_code)]
+        // SAFETY(test): imm_data and invalidated_rkey are both u32.
+        let imm = unsafe { wc.__bindgen_anon_1.imm_data };
+        assert_eq!(imm, 0xdead_beefu32.to_be());
+        assert_eq!((wc.qp_num, wc.src_qp, wc.wc_flags), (0x12, 0x34, 3));
+        assert_eq!(
+            (wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits),
+            (7, 0xbeef, 3, 9)
+        );
+        // The flag values the kernel must use are libibverbs', not the kernel's IB_WC_*.
+        assert_eq!(sys::ibv_wc_flags_IBV_WC_IP_CSUM_OK, 4);
+        assert_eq!(sys::ibv_wc_flags_IBV_WC_WITH_INV, 8);
+    }
+}
