@@ -159,9 +159,11 @@ fn lossy_links_deliver_everything_once_in_order() {
     ] {
         let r = lossy(link, 11, &msgs);
         eprintln!(
-            "{name}: goodput {} Mbit/s, retransmits {}, net {:?}",
+            "{name}: goodput {} Mbit/s, retransmits {}, timeouts {}, pokes {}, net {:?}",
             r.goodput_mbps(),
             r.retransmits,
+            r.timeouts,
+            r.pokes,
             r.net
         );
     }

@@ -60,3 +60,183 @@ proptest! {
         prop_assert_eq!(r.retransmits, 0);
     }
 }
+
+mod hostile {
+    //! Arbitrary, mostly well-formed packets thrown at a live connection: nothing panics, and
+    //! the connection still works afterwards.
+    use super::*;
+    use metaroce_transport::wire::{
+        AckHeader, AckWriter, AtomicExt, BaseHeader, DataExt, Ext, Flags, Header, NakCode, NakExt,
+        Opcode, PathAck, ReadReqExt, SendExt, StreamAck, WriteExt,
+    };
+
+    fn small_or_any() -> impl Strategy<Value = u32> {
+        prop_oneof![0u32..40, any::<u32>(), Just(u32::MAX)]
+    }
+
+    fn arb_packet() -> impl Strategy<Value = Vec<u8>> {
+        (
+            0usize..12,
+            0u16..=Flags::DEFINED,
+            prop_oneof![Just(0x22u32), Just(0x11u32), any::<u32>()],
+            prop_oneof![Just(200u32), any::<u32>()],
+            prop_oneof![0u16..10, any::<u16>()],
+            small_or_any(),
+            small_or_any(),
+            (
+                small_or_any(),
+                prop_oneof![Just(1024u32), small_or_any()],
+                any::<u64>(),
+                any::<u32>(),
+            ),
+            (0usize..1500, any::<[u64; 4]>(), 1u8..6),
+        )
+            .prop_map(
+                |(op, flags, dst, conn, path, psn, msn, (a, b, va, key), (plen, sack, code))| {
+                    let ops = [
+                        Opcode::Send,
+                        Opcode::SendWithImm,
+                        Opcode::RdmaWrite,
+                        Opcode::RdmaWriteWithImm,
+                        Opcode::ReadRequest,
+                        Opcode::ReadResponse,
+                        Opcode::CmpSwap,
+                        Opcode::FetchAdd,
+                        Opcode::AtomicResponse,
+                        Opcode::Ack,
+                        Opcode::Nak,
+                        Opcode::Probe,
+                    ];
+                    let opcode = ops[op];
+                    let base = BaseHeader {
+                        opcode,
+                        flags: Flags(flags),
+                        dst_qp: dst,
+                        src_qp: 0x11,
+                        conn_id: conn,
+                        path_id: path,
+                        plane: 0,
+                        psn,
+                        msn,
+                        timestamp: a,
+                    };
+                    let mut buf = vec![0u8; 4096];
+                    if opcode == Opcode::Ack {
+                        let mut w = AckWriter::new(&mut buf, base, AckHeader::default()).unwrap();
+                        w.push_path(&PathAck {
+                            path_id: path,
+                            plane: 0,
+                            cum_psn: psn,
+                            echo_ts: a,
+                            ecn_ce: 1,
+                            sack,
+                        })
+                        .unwrap();
+                        w.push_stream(&StreamAck {
+                            qp: dst,
+                            completed_msn: msn,
+                        })
+                        .unwrap();
+                        let n = w.finish();
+                        buf.truncate(n);
+                        return buf;
+                    }
+                    let last = Flags(flags).has(Flags::LAST);
+                    let imm = (opcode.has_imm() && last).then_some(key);
+                    let off = a.min(u32::MAX - plen as u32);
+                    let total = off.saturating_add(plen as u32).saturating_add(b % 3);
+                    let ext = match opcode {
+                        Opcode::Send | Opcode::SendWithImm => Ext::Send(SendExt {
+                            rsn: b % 4,
+                            offset: off,
+                            total_len: total,
+                            payload_len: plen as u32,
+                            imm,
+                        }),
+                        Opcode::RdmaWrite | Opcode::RdmaWriteWithImm => Ext::Write(WriteExt {
+                            va,
+                            rkey: key % 4,
+                            rsn: b % 4,
+                            offset: off,
+                            total_len: total,
+                            payload_len: plen as u32,
+                            imm,
+                        }),
+                        Opcode::ReadRequest => Ext::ReadRequest(ReadReqExt {
+                            va,
+                            rkey: key % 4,
+                            len: b,
+                        }),
+                        Opcode::ReadResponse => Ext::ReadResponse(DataExt {
+                            offset: off,
+                            total_len: total,
+                            payload_len: plen as u32,
+                        }),
+                        Opcode::CmpSwap | Opcode::FetchAdd => Ext::Atomic(AtomicExt {
+                            va,
+                            rkey: key % 4,
+                            swap_add: va,
+                            compare: 0,
+                        }),
+                        Opcode::AtomicResponse => Ext::AtomicResponse(va),
+                        Opcode::Nak => {
+                            let c = [
+                                NakCode::RemoteAccess,
+                                NakCode::InvalidRequest,
+                                NakCode::Rnr,
+                                NakCode::OutOfWindow,
+                                NakCode::RemoteOperational,
+                            ][usize::from(code - 1)];
+                            Ext::Nak(NakExt {
+                                code: c,
+                                value: b % 100_000,
+                            })
+                        }
+                        _ => Ext::Probe,
+                    };
+                    let h = Header { base, ext };
+                    let n = h.emit(&mut buf).unwrap();
+                    let len = n + h.payload_len() as usize;
+                    buf.truncate(len);
+                    buf
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 160, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn hostile_packets_never_panic(pkts in prop::collection::vec(arb_packet(), 1..40), seed in any::<u64>()) {
+            let mut sim = Sim::new(LinkConfig::clean(), seed);
+            // Some state to disturb: a completed SEND, a posted receive, a WRITE in flight.
+            let (sa, sb) = (sim.ep[0].stream, sim.ep[1].stream);
+            for w in 0..2 {
+                sim.ep[1].conn.post_recv(sb, metaroce_transport::stream::RecvWqe { wr_id: w, local: sge(2, 0x200000, 4096) }).unwrap();
+            }
+            let now = sim.now;
+            sim.ep[0].conn.post_send(now, sa, metaroce_transport::stream::SendWqe::new(1, WrOpcode::Send, sge(1, 0x100000, 3000))).unwrap();
+            prop_assert!(sim.run_until(sim.now + 10_000_000, |s| s.ep[1].recv_cqes.len() == 1));
+            sim.ep[0].conn.post_send(now, sa, metaroce_transport::stream::SendWqe::new(9, WrOpcode::RdmaWrite, sge(1, 0x100000, 9000)).remote(0x200000, 2)).unwrap();
+            sim.pump();
+            let mut buf = vec![0u8; 2048];
+            for p in &pkts {
+                for i in 0..2 {
+                    let now = sim.now;
+                    let ep = &mut sim.ep[i];
+                    let _ = ep.conn.handle_packet(now, p, true, &mut ep.mem);
+                    while ep.conn.poll_transmit(now, &mut buf, &mut ep.mem).is_some() {}
+                    while ep.conn.poll_event().is_some() {}
+                    ep.conn.handle_timeout(now + 10_000_000);
+                }
+                // Truncations and bit flips of the same packet.
+                let mut q = p.clone();
+                q.truncate(p.len() / 2);
+                let now = sim.now;
+                let _ = sim.ep[1].conn.handle_packet(now, &q, false, &mut sim.ep[1].mem);
+            }
+            // Time still moves and timers still fire without panicking.
+            sim.run_until(sim.now + 20_000_000, |_| false);
+        }
+    }
+}

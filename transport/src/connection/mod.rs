@@ -18,8 +18,8 @@ pub mod timer;
 
 use super::memory::{AtomicOp, Memory};
 use super::rng::XorShift;
-use super::stream::requester::RespVerdict;
-use super::stream::responder::{ResponseKind, Verdict};
+use super::stream::requester::{RequesterStats, RespVerdict};
+use super::stream::responder::{ResponderStats, ResponseKind, Verdict};
 use super::stream::{
     CqStatus, Cqe, PostError, RecvWqe, SendWqe, Stream, StreamConfig, StreamId, WrOpcode,
 };
@@ -159,6 +159,8 @@ struct PendingNak {
 }
 
 const NAK_QUEUE: usize = 32;
+/// Non-dirty streams whose state each ACK repeats.
+const EXTRA_STREAM_ACKS: usize = 4;
 
 /// What the scheduler picked to send.
 enum Work {
@@ -195,6 +197,7 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     unacked: u16,
     rr_path: usize,
     rr_ack_path: usize,
+    rr_ack_stream: usize,
     rr_stream: usize,
     rr_event: usize,
     rto_event: u32,
@@ -228,6 +231,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             unacked: 0,
             rr_path: 0,
             rr_ack_path: 0,
+            rr_ack_stream: 0,
             rr_stream: 0,
             rr_event: 0,
             rto_event: 0,
@@ -264,6 +268,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.unacked = 0;
         self.rr_path = 0;
         self.rr_ack_path = 0;
+        self.rr_ack_stream = 0;
         self.rr_stream = 0;
         self.rr_event = 0;
         self.rto_event = 0;
@@ -336,6 +341,14 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         if let Some(s) = self.streams.get_mut(usize::from(id.0)) {
             s.reset(None);
         }
+    }
+
+    /// Requester and responder counters of a stream.
+    pub fn stream_stats(&self, id: StreamId) -> Option<(RequesterStats, ResponderStats)> {
+        self.streams
+            .get(usize::from(id.0))
+            .filter(|s| s.open)
+            .map(|s| (s.req.stats, s.resp.stats))
     }
 
     /// The stream's error state, if any.
@@ -814,6 +827,30 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 break;
             }
             s.ack_dirty = false;
+        }
+        // Also repeat the state of a few other open streams, round-robin: an ACK that carried
+        // a stream's last change may have been lost, and a requester with nothing left in
+        // flight would otherwise wait for its completion timeout.
+        let n = STREAMS;
+        let mut extra = 0;
+        for k in 0..n {
+            if extra >= EXTRA_STREAM_ACKS || w.remaining() < STREAM_ACK_LEN {
+                break;
+            }
+            let i = (self.rr_ack_stream + k) % n;
+            let Some(s) = self.streams.get(i) else { break };
+            if !s.open || s.error().is_some() {
+                continue;
+            }
+            let e = super::wire::StreamAck {
+                qp: s.cfg.remote_qp,
+                completed_msn: s.resp.completed_msn(),
+            };
+            if w.push_stream(&e).is_err() {
+                break;
+            }
+            extra += 1;
+            self.rr_ack_stream = (i + 1) % n;
         }
         let len = w.finish();
         self.ack_now = left_over;

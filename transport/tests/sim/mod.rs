@@ -488,6 +488,9 @@ pub struct WorkloadResult {
     pub elapsed_ns: u64,
     pub payload_bytes: u64,
     pub retransmits: u64,
+    /// Completion-timeout resends (each one a retry).
+    pub pokes: u64,
+    pub timeouts: u64,
     pub net: NetStats,
 }
 
@@ -659,6 +662,13 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
         elapsed_ns: last_done.saturating_sub(start),
         payload_bytes,
         retransmits: sim.retransmits(),
+        pokes: sim
+            .ep
+            .iter()
+            .filter_map(|e| e.conn.stream_stats(e.stream))
+            .map(|(r, _)| r.pokes)
+            .sum(),
+        timeouts: sim.ep.iter().map(|e| e.conn.stats().timeouts).sum(),
         net: sim.net.clone(),
     }
 }
