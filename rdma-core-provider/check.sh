@@ -28,7 +28,11 @@ nice cargo test -p metaroce-provider >&2 || fail "unit tests"
 log "ELF checks on $SO"
 dynsyms="$(objdump -T "$SO")"
 for sym in verbs_register_driver_34 ibv_cmd_get_context _verbs_init_and_alloc_context \
-	verbs_set_ops verbs_uninit_context ibv_cmd_query_device_any ibv_cmd_query_port; do
+	verbs_set_ops verbs_uninit_context ibv_cmd_query_device_any ibv_cmd_query_port \
+	ibv_cmd_alloc_pd ibv_cmd_dealloc_pd ibv_cmd_reg_mr ibv_cmd_dereg_mr ibv_cmd_create_cq \
+	ibv_cmd_destroy_cq ibv_cmd_req_notify_cq ibv_cmd_create_qp ibv_cmd_query_qp \
+	ibv_cmd_modify_qp ibv_cmd_destroy_qp ibv_cmd_create_srq ibv_cmd_modify_srq \
+	ibv_cmd_query_srq ibv_cmd_destroy_srq; do
 	grep -Eq "\*UND\*.*[[:space:]]\(?IBVERBS_PRIVATE_34\)?[[:space:]]+$sym\$" <<<"$dynsyms" ||
 		fail "$sym@IBVERBS_PRIVATE_34 is not referenced"
 done

@@ -9,8 +9,13 @@
  *   executable comes first in the global lookup scope, so the plugin's
  *   verbs_register_driver_34@IBVERBS_PRIVATE_34 and libibverbs' write() bind here.
  * - The "uverbs fd" is /dev/null: its ioctl() fails with ENOTTY, so libibverbs falls back to the
- *   legacy write() ABI, which fake_uverbs_write() answers for GET_CONTEXT, QUERY_DEVICE and
- *   QUERY_PORT like the kernel would (the response pointer is the first payload word).
+ *   legacy write() ABI, which fake_uverbs_write() answers like the kernel would (the response
+ *   pointer is the first payload word): GET_CONTEXT, QUERY_DEVICE, QUERY_PORT and the data-path
+ *   commands (PD, MR, CQ, QP, SRQ, and POST_SEND with no WRs, the SQ doorbell).
+ * - mmap() is defined here too: a mapping of the fake uverbs fd maps the same offset of a
+ *   memfd that the fake kernel also maps, so provider and "kernel" share the rings like with
+ *   the real module. On a doorbell the fake consumes the SQ and completes signaled WQEs into
+ *   the send CQ; the checks then poll them back through ibv_poll_cq.
  *
  * Usage: load-check /path/to/libmetaroce-rdmav34.so
  */
@@ -21,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -44,6 +50,122 @@ static int fake_async_fd = -1;		/* the async fd GET_CONTEXT "creates" */
 static __u32 fake_abi_version;		/* what alloc_ucontext reports */
 static int fake_calls[64];
 
+/* Shared memory of the fake device: a memfd, mapped here as the "kernel" view. */
+#define FAKE_MEM_SIZE (1u << 20)
+static int fake_memfd = -1;
+static unsigned char *fake_mem;
+static size_t fake_mem_used;
+static int fake_mmaps;
+/* Where the rings' indices start: just below the u32 wrap, so the checks cross it. */
+#define FAKE_RING_START 0xfffffffeu
+
+struct fake_ring {
+	size_t off;
+	__u32 n, esz;
+};
+
+static struct fake_ring fake_cqs[8], fake_srqs[8];
+static struct {
+	struct fake_ring sq, rq;
+	__u32 send_cq, recv_cq;
+} fake_qps[8];
+static unsigned int fake_ncq, fake_nqp, fake_nsrq, fake_npd, fake_nmr;
+static __u32 fake_cq_entries_override;	/* a bad num_entries for the next CQ, if set */
+static __u64 fake_last_hca_va;
+static int fake_doorbells;
+static struct metaroce_send_wqe fake_wqes[16];	/* WQEs the fake kernel consumed */
+static unsigned int fake_nwqes;
+
+static struct metaroce_mmap_info fake_ring_alloc(struct fake_ring *r, __u32 n, __u32 esz)
+{
+	size_t len = (METAROCE_RING_HDR_SIZE + (size_t)n * esz + 4095) & ~(size_t)4095;
+	struct metaroce_mmap_info mi = {
+		.offset = fake_mem_used, .length = len, .num_entries = n, .entry_size = esz,
+	};
+	struct metaroce_ring_hdr *h;
+
+	if (fake_mem_used + len > FAKE_MEM_SIZE)
+		abort();
+	r->off = fake_mem_used;
+	r->n = n;
+	r->esz = esz;
+	memset(fake_mem + r->off, 0, len);
+	h = (void *)(fake_mem + r->off);
+	h->producer = h->consumer = FAKE_RING_START;
+	fake_mem_used += len;
+	return mi;
+}
+
+static struct metaroce_ring_hdr *ring_hdr(const struct fake_ring *r)
+{
+	return (void *)(fake_mem + r->off);
+}
+
+static void *ring_entry(const struct fake_ring *r, __u32 index)
+{
+	return fake_mem + r->off + METAROCE_RING_HDR_SIZE + (size_t)(index & (r->n - 1)) * r->esz;
+}
+
+/* The kernel side of a CQ: write the CQE, then publish it (release). */
+static void fake_complete(__u32 cq, const struct metaroce_cqe *cqe)
+{
+	const struct fake_ring *r = &fake_cqs[cq];
+	struct metaroce_ring_hdr *h = ring_hdr(r);
+	__u32 p = h->producer;
+
+	if (p - __atomic_load_n(&h->consumer, __ATOMIC_ACQUIRE) >= r->n)
+		abort(); /* the checks never overflow the CQ */
+	memcpy(ring_entry(r, p), cqe, sizeof(*cqe));
+	__atomic_store_n(&h->producer, p + 1, __ATOMIC_RELEASE);
+}
+
+static __u32 wc_opcode(__u32 wr_opcode)
+{
+	switch (wr_opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_WC_RDMA_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return IBV_WC_FETCH_ADD;
+	default:
+		return IBV_WC_SEND;
+	}
+}
+
+/* The doorbell: consume every published SQ WQE (copying it out first, as the kernel does). */
+static void fake_consume_sq(__u32 qp)
+{
+	const struct fake_ring *r = &fake_qps[qp].sq;
+	struct metaroce_ring_hdr *h = ring_hdr(r);
+	__u32 prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
+	__u32 cons = h->consumer;
+
+	for (; cons != prod; cons++) {
+		struct metaroce_send_wqe w;
+		struct metaroce_cqe cqe = { 0 };
+		__u32 i;
+
+		memcpy(&w, ring_entry(r, cons), sizeof(w));
+		if (fake_nwqes < 16)
+			fake_wqes[fake_nwqes++] = w;
+		if (!(w.send_flags & IBV_SEND_SIGNALED))
+			continue;
+		cqe.wr_id = w.wr_id;
+		cqe.status = IBV_WC_SUCCESS;
+		cqe.opcode = wc_opcode(w.opcode);
+		cqe.qp_num = 0x100 + qp;
+		cqe.byte_len = w.inline_len;
+		for (i = 0; i < w.num_sge && i < METAROCE_MAX_SEND_SGE; i++)
+			cqe.byte_len += w.data.sge[i].length;
+		fake_complete(fake_qps[qp].send_cq, &cqe);
+	}
+	__atomic_store_n(&h->consumer, cons, __ATOMIC_RELEASE);
+}
+
 static void fill(const struct ib_uverbs_cmd_hdr *hdr, const void *resp, size_t len)
 {
 	__u64 response;
@@ -54,11 +176,32 @@ static void fill(const struct ib_uverbs_cmd_hdr *hdr, const void *resp, size_t l
 	memcpy((void *)(uintptr_t)response, resp, len);
 }
 
+/*
+ * A core response followed by our driver part: the driver part ends the response buffer, the
+ * core part starts it (libibverbs may use an older, shorter core layout when it does not know
+ * the uverbs ABI, e.g. CREATE_QP_V3 here; those are prefixes of the current one).
+ */
+static int fill_drv(const struct ib_uverbs_cmd_hdr *hdr, const void *core, size_t core_len,
+		    const void *drv, size_t drv_len)
+{
+	size_t out = hdr->out_words * 4u;
+	__u64 response;
+
+	if (out < drv_len) {
+		errno = ENOSPC;
+		return -1;
+	}
+	memcpy(&response, hdr + 1, sizeof(response));
+	memcpy((void *)(uintptr_t)response, core, core_len < out - drv_len ? core_len : out - drv_len);
+	memcpy((char *)(uintptr_t)response + out - drv_len, drv, drv_len);
+	return 0;
+}
+
 static ssize_t fake_uverbs_write(const void *buf, size_t count)
 {
 	const struct ib_uverbs_cmd_hdr *hdr = buf;
 
-	if (count < sizeof(*hdr) + 8) {
+	if (count < sizeof(*hdr) + 4) { /* the smallest command: DEALLOC_PD, DEREG_MR */
 		errno = EINVAL;
 		return -1;
 	}
@@ -116,6 +259,113 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 		fill(hdr, &resp, sizeof(resp));
 		return count;
 	}
+	case IB_USER_VERBS_CMD_ALLOC_PD: {
+		struct ib_uverbs_alloc_pd_resp resp = { .pd_handle = fake_npd++ };
+
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
+	case IB_USER_VERBS_CMD_REG_MR: {
+		const struct ib_uverbs_reg_mr *cmd = (const void *)(hdr + 1);
+		struct ib_uverbs_reg_mr_resp resp = {
+			.mr_handle = fake_nmr, .lkey = 0x1000 + fake_nmr, .rkey = 0x2000 + fake_nmr,
+		};
+
+		fake_nmr++;
+		fake_last_hca_va = cmd->hca_va;
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
+	case IB_USER_VERBS_CMD_DEALLOC_PD:
+	case IB_USER_VERBS_CMD_DEREG_MR:
+	case IB_USER_VERBS_CMD_REQ_NOTIFY_CQ:
+	case IB_USER_VERBS_CMD_MODIFY_QP:
+	case IB_USER_VERBS_CMD_MODIFY_SRQ:
+		return count;
+	case IB_USER_VERBS_CMD_CREATE_CQ: {
+		const struct ib_uverbs_create_cq *cmd = (const void *)(hdr + 1);
+		struct ib_uverbs_create_cq_resp core = { .cq_handle = fake_ncq, .cqe = cmd->cqe };
+		struct metaroce_create_cq_resp drv;
+
+		if (fake_ncq == 8) {
+			errno = ENOMEM;
+			return -1;
+		}
+		drv.ring = fake_ring_alloc(&fake_cqs[fake_ncq], 16, sizeof(struct metaroce_cqe));
+		if (fake_cq_entries_override)
+			drv.ring.num_entries = fake_cq_entries_override;
+		fake_ncq++;
+		return fill_drv(hdr, &core, sizeof(core), &drv, sizeof(drv)) ? -1 : (ssize_t)count;
+	}
+	case IB_USER_VERBS_CMD_DESTROY_CQ:
+	case IB_USER_VERBS_CMD_DESTROY_QP:
+	case IB_USER_VERBS_CMD_DESTROY_SRQ: {
+		struct ib_uverbs_destroy_cq_resp resp = { 0 };
+
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
+	case IB_USER_VERBS_CMD_CREATE_QP: {
+		const struct ib_uverbs_create_qp *cmd = (const void *)(hdr + 1);
+		struct ib_uverbs_create_qp_resp core = {
+			.qp_handle = fake_nqp, .qpn = 0x100 + fake_nqp,
+			.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 2, .max_recv_sge = 2,
+			.max_inline_data = 128,
+		};
+		struct metaroce_create_qp_resp drv = { .max_inline_data = 128 };
+
+		if (fake_nqp == 8 || cmd->send_cq_handle >= fake_ncq || cmd->recv_cq_handle >= fake_ncq) {
+			errno = EINVAL;
+			return -1;
+		}
+		drv.sq = fake_ring_alloc(&fake_qps[fake_nqp].sq, 4, sizeof(struct metaroce_send_wqe));
+		if (!cmd->is_srq)
+			drv.rq = fake_ring_alloc(&fake_qps[fake_nqp].rq, 4, sizeof(struct metaroce_recv_wqe));
+		fake_qps[fake_nqp].send_cq = cmd->send_cq_handle;
+		fake_qps[fake_nqp].recv_cq = cmd->recv_cq_handle;
+		fake_nqp++;
+		return fill_drv(hdr, &core, sizeof(core), &drv, sizeof(drv)) ? -1 : (ssize_t)count;
+	}
+	case IB_USER_VERBS_CMD_QUERY_QP: {
+		struct ib_uverbs_query_qp_resp resp = {
+			.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 2, .max_recv_sge = 2,
+			.qp_state = IBV_QPS_INIT,
+		};
+
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
+	case IB_USER_VERBS_CMD_POST_SEND: {
+		const struct ib_uverbs_post_send *cmd = (const void *)(hdr + 1);
+		struct ib_uverbs_post_send_resp resp = { 0 };
+
+		/* What the kernel's ib_uverbs_post_send() needs for a WR-less call. */
+		if (count != sizeof(*hdr) + sizeof(*cmd) || hdr->out_words * 4u < sizeof(resp) ||
+		    cmd->wr_count || cmd->sge_count ||
+		    cmd->wqe_size < sizeof(struct ib_uverbs_send_wr) || cmd->qp_handle >= fake_nqp) {
+			errno = EINVAL;
+			return -1;
+		}
+		fake_doorbells++;
+		fake_consume_sq(cmd->qp_handle);
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
+	case IB_USER_VERBS_CMD_CREATE_SRQ: {
+		const struct ib_uverbs_create_srq *cmd = (const void *)(hdr + 1);
+		struct ib_uverbs_create_srq_resp core = {
+			.srq_handle = fake_nsrq, .max_wr = 4, .max_sge = 1, .srqn = 0x200 + fake_nsrq,
+		};
+		struct metaroce_create_srq_resp drv = { .srq_num = 0x200 + fake_nsrq };
+
+		if (fake_nsrq == 8 || cmd->max_sge > 1) {
+			errno = EINVAL;
+			return -1;
+		}
+		drv.ring = fake_ring_alloc(&fake_srqs[fake_nsrq], 4, sizeof(struct metaroce_recv_wqe));
+		fake_nsrq++;
+		return fill_drv(hdr, &core, sizeof(core), &drv, sizeof(drv)) ? -1 : (ssize_t)count;
+	}
 	default:
 		errno = EOPNOTSUPP;
 		return -1;
@@ -127,6 +377,20 @@ ssize_t write(int fd, const void *buf, size_t count)
 	if (fd >= 0 && fd == fake_fd)
 		return fake_uverbs_write(buf, count);
 	return syscall(SYS_write, fd, buf, count);
+}
+
+/* Maps of the fake uverbs fd map the fake device memory (the memfd) at the same offset. */
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (fd >= 0 && fd == fake_fd) {
+		fake_mmaps++;
+		if (off < 0 || (size_t)off + len > FAKE_MEM_SIZE || !(flags & MAP_SHARED)) {
+			errno = EINVAL;
+			return MAP_FAILED;
+		}
+		fd = fake_memfd;
+	}
+	return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
 }
 
 /* ---- checks ---- */
@@ -155,6 +419,202 @@ static struct verbs_context *open_fake(struct verbs_device *vdev, __u32 abi_vers
 	return registered->alloc_context(&vdev->device, fake_fd, NULL);
 }
 
+static __u32 kernel_producer(const struct fake_ring *r)
+{
+	return __atomic_load_n(&ring_hdr(r)->producer, __ATOMIC_ACQUIRE);
+}
+
+static __u32 kernel_consumer(const struct fake_ring *r)
+{
+	return __atomic_load_n(&ring_hdr(r)->consumer, __ATOMIC_ACQUIRE);
+}
+
+/* PD, MR, CQ, QP, SRQ and the rings, end to end through libibverbs. */
+static void check_data_path(struct ibv_context *ctx)
+{
+	static char buf[4096];
+	struct ibv_qp_init_attr ia = {
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 2,
+			 .max_recv_sge = 2, .max_inline_data = 64 },
+		.qp_type = IBV_QPT_RC,
+	};
+	struct ibv_srq_init_attr sia = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_sge sge[3] = {
+		{ .addr = (uintptr_t)buf, .length = 100, .lkey = 0x1000 },
+		{ .addr = (uintptr_t)buf + 100, .length = 28, .lkey = 0x1000 },
+		{ .addr = (uintptr_t)buf + 128, .length = 8, .lkey = 0x1000 },
+	};
+	struct ibv_send_wr wr[4], *bad = NULL;
+	struct ibv_recv_wr rwr = { .wr_id = 77, .sg_list = sge, .num_sge = 2 }, *rbad = NULL;
+	struct ibv_qp_attr qattr = { .qp_state = IBV_QPS_INIT };
+	struct ibv_qp_init_attr qinit;
+	struct ibv_srq_attr sattr = { .max_wr = 8, .srq_limit = 1 };
+	struct metaroce_recv_wqe rwqe;
+	struct metaroce_cqe cqe = { 0 };
+	struct ibv_wc wc[8];
+	struct ibv_srq *srq;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	int i;
+
+	pd = ibv_alloc_pd(ctx);
+	CHECK(pd != NULL);
+	if (!pd)
+		return;
+	mr = ibv_reg_mr_iova(pd, buf, sizeof(buf), 0x7000000, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr != NULL);
+	if (!mr)
+		return;
+	CHECK(fake_last_hca_va == 0x7000000);
+	CHECK(mr->lkey == 0x1000 && mr->rkey == 0x2000 && mr->addr == buf);
+
+	/* A CQ whose ring the provider cannot use: refused, the kernel CQ destroyed. */
+	fake_cq_entries_override = 3;
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 16, NULL, NULL, 0) == NULL);
+	CHECK(errno == EPROTO);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_CQ] == 1);
+	fake_cq_entries_override = 0;
+
+	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(cq != NULL);
+	if (!cq)
+		return;
+	CHECK(cq->cqe == 16);
+	ia.send_cq = ia.recv_cq = cq;
+	qp = ibv_create_qp(pd, &ia);
+	CHECK(qp != NULL);
+	if (!qp)
+		return;
+	CHECK(qp->qp_num == 0x100);
+	CHECK(ia.cap.max_inline_data == 128); /* the driver response's value */
+	CHECK(fake_mmaps == 3); /* CQ, SQ, RQ (the refused CQ was never mapped) */
+	CHECK(ibv_modify_qp(qp, &qattr, IBV_QP_STATE) == 0);
+	CHECK(ibv_req_notify_cq(cq, 0) == 0);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_REQ_NOTIFY_CQ] == 1);
+
+	/* Receive: one WQE in the RQ ring, no doorbell. */
+	CHECK(ibv_post_recv(qp, &rwr, &rbad) == 0);
+	CHECK(kernel_producer(&fake_qps[0].rq) == FAKE_RING_START + 1);
+	memcpy(&rwqe, ring_entry(&fake_qps[0].rq, FAKE_RING_START), sizeof(rwqe));
+	CHECK(rwqe.wr_id == 77 && rwqe.num_sge == 2 && rwqe.sge[1].length == 28);
+	rwr.num_sge = 3; /* more than the QP's max_recv_sge (2) */
+	CHECK(ibv_post_recv(qp, &rwr, &rbad) == EINVAL && rbad == &rwr);
+	rwr.num_sge = 2;
+
+	/* Send: an inline SEND_WITH_IMM and an RDMA_WRITE, one doorbell, two completions. */
+	memset(wr, 0, sizeof(wr));
+	memcpy(buf, "metaroce inline payload", 24);
+	wr[0] = (struct ibv_send_wr){
+		.wr_id = 1, .next = &wr[1], .sg_list = sge, .num_sge = 1,
+		.opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+		.imm_data = htobe32(0xc0ffee),
+	};
+	wr[1] = (struct ibv_send_wr){
+		.wr_id = 2, .sg_list = sge, .num_sge = 2,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = 0x9000, .rkey = 0x2000 },
+	};
+	CHECK(ibv_post_send(qp, &wr[0], &bad) == 0);
+	CHECK(fake_doorbells == 1 && fake_nwqes == 2);
+	CHECK(fake_wqes[0].opcode == IBV_WR_SEND_WITH_IMM && fake_wqes[0].num_sge == 0);
+	CHECK(fake_wqes[0].inline_len == 100 && fake_wqes[0].imm_data == htobe32(0xc0ffee));
+	CHECK(memcmp(fake_wqes[0].data.inline_data, "metaroce inline payload", 24) == 0);
+	CHECK(fake_wqes[1].num_sge == 2 && fake_wqes[1].remote_addr == 0x9000);
+	CHECK(fake_wqes[1].data.sge[1].addr == (uintptr_t)buf + 100);
+	CHECK(ibv_poll_cq(cq, 1, wc) == 1);
+	CHECK(wc[0].wr_id == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].opcode == IBV_WC_SEND);
+	CHECK(wc[0].qp_num == 0x100 && wc[0].byte_len == 100);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 1);
+	CHECK(wc[0].wr_id == 2 && wc[0].opcode == IBV_WC_RDMA_WRITE && wc[0].byte_len == 128);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 0);
+	CHECK(kernel_consumer(&fake_cqs[1]) == FAKE_RING_START + 2); /* wrapped past 2^32 */
+
+	/* A list with a bad second WR: the first is posted and rung, the rest untouched. */
+	wr[0].next = &wr[1];
+	wr[1].next = &wr[2];
+	wr[1].num_sge = 3; /* > max_send_sge (2) */
+	wr[2] = wr[0];
+	wr[2].next = NULL;
+	CHECK(ibv_post_send(qp, &wr[0], &bad) == EINVAL);
+	CHECK(bad == &wr[1]);
+	CHECK(fake_doorbells == 2 && fake_nwqes == 3);
+	/* Unsupported opcode first: nothing posted, no doorbell. */
+	wr[1].num_sge = 1;
+	wr[1].opcode = IBV_WR_LOCAL_INV;
+	CHECK(ibv_post_send(qp, &wr[1], &bad) == EINVAL && bad == &wr[1]);
+	CHECK(fake_doorbells == 2);
+	/* Inline data over the QP's max_inline_data (128). */
+	sge[2].length = 129;
+	wr[2].sg_list = &sge[2];
+	CHECK(ibv_post_send(qp, &wr[2], &bad) == EINVAL && bad == &wr[2]);
+	sge[2].length = 8;
+	/* Atomics. */
+	wr[3] = (struct ibv_send_wr){
+		.wr_id = 4, .sg_list = &sge[2], .num_sge = 1,
+		.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD, .send_flags = IBV_SEND_SIGNALED,
+		.wr.atomic = { .remote_addr = 0x9008, .compare_add = 5, .rkey = 0x2000 },
+	};
+	CHECK(ibv_post_send(qp, &wr[3], &bad) == 0);
+	CHECK(fake_nwqes == 4 && fake_wqes[3].compare_add == 5 && fake_wqes[3].rkey == 0x2000);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 2);
+	CHECK(wc[0].wr_id == 1 && wc[1].wr_id == 4 && wc[1].opcode == IBV_WC_FETCH_ADD);
+
+	/* A receive completion with immediate data, translated 1:1. */
+	cqe.wr_id = 77;
+	cqe.status = IBV_WC_SUCCESS;
+	cqe.opcode = IBV_WC_RECV;
+	cqe.byte_len = 64;
+	cqe.imm_data = htobe32(0xc0ffee);
+	cqe.qp_num = 0x100;
+	cqe.src_qp = 0x222;
+	cqe.wc_flags = IBV_WC_WITH_IMM;
+	cqe.sl = 3;
+	fake_complete(1, &cqe);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 1);
+	CHECK(wc[0].wr_id == 77 && wc[0].opcode == IBV_WC_RECV && wc[0].byte_len == 64);
+	CHECK(wc[0].imm_data == htobe32(0xc0ffee) && wc[0].wc_flags == IBV_WC_WITH_IMM);
+	CHECK(wc[0].src_qp == 0x222 && wc[0].sl == 3);
+
+	memset(&qinit, 0, sizeof(qinit));
+	CHECK(ibv_query_qp(qp, &qattr, IBV_QP_STATE | IBV_QP_CAP, &qinit) == 0);
+	CHECK(qinit.cap.max_inline_data == 128 && qattr.qp_state == IBV_QPS_INIT);
+
+	/* SRQ. */
+	srq = ibv_create_srq(pd, &sia);
+	CHECK(srq != NULL);
+	if (srq) {
+		rwr.num_sge = 1;
+		rwr.wr_id = 88;
+		CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
+		CHECK(kernel_producer(&fake_srqs[0]) == FAKE_RING_START + 1);
+		memcpy(&rwqe, ring_entry(&fake_srqs[0], FAKE_RING_START), sizeof(rwqe));
+		CHECK(rwqe.wr_id == 88 && rwqe.num_sge == 1 && rwqe.sge[0].lkey == 0x1000);
+		for (i = 0; i < 3; i++)
+			CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
+		CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == ENOMEM && rbad == &rwr); /* full */
+		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR) == EOPNOTSUPP);
+		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT) == 0);
+		CHECK(ibv_destroy_srq(srq) == 0);
+	}
+
+	/* Not implemented: libibverbs' dummy op. */
+	errno = 0;
+	CHECK(ibv_create_ah(pd, &(struct ibv_ah_attr){ .port_num = 1 }) == NULL);
+	CHECK(errno == EOPNOTSUPP);
+
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 1);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_CQ] == 2);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DEREG_MR] == 1);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DEALLOC_PD] == 1);
+}
+
 int main(int argc, char **argv)
 {
 	const struct verbs_match_ent *ent;
@@ -168,6 +628,17 @@ int main(int argc, char **argv)
 	if (argc != 2) {
 		fprintf(stderr, "usage: %s PLUGIN.so\n", argv[0]);
 		return 2;
+	}
+	fake_memfd = memfd_create("metaroce-fake-device", MFD_CLOEXEC);
+	if (fake_memfd < 0 || ftruncate(fake_memfd, FAKE_MEM_SIZE)) {
+		perror("load-check: memfd");
+		return 1;
+	}
+	fake_mem = (void *)syscall(SYS_mmap, NULL, FAKE_MEM_SIZE, PROT_READ | PROT_WRITE,
+				   MAP_SHARED, fake_memfd, 0);
+	if (fake_mem == MAP_FAILED) {
+		perror("load-check: mmap");
+		return 1;
 	}
 	handle = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 	if (!handle) {
@@ -242,10 +713,7 @@ int main(int argc, char **argv)
 	CHECK(pattr.gid_tbl_len == 16);
 	CHECK(ibv_query_port(&vctx->context, 2, &pattr) == EINVAL);
 
-	/* Verbs not implemented yet: libibverbs' dummy ops. */
-	errno = 0;
-	CHECK(ibv_alloc_pd(&vctx->context) == NULL);
-	CHECK(errno == EOPNOTSUPP);
+	check_data_path(&vctx->context);
 
 	/* ibv_close_device() -> free_context. */
 	CHECK(ibv_close_device(&vctx->context) == 0);
@@ -259,7 +727,8 @@ int main(int argc, char **argv)
 	if (failures)
 		return 1;
 	printf("load-check: %s registered \"%s\" (driver id 0x%llx, uverbs ABI %u..%u); "
-	       "alloc_context/query_device_ex/query_port/close work against a fake uverbs, "
+	       "alloc_context/query_device_ex/query_port/close and the data path (PD, MR, CQ, QP, "
+	       "SRQ, post_send/recv, poll_cq over shared rings) work against a fake uverbs, "
 	       "a wrong ABI is refused\n",
 	       argv[1], registered->name, (unsigned long long)ent[0].u.driver_id,
 	       registered->match_min_abi_version, registered->match_max_abi_version);
