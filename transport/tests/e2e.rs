@@ -537,3 +537,33 @@ fn two_hundred_fifty_six_paths() {
         .count();
     assert_eq!(used, 256, "every path carried data");
 }
+
+#[test]
+fn lost_naks_are_recovered_by_the_completion_timeout() {
+    // Every NAK is lost: the RNR never reaches the requester. Its completion timeout resends
+    // the message, which lands once a receive is posted.
+    let mut sim = Sim::new(LinkConfig::clean(), 14);
+    sim.drop_if = Some(Box::new(|_, b| {
+        b.get(1) == Some(&(metaroce_transport::wire::Opcode::Nak as u8))
+    }));
+    let data = pattern(14, 3000);
+    sim.ep[0].mem.fill(1, A_BUF, &data);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::Send, sge(1, A_BUF, 3000)),
+    );
+    sim.run_until(sim.now + 1_000_000, |_| false);
+    recv(&mut sim, 5, B_BUF, 4096);
+    assert!(sim.run_until(sim.now + 50_000_000, |s| s.ep[0].send_cqes.len() == 1));
+    assert_eq!(sim.ep[0].send_cqes[0].status, CqStatus::Success);
+    assert_eq!(sim.ep[1].mem.bytes(2, B_BUF, 3000), &data[..]);
+    assert!(
+        sim.ep[0]
+            .conn
+            .stream_stats(sim.ep[0].stream)
+            .unwrap()
+            .0
+            .pokes
+            >= 1
+    );
+}

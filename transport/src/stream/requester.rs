@@ -41,7 +41,7 @@ struct Entry {
     rnr_retries: u8,
     rnr_until: u64,
     last_rto_event: u32,
-    /// Resend the last request packet once (completion timeout).
+    /// The current attempt is a resend after a completion timeout.
     poke: bool,
 }
 
@@ -257,24 +257,14 @@ impl Requester {
                         msn = msn.wrapping_add(1);
                         continue;
                     }
-                    if e.poke {
-                        e.poke = false;
-                        let seg = e.n_segs.saturating_sub(1);
-                        return Some(RequestSegment {
-                            msn,
-                            seg,
-                            attempt: e.attempt,
-                            retransmit: true,
-                        });
-                    }
-                    let fresh = !e.out.was_sent(0);
+                    let fresh = !e.out.was_sent(0) && !e.poke;
                     if !(is_rd && fresh && rd_atomic > MAX_RD_ATOMIC) {
                         if let Some(seg) = e.out.next_unsent(e.n_segs) {
                             return Some(RequestSegment {
                                 msn,
                                 seg,
                                 attempt: e.attempt,
-                                retransmit: e.out.was_sent(seg),
+                                retransmit: e.poke || e.out.was_sent(seg),
                             });
                         }
                     }
@@ -533,9 +523,9 @@ impl Requester {
     }
 
     /// Timer: past RNR back-offs are cleared; on a completion timeout the oldest message whose
-    /// packets are all acknowledged but which has not completed gets its last packet resent
-    /// (the responder answers with its state or the NAK again). Returns true when that
-    /// exceeds the retry count.
+    /// packets are all acknowledged but which has not completed is resent whole (the
+    /// responder answers with its state or the NAK again). Returns true when that exceeds the
+    /// retry count.
     pub fn on_timer(&mut self, now: u64, stall_timeout: u64, retry_cnt: u8) -> bool {
         let mut msn = self.head;
         while msn != self.tail {
@@ -554,6 +544,11 @@ impl Requester {
         while msn != self.tail {
             if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
                 if e.state == State::Pending && e.rnr_until == 0 && e.out.complete(e.n_segs) {
+                    // Resend the whole message as a new attempt: whatever was lost (a NAK, an
+                    // ACK, data the responder discarded), the responder answers it afresh and
+                    // deduplicates what it already has.
+                    e.attempt = e.attempt.wrapping_add(1);
+                    e.out = SegWindow::new();
                     e.poke = true;
                     e.retries = e.retries.saturating_add(1);
                     self.stats.pokes += 1;
@@ -683,6 +678,40 @@ mod tests {
         let (c, fatal) = r.pop_completion(StreamId(0), false).unwrap();
         assert_eq!(c.status, CqStatus::RnrRetryExcErr);
         assert!(fatal);
+    }
+
+    #[test]
+    fn completion_timeout_resends_whole_message() {
+        let mut r = Requester::new();
+        r.post(wqe(WrOpcode::Send, 2500), 1000, 0, false).unwrap();
+        while let Some(s) = r.next_segment(0) {
+            r.mark_sent(s.msn, s.seg);
+        }
+        for seg in 0..3 {
+            r.on_outcome(10, 0, seg, 0, Outcome::Acked, 0, 7);
+        }
+        // All acknowledged on their paths, but the responder never reported completion.
+        assert!(r.next_segment(10).is_none());
+        assert_eq!(r.deadline(1000), Some(1010));
+        assert!(!r.on_timer(1010, 1000, 7));
+        let segs: std::vec::Vec<_> = core::iter::from_fn(|| {
+            let s = r.next_segment(1010)?;
+            r.mark_sent(s.msn, s.seg);
+            Some((s.seg, s.attempt, s.retransmit))
+        })
+        .collect();
+        assert_eq!(segs, std::vec![(0, 1, true), (1, 1, true), (2, 1, true)]);
+        // Acks of the old attempt no longer count; the new one's do.
+        r.on_outcome(1500, 0, 0, 0, Outcome::Acked, 0, 7);
+        assert!(
+            !r.on_timer(2600, 1000, 0),
+            "attempt 1 still in flight: nothing to resend"
+        );
+        for seg in 0..3 {
+            r.on_outcome(2700, 0, seg, 1, Outcome::Acked, 0, 7);
+        }
+        // Out of retries on the next one.
+        assert!(r.on_timer(3800, 1000, 0));
     }
 
     #[test]

@@ -265,6 +265,8 @@ pub struct Sim {
     pub net: NetStats,
     /// While true, everything to or from endpoint 1 vanishes.
     pub b_dead: bool,
+    /// Drops the datagrams (sender index, bytes) it returns true for.
+    pub drop_if: Option<Box<dyn Fn(usize, &[u8]) -> bool>>,
     rng: Rng,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
@@ -323,6 +325,7 @@ impl Sim {
             link,
             net: NetStats::default(),
             b_dead: false,
+            drop_if: None,
             rng: Rng::new(seed),
             queue: BinaryHeap::new(),
             seq: 0,
@@ -334,7 +337,9 @@ impl Sim {
     fn send(&mut self, from: usize, t: Transmit, bytes: Vec<u8>) {
         self.net.sent += 1;
         let to = 1 - from;
-        if self.b_dead && (from == 1 || to == 1) {
+        if self.drop_if.as_ref().is_some_and(|f| f(from, &bytes))
+            || (self.b_dead && (from == 1 || to == 1))
+        {
             self.net.dropped += 1;
             return;
         }
