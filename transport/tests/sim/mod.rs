@@ -258,6 +258,9 @@ struct InFlight {
     bytes: Vec<u8>,
 }
 
+/// A datagram filter: (sender index, bytes) -> drop?
+pub type DropFilter = Box<dyn Fn(usize, &[u8]) -> bool>;
+
 pub struct Sim {
     pub now: u64,
     pub ep: [Endpoint; 2],
@@ -266,7 +269,7 @@ pub struct Sim {
     /// While true, everything to or from endpoint 1 vanishes.
     pub b_dead: bool,
     /// Drops the datagrams (sender index, bytes) it returns true for.
-    pub drop_if: Option<Box<dyn Fn(usize, &[u8]) -> bool>>,
+    pub drop_if: Option<DropFilter>,
     rng: Rng,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
