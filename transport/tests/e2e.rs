@@ -567,3 +567,22 @@ fn lost_naks_are_recovered_by_the_completion_timeout() {
             >= 1
     );
 }
+
+#[test]
+fn sending_to_a_closed_qp_fails_fast() {
+    let mut sim = Sim::new(LinkConfig::clean(), 15);
+    let sb = sim.ep[1].stream;
+    sim.ep[1].conn.close_stream(sb);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 5000)).remote(B_BUF, 2),
+    );
+    post(
+        &mut sim,
+        SendWqe::new(2, WrOpcode::RdmaWrite, sge(1, A_BUF, 5000)).remote(B_BUF, 2),
+    );
+    assert!(sim.run_until(sim.now + 1_000_000, |s| s.ep[0].send_cqes.len() == 2));
+    let st: Vec<_> = sim.ep[0].send_cqes.iter().map(|c| c.status).collect();
+    assert_eq!(st, vec![CqStatus::RemOpErr, CqStatus::WrFlushErr]);
+    assert_eq!(sim.retransmits(), 0, "acknowledged on the path, not resent");
+}

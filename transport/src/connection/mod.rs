@@ -151,7 +151,9 @@ pub struct ConnStats {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PendingNak {
-    stream: u16,
+    /// The requester's QP (the NAK's destination) and ours.
+    dst_qp: u32,
+    src_qp: u32,
     msn: u32,
     /// NAK code as on the wire (0 = none).
     code: u8,
@@ -465,7 +467,19 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             Verdict::Accept
         } else {
             let Some(si) = self.stream_by_qp(b.dst_qp) else {
+                // No such QP (closed, or never opened). Acknowledge the packet on its path so
+                // the sender does not resend it as lost, and NAK requests so it fails fast.
                 self.stats.dropped_in += 1;
+                if let Some(p) = self.paths.get_mut(pi) {
+                    p.on_receive(b.psn, b.timestamp, ecn_ce);
+                }
+                self.ack_now = true;
+                if !matches!(
+                    view.header.ext,
+                    Ext::ReadResponse(_) | Ext::AtomicResponse(_)
+                ) {
+                    self.queue_nak(b.src_qp, b.dst_qp, b.msn, NakCode::RemoteOperational, 0);
+                }
                 return Err(RecvError::UnknownStream);
             };
             let Some(s) = self.streams.get_mut(si) else {
@@ -555,7 +569,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 s.ack_dirty = true;
             }
             if let Verdict::Nak(code, value) = v {
-                self.queue_nak(si as u16, b.msn, code, value);
+                self.queue_nak(b.src_qp, b.dst_qp, b.msn, code, value);
             }
             v
         };
@@ -579,11 +593,11 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         Ok(())
     }
 
-    fn queue_nak(&mut self, stream: u16, msn: u32, code: NakCode, value: u32) {
+    fn queue_nak(&mut self, dst_qp: u32, src_qp: u32, msn: u32, code: NakCode, value: u32) {
         // One pending NAK per message is enough.
         for k in 0..self.nak_len {
             if let Some(n) = self.naks.get((self.nak_head + k) % NAK_QUEUE) {
-                if n.stream == stream && n.msn == msn && n.code == code as u8 {
+                if n.dst_qp == dst_qp && n.msn == msn && n.code == code as u8 {
                     return;
                 }
             }
@@ -597,7 +611,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             .get_mut((self.nak_head + self.nak_len) % NAK_QUEUE)
         {
             *n = PendingNak {
-                stream,
+                dst_qp,
+                src_qp,
                 msn,
                 code: code as u8,
                 value,
@@ -868,9 +883,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.nak_head = (self.nak_head + 1) % NAK_QUEUE;
         self.nak_len -= 1;
         let code = NakCode::from_code(n.code)?;
-        let cfg = self.streams.get(usize::from(n.stream))?.cfg;
         let cp = self.control_path();
-        let mut base = base_header(&self.cfg, self.paths.get(cp), Opcode::Nak, Some(&cfg), now);
+        let mut base = base_header(&self.cfg, self.paths.get(cp), Opcode::Nak, None, now);
+        base.dst_qp = n.dst_qp;
+        base.src_qp = n.src_qp;
         base.msn = n.msn;
         let h = Header {
             base,
@@ -1055,7 +1071,13 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                             let src = va.wrapping_add(u64::from(offset));
                             if mem.read_remote(rkey, src, dst).is_err() {
                                 s.resp.abort_response(msn);
-                                self.queue_nak(stream as u16, msn, NakCode::RemoteAccess, 0);
+                                self.queue_nak(
+                                    cfg.remote_qp,
+                                    cfg.local_qp,
+                                    msn,
+                                    NakCode::RemoteAccess,
+                                    0,
+                                );
                                 return None;
                             }
                         }

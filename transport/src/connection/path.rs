@@ -269,7 +269,10 @@ impl Path {
         } else {
             self.stats.duplicates += 1;
         }
-        self.last_ts = ts;
+        if new {
+            // A late duplicate's old timestamp would inflate the sender's RTT sample.
+            self.last_ts = ts;
+        }
         if ecn_ce {
             self.ecn_ce = self.ecn_ce.saturating_add(1);
         }
