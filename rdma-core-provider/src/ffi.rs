@@ -1603,6 +1603,77 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_posters_and_a_consuming_kernel() {
+        use std::collections::HashSet;
+        use std::sync::atomic::AtomicBool;
+        const THREADS: u64 = 4;
+        const PER_THREAD: u64 = 2000;
+        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(16);
+        let kernel = view::<sys::metaroce_send_wqe>(&mut buf, geo);
+        // Start just below the u32 wrap.
+        kernel.store_producer(u32::MAX - 5);
+        kernel.store_consumer(u32::MAX - 5);
+        let sq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let done = AtomicBool::new(false);
+        let done = &done;
+        let (seen, last) = std::thread::scope(|s| {
+            let consumer = s.spawn(move || {
+                let mut seen = HashSet::new();
+                let mut cons = kernel.load_consumer();
+                loop {
+                    let finished = done.load(Ordering::Acquire);
+                    let prod = kernel.load_producer();
+                    assert!(prod.wrapping_sub(cons) <= 16);
+                    while cons != prod {
+                        let w = kernel.read_entry(cons);
+                        assert!(seen.insert(w.wr_id), "wr_id {} twice", w.wr_id);
+                        cons = cons.wrapping_add(1);
+                    }
+                    kernel.store_consumer(cons);
+                    if finished && kernel.load_producer() == cons {
+                        return (seen, cons);
+                    }
+                    std::thread::yield_now();
+                }
+            });
+            let posters: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let sq = &sq;
+                    s.spawn(move || {
+                        let mut sg = [sys::ibv_sge {
+                            addr: 0x1000,
+                            length: 8,
+                            lkey: 1,
+                        }];
+                        let mut next = 0;
+                        while next < PER_THREAD {
+                            let mut wr = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
+                            wr.wr_id = t << 32 | next;
+                            // SAFETY: a one-element list over a live SGE.
+                            let out = unsafe { post_send_list(sq, &RC, &mut wr) };
+                            match out.failed {
+                                None => next += 1,
+                                Some((_, PostError::QueueFull)) => std::thread::yield_now(),
+                                Some((_, e)) => panic!("{e:?}"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for p in posters {
+                p.join().unwrap();
+            }
+            done.store(true, Ordering::Release);
+            consumer.join().unwrap()
+        });
+        assert_eq!(seen.len() as u64, THREADS * PER_THREAD);
+        assert_eq!(
+            last,
+            (u32::MAX - 5).wrapping_add((THREADS * PER_THREAD) as u32)
+        ); // wrapped
+    }
+
+    #[test]
     fn post_recv_list_checks_sges() {
         let (mut buf, geo) = test_ring::<sys::metaroce_recv_wqe>(4);
         let rq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
