@@ -1305,6 +1305,30 @@ unsafe extern "C" fn post_srq_recv(
     })
 }
 
+/// Safe views of the plain-data unions, for the tests of the safe modules.
+#[cfg(test)]
+pub(crate) mod union_views {
+    use super::sys;
+
+    /// The SGE member of a send WQE's payload.
+    pub(crate) fn sge_of(w: &sys::metaroce_send_wqe) -> [sys::metaroce_sge; 12] {
+        // SAFETY: both union members are integer arrays; every bit pattern is valid.
+        unsafe { w.data.sge }
+    }
+
+    /// The inline-bytes member of a send WQE's payload.
+    pub(crate) fn inline_of(w: &sys::metaroce_send_wqe) -> [u8; 192] {
+        // SAFETY: as above.
+        unsafe { w.data.inline_data }
+    }
+
+    /// `ibv_wc.imm_data` (shares its u32 with `invalidated_rkey`).
+    pub(crate) fn wc_imm(wc: &sys::ibv_wc) -> u32 {
+        // SAFETY: both union members are u32.
+        unsafe { wc.__bindgen_anon_1.imm_data }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1746,9 +1770,11 @@ mod tests {
         assert_eq!((wc[0].wr_id, wc[0].opcode), (502, 128));
         // SAFETY: as above; ne <= 0 polls nothing.
         assert_eq!(unsafe { poll_into(&cq, 4, wc.as_mut_ptr()) }, 0);
+        // SAFETY: as above.
         assert_eq!(unsafe { poll_into(&cq, -1, wc.as_mut_ptr()) }, 0);
         // A producer claiming more than the ring: an error, nothing consumed.
         kernel.store_producer(3 + 5);
+        // SAFETY: as above.
         assert_eq!(unsafe { poll_into(&cq, 4, wc.as_mut_ptr()) }, -1);
         assert_eq!(kernel.load_consumer(), 3);
     }

@@ -350,21 +350,7 @@ mod tests {
         panic!("no inline copy expected");
     }
 
-    fn sge_of(w: &sys::metaroce_send_wqe) -> [sys::metaroce_sge; MAX_SEND_SGE as usize] {
-        // SAFETY(test): encode_send stores `sge` unless inline_len is set.
-        #[allow(unsafe_code)]
-        unsafe {
-            w.data.sge
-        }
-    }
-
-    fn inline_of(w: &sys::metaroce_send_wqe) -> [u8; MAX_INLINE as usize] {
-        #[allow(unsafe_code)]
-        // SAFETY(test): both union members are plain bytes.
-        unsafe {
-            w.data.inline_data
-        }
-    }
+    use crate::ffi::union_views::{inline_of, sge_of, wc_imm};
 
     #[test]
     fn wqe_layouts_match_the_abi() {
@@ -729,10 +715,7 @@ mod tests {
         assert_eq!(wc.status, 4);
         assert_eq!(wc.opcode, 129);
         assert_eq!((wc.vendor_err, wc.byte_len), (0x55, 4096));
-        #[allow(unsafe_code)]
-        // SAFETY(test): imm_data and invalidated_rkey are both u32.
-        let imm = unsafe { wc.__bindgen_anon_1.imm_data };
-        assert_eq!(imm, 0xdead_beefu32.to_be());
+        assert_eq!(wc_imm(&wc), 0xdead_beefu32.to_be());
         assert_eq!((wc.qp_num, wc.src_qp, wc.wc_flags), (0x12, 0x34, 3));
         assert_eq!(
             (wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits),
