@@ -454,7 +454,7 @@ static void check_data_path(struct ibv_context *ctx)
 	struct ibv_wc wc[8];
 	struct ibv_srq *srq;
 	struct ibv_cq *cq;
-	struct ibv_qp *qp;
+	struct ibv_qp *qp, *sqp;
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
 	int i;
@@ -597,7 +597,33 @@ static void check_data_path(struct ibv_context *ctx)
 		CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == ENOMEM && rbad == &rwr); /* full */
 		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR) == EOPNOTSUPP);
 		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT) == 0);
+
+		/* A QP receiving through the SRQ has no RQ ring: post_recv is refused. */
+		ia.srq = srq;
+		ia.cap.max_inline_data = 0;
+		sqp = ibv_create_qp(pd, &ia);
+		CHECK(sqp != NULL);
+		if (sqp) {
+			CHECK(ibv_post_recv(sqp, &rwr, &rbad) == EINVAL && rbad == &rwr);
+			CHECK(ibv_destroy_qp(sqp) == 0);
+		}
+		ia.srq = NULL;
 		CHECK(ibv_destroy_srq(srq) == 0);
+	}
+
+	/*
+	 * UD: created if the kernel accepts it, but sends are refused (the WQE has no address
+	 * vector); receives work.
+	 */
+	ia.qp_type = IBV_QPT_UD;
+	sqp = ibv_create_qp(pd, &ia);
+	CHECK(sqp != NULL);
+	if (sqp) {
+		wr[0].next = NULL;
+		wr[0].send_flags = IBV_SEND_SIGNALED;
+		CHECK(ibv_post_send(sqp, &wr[0], &bad) == EINVAL && bad == &wr[0]);
+		CHECK(ibv_post_recv(sqp, &rwr, &rbad) == 0);
+		CHECK(ibv_destroy_qp(sqp) == 0);
 	}
 
 	/* Not implemented: libibverbs' dummy op. */
@@ -609,7 +635,7 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);
-	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 1);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 3);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_CQ] == 2);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DEREG_MR] == 1);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DEALLOC_PD] == 1);
