@@ -112,8 +112,7 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     dereg_mr: Some(dereg_mr),
     create_cq: Some(create_cq),
     poll_cq: Some(poll_cq),
-    // Plain C with no Rust in between, so no guard needed.
-    req_notify_cq: Some(sys::ibv_cmd_req_notify_cq),
+    req_notify_cq: Some(req_notify_cq),
     destroy_cq: Some(destroy_cq),
     create_qp: Some(create_qp),
     query_qp: Some(query_qp),
@@ -953,6 +952,13 @@ unsafe extern "C" fn poll_cq(ibcq: *mut sys::ibv_cq, ne: c_int, wc: *mut sys::ib
         let cq = outer::<_, Cq>(ibcq);
         // SAFETY: ibcq came from create_cq (a live Cq); ring is our Mutex, wc has ne entries.
         unsafe { poll_into(&(*cq).ring, ne, wc) }
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(ibcq: *mut sys::ibv_cq, solicited_only: c_int) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: arguments as libibverbs passed them.
+        unsafe { sys::ibv_cmd_req_notify_cq(ibcq, solicited_only) }
     })
 }
 
