@@ -73,10 +73,11 @@ pub fn opcode_allowed(qp_type: u32, opcode: u32) -> bool {
 /// Why a work request was not posted; [`PostError::errno`] is what the verb returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PostError {
-    /// Unsupported opcode for this QP, unknown send flag, negative `num_sge`.
+    /// An opcode this provider does not support, or not on this QP type.
     BadOpcode,
+    /// A send flag outside `SEND_FLAGS_SUPPORTED`.
     BadFlags,
-    /// More SGEs than the queue allows.
+    /// More SGEs than the queue allows, a negative `num_sge`, or a NULL `sg_list` with SGEs.
     TooManySge,
     /// Inline payload larger than `max_inline_data`.
     InlineTooLong,
