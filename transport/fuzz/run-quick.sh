@@ -1,5 +1,6 @@
 #!/bin/bash
-# Quick fuzzing of the wire parser, for `make check` (FUZZ_SECONDS, default 30).
+# Quick fuzzing of the wire parser and of a live connection, for `make check` (FUZZ_SECONDS
+# per target, default 30).
 #
 # Works on the pinned stable toolchain: libFuzzer comes from libfuzzer-sys and the coverage
 # instrumentation from stable -C flags (what cargo-fuzz passes, minus the sanitizer, which
@@ -14,10 +15,14 @@ export CARGO_TARGET_DIR="$PWD/target"
 flags="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
 flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
 flags+=" -Cllvm-args=-sanitizer-coverage-trace-compares -Coverflow-checks -Cdebug-assertions"
-if RUSTFLAGS="$flags" cargo build --locked --release --target "$host" --bin parse; then
-	mkdir -p corpus/parse artifacts/parse
-	exec "$CARGO_TARGET_DIR/$host/release/parse" corpus/parse -artifact_prefix=artifacts/parse/ \
-		-max_total_time="$secs" -max_len=2048 -print_final_stats=1
+if RUSTFLAGS="$flags" cargo build --locked --release --target "$host" --bins; then
+	# parse: the wire format alone; connection: datagrams against a live connection.
+	for t in parse connection; do
+		mkdir -p "corpus/$t" "artifacts/$t"
+		"$CARGO_TARGET_DIR/$host/release/$t" "corpus/$t" -artifact_prefix="artifacts/$t/" \
+			-max_total_time="$secs" -max_len=4096 -print_final_stats=1
+	done
+	exit 0
 fi
 echo "fuzzer build failed: running the proptest fuzz of the wire format instead"
 cd ..
