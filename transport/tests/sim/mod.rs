@@ -509,161 +509,214 @@ impl WorkloadResult {
     }
 }
 
-/// Runs `msgs` from endpoint 0 to endpoint 1 (posting as the queues allow) and checks that
-/// every message completed exactly once, in order, successfully and byte-exact.
+/// One stream pair's share of a workload: messages from `a` (on endpoint 0) to `b` (on
+/// endpoint 1), using message slots from `slot0` on and the FETCH_ADD counter at `counter`.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub a: StreamId,
+    pub b: StreamId,
+    pub msgs: Vec<Msg>,
+    pub slot0: u64,
+    pub counter: u64,
+}
+
+struct JobState {
+    consumers: Vec<usize>,
+    next_send: usize,
+    next_recv: usize,
+}
+
+/// Runs `msgs` from endpoint 0 to endpoint 1 on the default stream pair (posting as the queues
+/// allow) and checks that every message completed exactly once, in order, successfully and
+/// byte-exact.
 pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResult {
-    assert!((msgs.len() as u64) * SLOT <= COUNTER);
+    let job = Job {
+        a: sim.ep[0].stream,
+        b: sim.ep[1].stream,
+        msgs: msgs.to_vec(),
+        slot0: 0,
+        counter: COUNTER,
+    };
+    run_jobs(sim, &[job], deadline)
+}
+
+fn sends_of(sim: &Sim, s: StreamId) -> Vec<Cqe> {
+    sim.ep[0]
+        .send_cqes
+        .iter()
+        .filter(|c| c.stream == s)
+        .copied()
+        .collect()
+}
+
+fn recvs_of(sim: &Sim, s: StreamId) -> Vec<Cqe> {
+    sim.ep[1]
+        .recv_cqes
+        .iter()
+        .filter(|c| c.stream == s)
+        .copied()
+        .collect()
+}
+
+/// Runs several stream pairs' workloads at once over the same connection, with the checks of
+/// [`run_workload`] for each.
+pub fn run_jobs(sim: &mut Sim, jobs: &[Job], deadline: u64) -> WorkloadResult {
     let a_base = 0x100000u64;
     let b_base = 0x200000u64;
     let a_pat = pattern(0xa, COUNTER as usize);
     let b_pat = pattern(0xb, COUNTER as usize);
     sim.ep[0].mem.fill(1, a_base, &a_pat);
     sim.ep[1].mem.fill(2, b_base, &b_pat);
-    sim.ep[1].mem.fill(2, b_base + COUNTER, &0u64.to_ne_bytes());
-    let consumers: Vec<usize> = (0..msgs.len())
-        .filter(|&i| msgs[i].op.consumes_recv())
+    for j in jobs {
+        assert!((j.slot0 + j.msgs.len() as u64) * SLOT <= COUNTER);
+        assert!(j.counter >= COUNTER && j.counter + 16 <= REGION as u64);
+        sim.ep[1].mem.fill(2, b_base + j.counter, &[0u8; 16]);
+    }
+    let mut st: Vec<JobState> = jobs
+        .iter()
+        .map(|j| JobState {
+            consumers: (0..j.msgs.len())
+                .filter(|&i| j.msgs[i].op.consumes_recv())
+                .collect(),
+            next_send: 0,
+            next_recv: 0,
+        })
         .collect();
     let start = sim.now;
-    let (mut next_send, mut next_recv) = (0usize, 0usize);
     let mut last_done = start;
-    // Only the workload's own streams count (a test may run others beside it).
-    let sends = |sim: &Sim| -> Vec<Cqe> {
-        sim.ep[0]
-            .send_cqes
-            .iter()
-            .filter(|c| c.stream == sim.ep[0].stream)
-            .copied()
-            .collect()
+    let done = |sim: &Sim, st: &[JobState]| {
+        jobs.iter().zip(st).all(|(j, s)| {
+            sends_of(sim, j.a).len() == j.msgs.len()
+                && recvs_of(sim, j.b).len() == s.consumers.len()
+        })
     };
-    let recvs = |sim: &Sim| -> Vec<Cqe> {
-        sim.ep[1]
-            .recv_cqes
-            .iter()
-            .filter(|c| c.stream == sim.ep[1].stream)
-            .copied()
-            .collect()
-    };
-    let done = |sim: &Sim| sends(sim).len() == msgs.len() && recvs(sim).len() == consumers.len();
+    let total_sends = |sim: &Sim| jobs.iter().map(|j| sends_of(sim, j.a).len()).sum::<usize>();
     loop {
         // Keep the queues topped up.
-        while next_recv < consumers.len() {
-            let i = consumers[next_recv];
-            let s = sim.ep[1].stream;
-            let w = RecvWqe {
-                wr_id: i as u64,
-                local: sge(2, b_base + i as u64 * SLOT, msgs[i].len),
-            };
-            if sim.ep[1].conn.post_recv(s, w).is_err() {
-                break;
+        for (j, s) in jobs.iter().zip(st.iter_mut()) {
+            while s.next_recv < s.consumers.len() {
+                let i = s.consumers[s.next_recv];
+                let slot = (j.slot0 + i as u64) * SLOT;
+                let w = RecvWqe {
+                    wr_id: i as u64,
+                    local: sge(2, b_base + slot, j.msgs[i].len),
+                };
+                if sim.ep[1].conn.post_recv(j.b, w).is_err() {
+                    break;
+                }
+                s.next_recv += 1;
             }
-            next_recv += 1;
-        }
-        while next_send < msgs.len() {
-            let i = next_send;
-            let m = msgs[i];
-            let slot = i as u64 * SLOT;
-            let wqe = match m.op {
-                WrOpcode::RdmaRead => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, m.len))
-                    .remote(b_base + slot, 2),
-                WrOpcode::FetchAdd => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, 8))
-                    .remote(b_base + COUNTER, 2)
-                    .atomic(0, 1),
-                WrOpcode::CmpSwap => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, 8))
-                    .remote(b_base + COUNTER + 8, 2)
-                    .atomic(0, 0),
-                _ => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, m.len))
-                    .remote(b_base + slot, 2)
-                    .imm(i as u32 ^ 0x5a5a),
-            };
-            let s = sim.ep[0].stream;
-            let now = sim.now;
-            if sim.ep[0].conn.post_send(now, s, wqe).is_err() {
-                break;
+            while s.next_send < j.msgs.len() {
+                let i = s.next_send;
+                let m = j.msgs[i];
+                let slot = (j.slot0 + i as u64) * SLOT;
+                let wqe = match m.op {
+                    WrOpcode::RdmaRead => {
+                        SendWqe::new(i as u64, m.op, sge(1, a_base + slot, m.len))
+                            .remote(b_base + slot, 2)
+                    }
+                    WrOpcode::FetchAdd => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, 8))
+                        .remote(b_base + j.counter, 2)
+                        .atomic(0, 1),
+                    WrOpcode::CmpSwap => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, 8))
+                        .remote(b_base + j.counter + 8, 2)
+                        .atomic(0, 0),
+                    _ => SendWqe::new(i as u64, m.op, sge(1, a_base + slot, m.len))
+                        .remote(b_base + slot, 2)
+                        .imm(i as u32 ^ 0x5a5a),
+                };
+                let now = sim.now;
+                if sim.ep[0].conn.post_send(now, j.a, wqe).is_err() {
+                    break;
+                }
+                s.next_send += 1;
             }
-            next_send += 1;
         }
-        let before = sends(sim).len();
-        if done(sim) || sim.now > deadline {
+        let before = total_sends(sim);
+        if done(sim, &st) || sim.now > deadline {
             break;
         }
         if !sim.step() {
             sim.pump();
-            if !done(sim) {
+            if !done(sim, &st) {
                 break;
             }
         }
-        if sends(sim).len() != before {
+        if total_sends(sim) != before {
             last_done = sim.now;
         }
     }
-    let completed = done(sim);
+    let completed = done(sim, &st);
     let mut payload_bytes = 0u64;
     if completed {
-        // Exactly once, in posting order, successful.
-        for (k, c) in sends(sim).iter().enumerate() {
-            assert_eq!(c.wr_id, k as u64, "send completions in order");
-            assert_eq!(
-                c.status,
-                CqStatus::Success,
-                "message {k} ({:?})",
-                msgs[k].op
+        for (j, s) in jobs.iter().zip(&st) {
+            let msgs = &j.msgs;
+            // Exactly once, in posting order, successful.
+            for (k, c) in sends_of(sim, j.a).iter().enumerate() {
+                assert_eq!(c.wr_id, k as u64, "send completions in order");
+                assert_eq!(
+                    c.status,
+                    CqStatus::Success,
+                    "message {k} ({:?})",
+                    msgs[k].op
+                );
+            }
+            for (k, c) in recvs_of(sim, j.b).iter().enumerate() {
+                let i = s.consumers[k];
+                assert_eq!(c.wr_id, i as u64, "receive completions in order");
+                assert_eq!(c.status, CqStatus::Success);
+                match msgs[i].op {
+                    WrOpcode::Send => assert_eq!((c.byte_len, c.imm), (msgs[i].len, None)),
+                    WrOpcode::SendWithImm => {
+                        assert_eq!((c.byte_len, c.imm), (msgs[i].len, Some(i as u32 ^ 0x5a5a)))
+                    }
+                    _ => assert_eq!((c.byte_len, c.imm), (msgs[i].len, Some(i as u32 ^ 0x5a5a))),
+                }
+            }
+            let mut adds = 0u64;
+            for (i, m) in msgs.iter().enumerate() {
+                let slot = (j.slot0 + i as u64) * SLOT;
+                let (lo, len) = (slot as usize, m.len as usize);
+                match m.op {
+                    WrOpcode::RdmaRead => {
+                        assert_eq!(
+                            sim.ep[0].mem.bytes(1, a_base + slot, len),
+                            &b_pat[lo..lo + len],
+                            "READ {i}"
+                        );
+                    }
+                    WrOpcode::FetchAdd => {
+                        let got = u64::from_ne_bytes(
+                            sim.ep[0].mem.bytes(1, a_base + slot, 8).try_into().unwrap(),
+                        );
+                        assert!(got < msgs.len() as u64);
+                        adds += 1;
+                    }
+                    WrOpcode::CmpSwap => {}
+                    _ => {
+                        assert_eq!(
+                            sim.ep[1].mem.bytes(2, b_base + slot, len),
+                            &a_pat[lo..lo + len],
+                            "{:?} {i}",
+                            m.op
+                        );
+                    }
+                }
+                payload_bytes += if matches!(m.op, WrOpcode::FetchAdd | WrOpcode::CmpSwap) {
+                    8
+                } else {
+                    u64::from(m.len)
+                };
+            }
+            let counter = u64::from_ne_bytes(
+                sim.ep[1]
+                    .mem
+                    .bytes(2, b_base + j.counter, 8)
+                    .try_into()
+                    .unwrap(),
             );
+            assert_eq!(counter, adds, "every FETCH_ADD executed exactly once");
         }
-        for (k, c) in recvs(sim).iter().enumerate() {
-            let i = consumers[k];
-            assert_eq!(c.wr_id, i as u64, "receive completions in order");
-            assert_eq!(c.status, CqStatus::Success);
-            match msgs[i].op {
-                WrOpcode::Send => assert_eq!((c.byte_len, c.imm), (msgs[i].len, None)),
-                WrOpcode::SendWithImm => {
-                    assert_eq!((c.byte_len, c.imm), (msgs[i].len, Some(i as u32 ^ 0x5a5a)))
-                }
-                _ => assert_eq!(c.imm, Some(i as u32 ^ 0x5a5a)),
-            }
-        }
-        let mut adds = 0u64;
-        for (i, m) in msgs.iter().enumerate() {
-            let slot = i as u64 * SLOT;
-            let len = m.len as usize;
-            match m.op {
-                WrOpcode::RdmaRead => {
-                    assert_eq!(
-                        sim.ep[0].mem.bytes(1, a_base + slot, len),
-                        &b_pat[slot as usize..slot as usize + len],
-                        "READ {i}"
-                    );
-                }
-                WrOpcode::FetchAdd => {
-                    let got = u64::from_ne_bytes(
-                        sim.ep[0].mem.bytes(1, a_base + slot, 8).try_into().unwrap(),
-                    );
-                    assert!(got < msgs.len() as u64);
-                    adds += 1;
-                }
-                WrOpcode::CmpSwap => {}
-                _ => {
-                    assert_eq!(
-                        sim.ep[1].mem.bytes(2, b_base + slot, len),
-                        &a_pat[slot as usize..slot as usize + len],
-                        "{:?} {i}",
-                        m.op
-                    );
-                }
-            }
-            payload_bytes += if matches!(m.op, WrOpcode::FetchAdd | WrOpcode::CmpSwap) {
-                8
-            } else {
-                u64::from(m.len)
-            };
-        }
-        let counter = u64::from_ne_bytes(
-            sim.ep[1]
-                .mem
-                .bytes(2, b_base + COUNTER, 8)
-                .try_into()
-                .unwrap(),
-        );
-        assert_eq!(counter, adds, "every FETCH_ADD executed exactly once");
     }
     WorkloadResult {
         completed,
