@@ -475,7 +475,12 @@ pub fn sge(key: u32, addr: u64, len: u32) -> SgList {
 /// Deterministic test pattern.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut r = Rng::new(seed);
-    (0..len).map(|_| r.next_u64() as u8).collect()
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&r.next_u64().to_le_bytes());
+    }
+    v.truncate(len);
+    v
 }
 
 /// One message of a workload: endpoint 0 is the requester.
