@@ -10,6 +10,7 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod congestion;
 pub mod connection;
 pub mod memory;
 mod rng;

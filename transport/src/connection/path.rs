@@ -1,6 +1,7 @@
 //! A path: one ECMP route (a UDP source port on a plane) with its own PSN space in each
 //! direction, congestion window, RTT estimate, timers and state.
 
+use super::super::congestion::Window;
 use super::super::rng::XorShift;
 use super::super::wire::PathAck;
 use super::retransmit::{AckSummary, InFlight, Outcome, SentItem};
@@ -56,10 +57,7 @@ pub struct Path {
     pub sport: u16,
     pub state: PathState,
     pub inflight: InFlight,
-    pub cwnd: u16,
-    cwnd_acc: u16,
-    max_cwnd: u16,
-    last_decrease: u64,
+    pub cc: Window,
     pub rtt: RttEstimator,
     ack_delay: u64,
     fail_after: u8,
@@ -89,10 +87,7 @@ impl Path {
             sport: rng.source_port(0),
             state: PathState::Active,
             inflight: InFlight::new(cfg.initial_psn),
-            cwnd: cfg.initial_cwnd.clamp(1, 256),
-            cwnd_acc: 0,
-            max_cwnd: cfg.max_cwnd.clamp(1, 256),
-            last_decrease: 0,
+            cc: Window::new(cfg.initial_cwnd, cfg.max_cwnd),
             rtt: RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto),
             ack_delay: cfg.ack_delay,
             fail_after: cfg.fail_after.max(1),
@@ -117,10 +112,7 @@ impl Path {
         self.sport = rng.source_port(0);
         self.state = PathState::Active;
         self.inflight.reset(cfg.initial_psn);
-        self.cwnd = cfg.initial_cwnd.clamp(1, 256);
-        self.cwnd_acc = 0;
-        self.max_cwnd = cfg.max_cwnd.clamp(1, 256);
-        self.last_decrease = 0;
+        self.cc = Window::new(cfg.initial_cwnd, cfg.max_cwnd);
         self.rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
         self.ack_delay = cfg.ack_delay;
         self.fail_after = cfg.fail_after.max(1);
@@ -139,7 +131,7 @@ impl Path {
 
     /// Window room for a data packet (state is judged by the caller).
     pub fn has_window(&self) -> bool {
-        self.inflight.unresolved() < u32::from(self.cwnd) && self.inflight.has_room()
+        self.cc.has_room(self.inflight.unresolved()) && self.inflight.has_room()
     }
 
     /// Records a packet sent now and returns its PSN.
@@ -174,33 +166,13 @@ impl Path {
             self.backoff = 0;
             self.consecutive_rtos = 0;
             self.state = PathState::Active;
-            self.grow(sum.acked);
+            self.cc.on_ack(sum.acked);
         }
         if ack.ecn_ce > 0 {
             self.stats.ecn_ce += u64::from(ack.ecn_ce);
-            self.decrease(now);
+            self.cc.on_ecn(now, self.rtt.srtt());
         }
         sum
-    }
-
-    /// Additive increase: one packet per window's worth of ACKs.
-    fn grow(&mut self, acked: u32) {
-        let acc = u32::from(self.cwnd_acc).saturating_add(acked);
-        let cwnd = u32::from(self.cwnd).max(1);
-        let (inc, rest) = (acc / cwnd, acc % cwnd);
-        self.cwnd = u32::from(self.cwnd)
-            .saturating_add(inc)
-            .min(u32::from(self.max_cwnd)) as u16;
-        self.cwnd_acc = rest as u16;
-    }
-
-    /// Multiplicative decrease, at most once per smoothed RTT (ECN echo, timeout).
-    fn decrease(&mut self, now: u64) {
-        if now.saturating_sub(self.last_decrease) >= self.rtt.srtt() {
-            self.cwnd = (self.cwnd / 2).max(1);
-            self.cwnd_acc = 0;
-            self.last_decrease = now;
-        }
     }
 
     /// The deadline of this path's timer, if armed.
@@ -253,8 +225,7 @@ impl Path {
         };
         self.sport = rng.source_port(self.sport);
         self.stats.entropy_changes += 1;
-        self.cwnd = (self.cwnd / 2).max(1);
-        self.cwnd_acc = 0;
+        self.cc.on_timeout();
         self.probe_armed = true;
         self.probe_at = now;
         self.need_probe = true;
@@ -358,7 +329,7 @@ mod tests {
             ..PathAck::default()
         };
         p.on_ack(1000, &ack, |_, _, _| {});
-        assert_eq!(p.cwnd, 5);
+        assert_eq!(p.cc.cwnd(), 5);
         let ack = PathAck {
             cum_psn: 4,
             echo_ts: 0,
@@ -366,6 +337,6 @@ mod tests {
             ..PathAck::default()
         };
         p.on_ack(1_000_000, &ack, |_, _, _| {});
-        assert_eq!(p.cwnd, 2);
+        assert_eq!(p.cc.cwnd(), 2);
     }
 }
