@@ -25,7 +25,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(24), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn exactly_once_in_order(
@@ -204,7 +204,7 @@ mod hostile {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 160, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: cases(160), failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn hostile_packets_never_panic(pkts in prop::collection::vec(arb_packet(), 1..40), seed in any::<u64>()) {
@@ -282,7 +282,7 @@ mod hostile_user {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: cases(48), failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn arbitrary_work_requests(wqes in prop::collection::vec(arb_wqe(), 1..24), recvs in prop::collection::vec(arb_sge(), 0..8), seed in any::<u64>()) {
@@ -314,7 +314,7 @@ mod hostile_user {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(12), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Several streams (QPs) on one connection, concurrently, over a lossy, reordering,
     /// duplicating link: each stream's messages complete exactly once, in its own order.

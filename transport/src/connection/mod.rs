@@ -92,7 +92,12 @@ pub enum ConfigError {
     NoStreamSlot,
     /// A stream with this local QP number is already open.
     DuplicateQp,
+    /// `min_rto` or `stall_timeout` below 1 us, or `max_rto` below `min_rto`.
+    Timers,
 }
+
+/// Smallest RTO and completion timeout accepted, in ns.
+pub const MIN_TIMEOUT: u64 = 1_000;
 
 /// Why an arriving datagram was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,6 +290,11 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
         if cfg.mtu == 0 || cfg.mtu > 65_000 {
             return Err(ConfigError::Mtu);
+        }
+        // Zero timeouts would make timers due again the moment they fire.
+        let t = &cfg.path;
+        if t.min_rto < MIN_TIMEOUT || t.max_rto < t.min_rto || cfg.stall_timeout < MIN_TIMEOUT {
+            return Err(ConfigError::Timers);
         }
         Ok(num_paths)
     }

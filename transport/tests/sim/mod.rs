@@ -766,3 +766,12 @@ impl Sim {
         (a, b)
     }
 }
+
+/// Property-test case count: `default`, or `PROPTEST_CASES` from the environment (for long
+/// stress runs).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
