@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: GPL-2.0
+#
+# metaroce: the two commands a newcomer needs are
+#   make demo    set everything up (host packages, kernel, guest image, module, provider) and
+#                show mroce0 between two network namespaces in a QEMU guest
+#   make check   host tests, lint, module build, then the selftests inside the guest
+# Everything expensive is cached in ~/.cache/metaroce (override with METAROCE_CACHE).
+
+SHELL := /bin/bash
+REPO := $(abspath .)
+BUILD := $(REPO)/build
+GUEST := $(BUILD)/guest
+LLVM_BIN := /usr/lib/llvm-22/bin
+export PATH := $(LLVM_BIN):$(HOME)/.cargo/bin:$(PATH)
+
+# The test kernel's build directory (built and cached on first use).
+KDIR_FILE := $(BUILD)/kdir
+KERNEL_PROFILE ?= fast
+export KERNEL_PROFILE
+
+.PHONY: all setup kernel module provider image payload vm shell demo check check-host bench clean
+
+all: payload
+
+setup:
+	qemu-ci/setup-host.sh
+
+kernel: setup
+	@mkdir -p $(BUILD)
+	qemu-ci/build-kernel.sh > $(KDIR_FILE).tmp && mv $(KDIR_FILE).tmp $(KDIR_FILE)
+	@echo "KDIR=$$(cat $(KDIR_FILE))"
+
+# The module must build without a single warning (Rust and C); clippy runs on the Rust side.
+module: kernel
+	@set -o pipefail; kdir=$$(cat $(KDIR_FILE)); \
+	$(MAKE) -C $$kdir M=$(REPO) LLVM=1 CLIPPY=1 modules 2>&1 | tee $(BUILD)/module-build.log
+	@if grep -Ei '(^|[^_])warning' $(BUILD)/module-build.log; then \
+		echo "module build: warnings are errors" >&2; exit 1; fi
+
+provider: setup
+	rdma-core-provider/build.sh
+
+image: setup
+	qemu-ci/build-image.sh
+
+# What the guest installs at boot (see qemu-ci/guest-init.sh).
+payload: module provider
+	@rm -rf $(GUEST) && mkdir -p $(GUEST)
+	cp metaroce.ko $(GUEST)/
+	cp $$(rdma-core-provider/build.sh --print-so) $(GUEST)/libmetaroce-rdmav34.so
+	cp rdma-core-provider/metaroce.driver $(GUEST)/
+	cp -r selftests $(GUEST)/selftests
+
+# make vm CMD='ibv_devices': run a command as root in a fresh guest; make shell: interactive.
+vm: payload image
+	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) -- "$(CMD)"
+
+shell: payload image
+	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) --interactive
+
+demo: payload image
+	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) -- /opt/metaroce/selftests/demo.sh
+
+check-host:
+	selftests/check.sh host
+
+check:
+	selftests/check.sh all
+
+clean:
+	-kdir=$$(cat $(KDIR_FILE) 2>/dev/null) && [ -n "$$kdir" ] && $(MAKE) -C $$kdir M=$(REPO) clean
+	rm -rf $(BUILD) target

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A metaroce device: its identity and what it reports to the RDMA core.
+//!
+//! Everything here is safe code working on plain data; `sys::ibdev` calls it from the ops the
+//! RDMA core invokes.
+
+use crate::sys::{bindings, netdev::NetDev};
+
+/// Bytes a MetaRoCE packet adds on top of the payload, at most: IPv6 (40) + UDP (8) + the
+/// largest MetaRoCE header (64). The active MTU reported to verbs is what fits under it.
+pub(crate) const WIRE_OVERHEAD: u32 = 40 + 8 + 64;
+
+/// The MetaRoCE wire format version this driver speaks.
+pub(crate) const WIRE_VERSION: u32 = 1;
+/// `fw_ver` as libibverbs prints it ("major.minor.sub" from `major << 32 | minor << 16 | sub`):
+/// the driver's version, 0.1.0.
+pub(crate) const FW_VERSION: u64 = 1 << 16;
+/// Logical paths (UDP source ports) one connection may spray over.
+pub(crate) const MAX_PATHS: u32 = 256;
+/// Netdevs (planes) one device may span.
+pub(crate) const MAX_PLANES: u32 = 8;
+/// Protection domains per device.
+pub(crate) const MAX_PD: u32 = 1 << 16;
+
+/// The driver's state for one device, kept beside the `ib_device` it belongs to.
+pub(crate) struct Device {
+    node_guid: u64,
+}
+
+impl Device {
+    /// A device on the netdev `ndev`, named after its hardware address.
+    pub(crate) fn new(ndev: &NetDev<'_>) -> Self {
+        Device {
+            node_guid: node_guid_from_mac(ndev.mac()),
+        }
+    }
+
+    /// The node GUID, in the byte order `ib_device.node_guid` (`__be64`) stores.
+    pub(crate) fn node_guid(&self) -> u64 {
+        self.node_guid
+    }
+
+    /// `query_device`: what this device can do. Verbs that are not implemented yet report 0.
+    pub(crate) fn query_device(&self, attr: &mut bindings::ib_device_attr) {
+        *attr = bindings::ib_device_attr::default();
+        attr.fw_ver = FW_VERSION;
+        attr.sys_image_guid = self.node_guid;
+        attr.vendor_id = 0xff_ffff;
+        attr.vendor_part_id = 0;
+        attr.hw_ver = WIRE_VERSION;
+        attr.max_mr_size = u64::MAX;
+        attr.page_size_cap = 0xffff_f000;
+        attr.max_pd = MAX_PD;
+        attr.max_pkeys = 1;
+        // `rdma link delete` may remove the device, as it may any soft device's.
+        attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG);
+    }
+
+    /// `query_port`: the port's state follows the netdev.
+    pub(crate) fn query_port(&self, ndev: &NetDev<'_>, attr: &mut bindings::ib_port_attr) {
+        // Speed and width were filled by the caller from the netdev's ethtool settings.
+        let (speed, width) = (attr.active_speed, attr.active_width);
+        *attr = bindings::ib_port_attr::default();
+        attr.active_speed = speed;
+        attr.active_width = width;
+        attr.gid_tbl_len = 32;
+        attr.port_cap_flags = bindings::ib_port_capability_mask_bits_IB_PORT_CM_SUP;
+        attr.max_msg_sz = 1 << 31;
+        attr.pkey_tbl_len = 1;
+        attr.max_mtu = bindings::ib_mtu_IB_MTU_4096;
+        attr.active_mtu = ib_mtu_for(ndev.mtu().saturating_sub(WIRE_OVERHEAD));
+        attr.state = ndev.port_state();
+        attr.phys_state = if attr.state == bindings::ib_port_state_IB_PORT_ACTIVE {
+            bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_LINK_UP as u8
+        } else if ndev.is_up() {
+            bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_POLLING as u8
+        } else {
+            bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8
+        };
+    }
+
+    /// The response to `alloc_ucontext` (`ibv_open_device`).
+    pub(crate) fn ucontext_response(&self) -> bindings::metaroce_alloc_ucontext_resp {
+        bindings::metaroce_alloc_ucontext_resp {
+            abi_version: crate::sys::UVERBS_ABI_VERSION,
+            wire_version: WIRE_VERSION,
+            max_paths: MAX_PATHS,
+            max_planes: MAX_PLANES,
+            reserved: [0; 2],
+        }
+    }
+}
+
+/// The largest IB MTU that fits in `bytes` of payload (at least 256).
+pub(crate) fn ib_mtu_for(bytes: u32) -> bindings::ib_mtu {
+    match bytes {
+        4096.. => bindings::ib_mtu_IB_MTU_4096,
+        2048.. => bindings::ib_mtu_IB_MTU_2048,
+        1024.. => bindings::ib_mtu_IB_MTU_1024,
+        512.. => bindings::ib_mtu_IB_MTU_512,
+        _ => bindings::ib_mtu_IB_MTU_256,
+    }
+}
+
+/// The modified EUI-64 of a MAC address (as `addrconf_addr_eui48` builds it), as stored in a
+/// `__be64`: the bytes in wire order.
+pub(crate) fn node_guid_from_mac(mac: [u8; 6]) -> u64 {
+    let eui = [
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ];
+    u64::from_ne_bytes(eui)
+}

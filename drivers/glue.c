@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Wrappers for kernel static inlines and macros, called from Rust (see glue.h). Keep each one a
+ * single expression: the driver's logic belongs to the Rust side.
+ */
+#include <linux/cpumask.h>
+#include "glue.h"
+
+struct net *metaroce_glue_dev_net(const struct net_device *ndev)
+{
+	return dev_net(ndev);
+}
+
+struct net_device *metaroce_glue_notifier_info_to_dev(void *info)
+{
+	return netdev_notifier_info_to_dev(info);
+}
+
+enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev)
+{
+	return ib_get_curr_port_state(ndev);
+}
+
+unsigned int metaroce_glue_num_possible_cpus(void)
+{
+	return num_possible_cpus();
+}
+
+int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len)
+{
+	return ib_copy_to_udata(udata, src, len);
+}
+
+void metaroce_glue_dev_put(struct net_device *ndev)
+{
+	dev_put(ndev);
+}

@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The C side of the metaroce module: one exported wrapper per kernel static inline or macro
+ * that Rust cannot call directly. No logic lives here; each wrapper is one expression.
+ */
+#ifndef METAROCE_GLUE_H
+#define METAROCE_GLUE_H
+
+#include <linux/netdevice.h>
+#include <rdma/ib_verbs.h>
+
+struct net *metaroce_glue_dev_net(const struct net_device *ndev);
+struct net_device *metaroce_glue_notifier_info_to_dev(void *info);
+enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev);
+unsigned int metaroce_glue_num_possible_cpus(void);
+int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len);
+void metaroce_glue_dev_put(struct net_device *ndev);
+
+#endif /* METAROCE_GLUE_H */

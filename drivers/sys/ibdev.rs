@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The `ib_device`: allocation, registration, the ops table and its trampolines.
+//!
+//! Each trampoline checks nothing the core already guarantees, turns the raw pointers it is
+//! given into references and hands them to safe code in [`crate::device`].
+
+use super::{bindings, netdev::HeldNetDev, netdev::NetDev, to_errno, DRIVER_ID};
+use crate::device::Device;
+use core::{
+    mem::{offset_of, size_of, ManuallyDrop},
+    ptr::{self, NonNull},
+    sync::atomic::{AtomicPtr, Ordering},
+};
+use kernel::{ffi::c_char, ffi::c_int, prelude::*};
+
+/// The memory the RDMA core allocates for each device: its `ib_device` first (the core frees
+/// it as such), then ours.
+#[repr(C)]
+struct MetaDev {
+    ibdev: bindings::ib_device,
+    /// Written right after allocation, before the ops (and so `dealloc_driver`) are set.
+    state: ManuallyDrop<Device>,
+}
+
+/// A user context (`ibv_open_device`); ours will hold the mmap entries of the rings.
+#[repr(C)]
+struct MetaUcontext {
+    ibuc: bindings::ib_ucontext,
+}
+
+/// A protection domain.
+#[repr(C)]
+struct MetaPd {
+    ibpd: bindings::ib_pd,
+}
+
+const _: () = assert!(offset_of!(MetaDev, ibdev) == 0);
+const _: () = assert!(offset_of!(MetaUcontext, ibuc) == 0);
+const _: () = assert!(offset_of!(MetaPd, ibpd) == 0);
+
+/// Our `struct module`, for `ib_device_ops.owner`: the core pins the module while user
+/// contexts are open. Set once at module init.
+static OWNER: AtomicPtr<bindings::module> = AtomicPtr::new(ptr::null_mut());
+
+pub(super) fn set_owner(module: &'static ThisModule) {
+    OWNER.store(module.as_ptr().cast(), Ordering::Release);
+}
+
+/// The ops the RDMA core calls. Built per device: `ib_set_device_ops` copies it.
+fn device_ops() -> bindings::ib_device_ops {
+    bindings::ib_device_ops {
+        owner: OWNER.load(Ordering::Acquire),
+        driver_id: DRIVER_ID,
+        uverbs_abi_ver: super::UVERBS_ABI_VERSION,
+        dealloc_driver: Some(dealloc_driver),
+        query_device: Some(query_device),
+        query_port: Some(query_port),
+        query_pkey: Some(query_pkey),
+        get_port_immutable: Some(get_port_immutable),
+        get_link_layer: Some(get_link_layer),
+        alloc_ucontext: Some(alloc_ucontext),
+        dealloc_ucontext: Some(dealloc_ucontext),
+        alloc_pd: Some(alloc_pd),
+        dealloc_pd: Some(dealloc_pd),
+        size_ib_ucontext: size_of::<MetaUcontext>(),
+        size_ib_pd: size_of::<MetaPd>(),
+        ..Default::default()
+    }
+}
+
+/// Our state of the device behind `ibdev`.
+///
+/// # Safety
+///
+/// `ibdev` must be a live device that this driver allocated (every `ib_device` whose ops
+/// reach our trampolines is), with its state initialised.
+unsafe fn state<'a>(ibdev: *const bindings::ib_device) -> &'a Device {
+    // SAFETY: per the contract `ibdev` is the first field of a live `MetaDev` (offset 0,
+    // checked above), whose `state` was written before the ops were installed.
+    unsafe { &(*ibdev.cast::<MetaDev>()).state }
+}
+
+/// The netdev of port 1, with a reference held until the result is dropped.
+///
+/// # Safety
+///
+/// `ibdev` must be a live device.
+unsafe fn port_netdev(ibdev: *mut bindings::ib_device) -> Option<HeldNetDev> {
+    // SAFETY: `ibdev` is live; `ib_device_get_netdev` returns null or a held reference, which
+    // we hand over to `HeldNetDev`.
+    unsafe { HeldNetDev::from_held(bindings::ib_device_get_netdev(ibdev, 1)) }
+}
+
+/// `rdma link add NAME type metaroce netdev NDEV`.
+pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
+    // SAFETY: `ndev` is alive for the call; a non-null result is a reference we must put.
+    let existing = unsafe { bindings::ib_device_get_by_netdev(ndev.as_ptr(), DRIVER_ID) };
+    if !existing.is_null() {
+        // SAFETY: `existing` is the reference `ib_device_get_by_netdev` gave us.
+        unsafe { bindings::ib_device_put(existing) };
+        return Err(EEXIST);
+    }
+
+    // SAFETY: `_ib_alloc_device` allocates and zeroes at least `size_of::<MetaDev>()` bytes
+    // with the `ib_device` at offset 0; `init_net` is the initial namespace, always alive (the
+    // device follows its netdev's namespace through the RDMA core's shared mode).
+    let ibdev = unsafe {
+        bindings::_ib_alloc_device(size_of::<MetaDev>(), ptr::addr_of_mut!(bindings::init_net))
+    };
+    let ibdev = NonNull::new(ibdev).ok_or(ENOMEM)?.as_ptr();
+    let dev = ibdev.cast::<MetaDev>();
+    let state = Device::new(ndev);
+    let node_guid = state.node_guid();
+    // SAFETY: `dev` is our fresh, exclusively owned allocation; writing `state` before the
+    // ops are set means `dealloc_driver` only ever sees it initialised.
+    unsafe {
+        ptr::addr_of_mut!((*dev).state).write(ManuallyDrop::new(state));
+        let ib = &mut *ibdev;
+        ib.node_type = bindings::RDMA_NODE_IB_CA as u8;
+        ib.phys_port_cnt = 1;
+        ib.num_comp_vectors = bindings::metaroce_glue_num_possible_cpus() as c_int;
+        ib.local_dma_lkey = 0;
+        ib.node_guid = node_guid;
+        let desc = b"metaroce\0";
+        ptr::copy_nonoverlapping(desc.as_ptr().cast(), ib.node_desc.as_mut_ptr(), desc.len());
+        ib.link_ops = super::registration::link_ops();
+        let ops = device_ops();
+        bindings::ib_set_device_ops(ibdev, &ops);
+    }
+
+    // SAFETY: `ibdev` is ours and not yet registered; `ndev` is alive for the call and the
+    // core takes its own reference on it.
+    let mut err = unsafe { bindings::ib_device_set_netdev(ibdev, ndev.as_ptr(), 1) };
+    if err == 0 {
+        // SAFETY: as above; a null DMA device means virtual DMA, as rxe and siw do.
+        err = unsafe { bindings::ib_register_device(ibdev, name, ptr::null_mut()) };
+    }
+    if err != 0 {
+        // SAFETY: registration failed, so the device is still only ours; this calls
+        // `dealloc_driver`, which drops our state, then frees the memory.
+        unsafe { bindings::ib_dealloc_device(ibdev) };
+        return Err(Error::from_errno(err));
+    }
+    Ok(())
+}
+
+/// Unregisters the device on `ndev`, if we have one (its netdev is going away).
+pub(super) fn remove_device_of(ndev: &NetDev<'_>) {
+    // SAFETY: `ndev` is alive for the call; a non-null result is a reference we put below.
+    let ibdev = unsafe { bindings::ib_device_get_by_netdev(ndev.as_ptr(), DRIVER_ID) };
+    if !ibdev.is_null() {
+        // SAFETY: we hold a reference; the queued unregistration takes its own and runs from
+        // a workqueue, as the notifier context requires.
+        unsafe {
+            bindings::ib_unregister_device_queued(ibdev);
+            bindings::ib_device_put(ibdev);
+        }
+    }
+}
+
+/// Unregisters every device of this driver (module unload).
+pub(super) fn remove_all_devices() {
+    // SAFETY: takes no pointers; returns once all our devices are unregistered and freed.
+    unsafe { bindings::ib_unregister_driver(DRIVER_ID) }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn dealloc_driver(ibdev: *mut bindings::ib_device) {
+    // SAFETY: the core calls this once, last, for a device we allocated and initialised.
+    unsafe { ManuallyDrop::drop(&mut (*ibdev.cast::<MetaDev>()).state) }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn query_device(
+    ibdev: *mut bindings::ib_device,
+    attr: *mut bindings::ib_device_attr,
+    udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: the core passes its live device and an attribute struct for us to fill.
+    let (dev, attr) = unsafe { (state(ibdev), &mut *attr) };
+    // SAFETY: `udata` is null (kernel caller) or the core's live udata.
+    if let Some(udata) = unsafe { udata.as_ref() } {
+        // No driver-specific input or output is defined for query_device.
+        if udata.inlen != 0 || udata.outlen != 0 {
+            return EINVAL.to_errno();
+        }
+    }
+    dev.query_device(attr);
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn query_port(
+    ibdev: *mut bindings::ib_device,
+    port: u32,
+    attr: *mut bindings::ib_port_attr,
+) -> c_int {
+    if port != 1 {
+        return EINVAL.to_errno();
+    }
+    // SAFETY: the core passes its live device and an attribute struct for us to fill.
+    let (dev, attr) = unsafe { (state(ibdev), &mut *attr) };
+    // SAFETY: `ibdev` is live.
+    let Some(ndev) = (unsafe { port_netdev(ibdev) }) else {
+        return ENODEV.to_errno();
+    };
+    // SAFETY: `ibdev` is live and `attr` ours to fill; a netdev without ethtool speed leaves
+    // the core's defaults (SDR x4), which is not an error for us.
+    unsafe {
+        bindings::ib_get_eth_speed(ibdev, port, &mut attr.active_speed, &mut attr.active_width)
+    };
+    dev.query_port(&ndev, attr);
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn query_pkey(
+    _ibdev: *mut bindings::ib_device,
+    port: u32,
+    index: u16,
+    pkey: *mut u16,
+) -> c_int {
+    if port != 1 || index != 0 {
+        return EINVAL.to_errno();
+    }
+    // SAFETY: the core passes a live `u16` for the result.
+    unsafe { *pkey = 0xffff };
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn get_port_immutable(
+    ibdev: *mut bindings::ib_device,
+    port: u32,
+    immutable: *mut bindings::ib_port_immutable,
+) -> c_int {
+    let mut attr = bindings::ib_port_attr::default();
+    // SAFETY: the core calls this during registration with its live device; `ib_query_port`
+    // calls back into `query_port`.
+    let err = unsafe { bindings::ib_query_port(ibdev, port, &mut attr) };
+    if err != 0 {
+        return err;
+    }
+    // SAFETY: the core passes a live struct for us to fill.
+    let immutable = unsafe { &mut *immutable };
+    immutable.core_cap_flags = bindings::RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+    immutable.pkey_tbl_len = c_int::from(attr.pkey_tbl_len);
+    immutable.gid_tbl_len = attr.gid_tbl_len;
+    immutable.max_mad_size = bindings::IB_MGMT_MAD_SIZE;
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn get_link_layer(
+    _ibdev: *mut bindings::ib_device,
+    _port: u32,
+) -> bindings::rdma_link_layer {
+    bindings::rdma_link_layer_IB_LINK_LAYER_ETHERNET
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn alloc_ucontext(
+    uctx: *mut bindings::ib_ucontext,
+    udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: the core passes a context it allocated (`size_ib_ucontext`, zeroed) on a live
+    // device, and the live udata of the uverbs call.
+    let (dev, udata) = unsafe { (state((*uctx).device), &mut *udata) };
+    let mut resp = dev.ucontext_response();
+    let len = size_of::<bindings::metaroce_alloc_ucontext_resp>().min(udata.outlen);
+    // SAFETY: `resp` is a live local of at least `len` bytes; the helper copies to the user
+    // buffer the core validated for `outlen` bytes.
+    let err = unsafe {
+        bindings::metaroce_glue_copy_to_udata(udata, ptr::addr_of_mut!(resp).cast(), len)
+    };
+    to_errno(if err == 0 { Ok(()) } else { Err(Error::from_errno(err)) })
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn dealloc_ucontext(_uctx: *mut bindings::ib_ucontext) {}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn alloc_pd(_pd: *mut bindings::ib_pd, _udata: *mut bindings::ib_udata) -> c_int {
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn dealloc_pd(_pd: *mut bindings::ib_pd, _udata: *mut bindings::ib_udata) -> c_int {
+    0
+}

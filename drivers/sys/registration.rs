@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Module-wide registrations: the `metaroce` link type (`rdma link add ... type metaroce`) and
+//! the netdev notifier that removes a device when its netdev goes away.
+
+use super::{bindings, ibdev, netdev::NetDev, to_errno};
+use core::{cell::UnsafeCell, ptr};
+use kernel::{
+    ffi::{c_char, c_int, c_ulong, c_void},
+    prelude::*,
+};
+
+/// A C object the kernel links into its own lists, so it needs a fixed address and interior
+/// mutability.
+struct Registered<T>(UnsafeCell<T>);
+
+// SAFETY: after registration only the kernel touches the object, under its own locks; Rust
+// never reads or writes it again.
+unsafe impl<T> Sync for Registered<T> {}
+
+impl<T> Registered<T> {
+    fn get(&self) -> *mut T {
+        self.0.get()
+    }
+}
+
+static LINK_OPS: Registered<bindings::rdma_link_ops> =
+    Registered(UnsafeCell::new(bindings::rdma_link_ops {
+        list: bindings::list_head {
+            next: ptr::null_mut(),
+            prev: ptr::null_mut(),
+        },
+        type_: c"metaroce".to_bytes_with_nul().as_ptr(),
+        newlink: Some(newlink),
+        dellink: None,
+    }));
+
+static NETDEV_NOTIFIER: Registered<bindings::notifier_block> =
+    Registered(UnsafeCell::new(bindings::notifier_block {
+        notifier_call: Some(netdev_event),
+        next: ptr::null_mut(),
+        priority: 0,
+    }));
+
+/// The link ops, for `ib_device.link_ops`.
+pub(super) fn link_ops() -> *const bindings::rdma_link_ops {
+    LINK_OPS.get()
+}
+
+/// What the module holds while it is loaded; dropping it undoes everything in reverse.
+pub(crate) struct Registration {
+    _private: (),
+}
+
+impl Registration {
+    pub(crate) fn new(module: &'static ThisModule) -> Result<Self> {
+        ibdev::set_owner(module);
+        // SAFETY: the notifier is a static, so it outlives its registration, which `drop`
+        // undoes; it is registered once.
+        let err = unsafe { bindings::register_netdevice_notifier(NETDEV_NOTIFIER.get()) };
+        if err != 0 {
+            return Err(Error::from_errno(err));
+        }
+        // SAFETY: as above for the link ops; from here on `newlink` can run.
+        unsafe { bindings::rdma_link_register(LINK_OPS.get()) };
+        Ok(Registration { _private: () })
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: both were registered in `new`. No new device can appear once the link type
+        // is gone; `remove_all_devices` then waits for every device to be freed, so no
+        // notifier call can find one of ours after that.
+        unsafe { bindings::rdma_link_unregister(LINK_OPS.get()) };
+        ibdev::remove_all_devices();
+        // SAFETY: registered in `new`.
+        unsafe { bindings::unregister_netdevice_notifier(NETDEV_NOTIFIER.get()) };
+    }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA netlink code (`rdma link add`), with a live netdev and name.
+unsafe extern "C" fn newlink(name: *const c_char, ndev: *mut bindings::net_device) -> c_int {
+    let Some(ndev) = ptr::NonNull::new(ndev) else {
+        return EINVAL.to_errno();
+    };
+    // SAFETY: the RDMA netlink handler holds a reference on `ndev` for the whole call and
+    // passes a NUL-terminated device name.
+    let ndev = unsafe { NetDev::from_raw(ndev) };
+    to_errno(ibdev::add_device(name, &ndev))
+}
+
+/// # Safety
+///
+/// Called only by the netdev notifier chain, with a `netdev_notifier_info`.
+unsafe extern "C" fn netdev_event(
+    _nb: *mut bindings::notifier_block,
+    event: c_ulong,
+    info: *mut c_void,
+) -> c_int {
+    if event != bindings::netdev_cmd_NETDEV_UNREGISTER as c_ulong {
+        return bindings::NOTIFY_DONE as c_int;
+    }
+    // SAFETY: netdev notifiers receive a `netdev_notifier_info` naming a live netdev.
+    let ndev = unsafe { bindings::metaroce_glue_notifier_info_to_dev(info) };
+    let Some(ndev) = ptr::NonNull::new(ndev) else {
+        return bindings::NOTIFY_DONE as c_int;
+    };
+    // SAFETY: the netdev stays alive during its own unregister notification.
+    ibdev::remove_device_of(&unsafe { NetDev::from_raw(ndev) });
+    bindings::NOTIFY_OK as c_int
+}

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: GPL-2.0
+# Helpers for the selftests that run inside the guest. Source it.
+#
+# Results are TAP lines on stdout ("ok N - what" / "not ok N - what"), counted in $TAP_DIR so
+# run.sh can print the plan and the closing "N passed, N failed" line.
+
+TAP_DIR="${TAP_DIR:-/tmp/metaroce-tap}"
+mkdir -p "$TAP_DIR"
+[ -f "$TAP_DIR/n" ] || echo 0 >"$TAP_DIR/n"
+
+# Stock tools only, by full path where busybox-style shadowing could bite.
+IP=/usr/sbin/ip
+RDMA=/usr/bin/rdma
+
+_tap() { # status description
+	local n
+	n=$(($(cat "$TAP_DIR/n") + 1))
+	echo "$n" >"$TAP_DIR/n"
+	if [ "$1" = 0 ]; then
+		echo "ok $n - $2"
+		echo "$2" >>"$TAP_DIR/passed"
+	else
+		echo "not ok $n - $2"
+		echo "$2" >>"$TAP_DIR/failed"
+	fi
+}
+
+# check "what" cmd args...: runs the command, output indented as TAP diagnostics on failure.
+check() {
+	local what="$1" out rc
+	shift
+	out=$("$@" 2>&1) && rc=0 || rc=$?
+	if [ "$rc" != 0 ]; then
+		printf '%s\n' "$out" | sed 's/^/# /' | tail -n 40
+		echo "# (exit status $rc)"
+	fi
+	_tap "$rc" "$what"
+	return 0
+}
+
+# check_output "what" "regex" cmd args...: the command succeeds and its output matches.
+check_output() {
+	local what="$1" re="$2" out rc
+	shift 2
+	out=$("$@" 2>&1) && rc=0 || rc=$?
+	if [ "$rc" = 0 ] && ! printf '%s\n' "$out" | grep -Eq -- "$re"; then
+		rc=1
+	fi
+	if [ "$rc" != 0 ]; then
+		printf '%s\n' "$out" | sed 's/^/# /' | tail -n 40
+		echo "# (wanted /$re/, exit status $rc)"
+	fi
+	_tap "$rc" "$what"
+	return 0
+}
+
+# check_no_output "what" "regex" cmd args...: the command's output does not match.
+check_no_output() {
+	local what="$1" re="$2" out rc=0
+	shift 2
+	out=$("$@" 2>&1) || true
+	if printf '%s\n' "$out" | grep -Eq -- "$re"; then
+		printf '%s\n' "$out" | grep -E -- "$re" | sed 's/^/# /' | head -n 40
+		rc=1
+	fi
+	_tap "$rc" "$what"
+	return 0
+}
+
+# wait_for SECONDS cmd args...: polls until the command succeeds.
+wait_for() {
+	local deadline=$((SECONDS + $1))
+	shift
+	until "$@" >/dev/null 2>&1; do
+		[ "$SECONDS" -lt "$deadline" ] || return 1
+		sleep 0.2
+	done
+}
+
+# Two hosts, ns1 and ns2, joined by a veth pair (veth1 in ns1, veth2 in ns2), addresses
+# 10.77.0.1/24 and 10.77.0.2/24 (and fd77::1/2), each with a metaroce device made from inside
+# its own namespace (default shared rdma netns mode): mroce1 and mroce2.
+NS1_ADDR=10.77.0.1
+NS2_ADDR=10.77.0.2
+setup_pair() {
+	local type="${1:-metaroce}" prefix="${2:-mroce}"
+	$IP netns add ns1
+	$IP netns add ns2
+	$IP link add veth1 netns ns1 type veth peer name veth2 netns ns2
+	$IP -n ns1 addr add $NS1_ADDR/24 dev veth1
+	$IP -n ns2 addr add $NS2_ADDR/24 dev veth2
+	$IP -n ns1 addr add fd77::1/64 dev veth1 nodad
+	$IP -n ns2 addr add fd77::2/64 dev veth2 nodad
+	$IP -n ns1 link set lo up
+	$IP -n ns2 link set lo up
+	$IP -n ns1 link set veth1 up
+	$IP -n ns2 link set veth2 up
+	$IP netns exec ns1 $RDMA link add ${prefix}1 type "$type" netdev veth1
+	$IP netns exec ns2 $RDMA link add ${prefix}2 type "$type" netdev veth2
+}
+
+teardown_pair() {
+	$IP netns del ns1 2>/dev/null || true
+	$IP netns del ns2 2>/dev/null || true
+	# Devices go with their netdevs; wait until the queued unregistrations are done.
+	wait_for 10 sh -c "! $RDMA link show 2>/dev/null | grep -q 'mroce\|rxe'" || true
+}
+
+# The kernel log since the test started, for oops/WARN/leak checks.
+dmesg_mark() { dmesg | wc -l >"$TAP_DIR/dmesg-mark"; }
+dmesg_since_mark() { dmesg | tail -n +"$(($(cat "$TAP_DIR/dmesg-mark" 2>/dev/null || echo 0) + 1))"; }
+KERNEL_TROUBLE='BUG:|WARNING:|Oops|general protection|kernel BUG|refcount_t|unreferenced object|KASAN|UBSAN|lockdep|possible recursive|circular locking|list_(add|del) corruption|Call Trace'

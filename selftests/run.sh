@@ -1,0 +1,36 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# Runs the guest selftests (tests/*.sh, or the ones named) and prints TAP with a closing
+# "N passed, N failed" line. Exit status 0 only if all passed. Writes the counts to $1/summary
+# when METAROCE_OUT is set (the host-side check.sh reads it).
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export TAP_DIR=/tmp/metaroce-tap
+rm -rf "$TAP_DIR"
+mkdir -p "$TAP_DIR"
+echo 0 >"$TAP_DIR/n"
+
+tests=("$@")
+[ "${#tests[@]}" -gt 0 ] || tests=("$HERE"/tests/*.sh)
+echo "TAP version 13"
+for t in "${tests[@]}"; do
+	[ -f "$t" ] || t="$HERE/tests/$t.sh"
+	echo "# --- $(basename "$t" .sh)"
+	# Each test file runs in its own shell so a failing one cannot poison the next.
+	bash "$t"
+	rc=$?
+	if [ "$rc" != 0 ]; then
+		source "$HERE/lib.sh"
+		_tap 1 "$(basename "$t" .sh): script exited with status $rc"
+	fi
+done
+n=$(cat "$TAP_DIR/n")
+passed=$(wc -l <"$TAP_DIR/passed" 2>/dev/null || echo 0)
+failed=$(wc -l <"$TAP_DIR/failed" 2>/dev/null || echo 0)
+echo "1..$n"
+if [ -n "${METAROCE_OUT:-}" ]; then
+	echo "$passed $failed" >"$METAROCE_OUT/summary"
+	cp "$TAP_DIR"/failed "$METAROCE_OUT/failed" 2>/dev/null || true
+fi
+echo "guest: $passed passed, $failed failed"
+[ "$failed" = 0 ] && [ "$n" -gt 0 ]
