@@ -6,6 +6,7 @@
 //! attributes and `mod`/`pub use` lines, and the modules refer to each other with `super::`.
 #![no_std]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 #[cfg(test)]
 extern crate std;

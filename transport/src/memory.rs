@@ -8,8 +8,11 @@
 /// A scatter/gather element: `len` bytes at `addr` in the region named by `lkey`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sge {
+    /// Start address in the region's address space.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u32,
+    /// Local key of the region.
     pub lkey: u32,
 }
 
@@ -24,6 +27,7 @@ pub struct SgList {
 }
 
 impl SgList {
+    /// A list of `sges`, or None if there are more than `MAX_SGE` or their total overflows u32.
     pub fn new(sges: &[Sge]) -> Option<SgList> {
         if sges.len() > MAX_SGE {
             return None;
@@ -41,10 +45,12 @@ impl SgList {
         Some(l)
     }
 
+    /// A list of one SGE.
     pub fn single(sge: Sge) -> SgList {
         SgList::new(&[sge]).unwrap_or_default()
     }
 
+    /// The SGEs, in order.
     pub fn sges(&self) -> &[Sge] {
         self.sges.get(..usize::from(self.count)).unwrap_or(&[])
     }
@@ -110,16 +116,29 @@ pub enum AccessError {
 /// Remote access kinds, for [`Memory::check_remote`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// RDMA READ source.
     Read,
+    /// RDMA WRITE destination.
     Write,
+    /// Atomic target.
     Atomic,
 }
 
 /// An atomic operation on one 8-byte word (host byte order in memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AtomicOp {
-    CompareSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    /// Store `swap` if the word equals `compare`.
+    CompareSwap {
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Add `add` (wrapping).
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
 }
 
 /// Memory access the core calls into. All methods must be safe against any key or address:

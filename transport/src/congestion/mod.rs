@@ -20,6 +20,7 @@ pub struct Window {
 }
 
 impl Window {
+    /// A window of `initial` packets that grows to at most `max` (both clamped to 1..=256).
     pub fn new(initial: u16, max: u16) -> Self {
         let max = max.clamp(1, 256);
         Window {

@@ -45,6 +45,7 @@ pub struct Config {
     pub planes: u8,
     /// Payload bytes per packet.
     pub mtu: u32,
+    /// Tuning shared by all paths.
     pub path: PathConfig,
     /// ACK after this many packets even without ACK_REQ.
     pub ack_every: u16,
@@ -102,6 +103,7 @@ pub const MIN_TIMEOUT: u64 = 1_000;
 /// Why an arriving datagram was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecvError {
+    /// Not a valid MetaRoCE v1 packet.
     Parse(ParseError),
     /// Addressed to another connection id.
     WrongConnection,
@@ -118,6 +120,7 @@ pub struct Transmit {
     pub len: usize,
     /// Path index (= path id).
     pub path: u16,
+    /// Plane (netdev) to send it on.
     pub plane: u8,
     /// UDP source port: the path's entropy.
     pub src_port: u16,
@@ -133,24 +136,42 @@ pub enum Event {
     /// Completion of a receive WQE.
     RecvCompletion(Cqe),
     /// The stream (QP) went to the error state; its outstanding WQEs are being flushed.
-    StreamError { stream: StreamId, status: CqStatus },
+    StreamError {
+        /// The stream.
+        stream: StreamId,
+        /// The error that moved it (also the status of the failed WQE).
+        status: CqStatus,
+    },
 }
 
 /// Connection-wide counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnStats {
+    /// Datagrams handed to `handle_packet`.
     pub packets_in: u64,
+    /// Datagrams produced by `poll_transmit`.
     pub packets_out: u64,
+    /// Datagrams rejected by the parser.
     pub parse_errors: u64,
+    /// Datagrams dropped for another reason (connection id, path, QP, no room to track).
     pub dropped_in: u64,
+    /// Data-bearing packets sent (requests and responses).
     pub data_packets_out: u64,
+    /// Of those, retransmissions.
     pub retransmits: u64,
+    /// ACKs sent.
     pub acks_out: u64,
+    /// ACKs received.
     pub acks_in: u64,
+    /// NAKs sent.
     pub naks_out: u64,
+    /// NAKs received.
     pub naks_in: u64,
+    /// NAKs not sent because the NAK queue was full.
     pub naks_dropped: u64,
+    /// Probes sent (tail-loss and path probes).
     pub probes_out: u64,
+    /// Path retransmission timeouts, all paths.
     pub timeouts: u64,
 }
 
@@ -303,18 +324,22 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.ack_armed.then_some(self.ack_at)
     }
 
+    /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// Connection-wide counters.
     pub fn stats(&self) -> &ConnStats {
         &self.stats
     }
 
+    /// Paths in use.
     pub fn path_count(&self) -> usize {
         self.num_paths
     }
 
+    /// Counters of path `path` (None beyond the paths in use).
     pub fn path_stats(&self, path: usize) -> Option<&PathStats> {
         self.paths
             .get(path)
@@ -322,6 +347,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             .map(|p| &p.stats)
     }
 
+    /// State of path `path` (None beyond the paths in use).
     pub fn path_state(&self, path: usize) -> Option<PathState> {
         self.paths
             .get(path)

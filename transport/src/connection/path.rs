@@ -23,41 +23,65 @@ pub enum PathState {
 /// Counters of one path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PathStats {
+    /// Packets sent on the path (data, probes).
     pub sent: u64,
+    /// Of those, retransmissions.
     pub retransmitted: u64,
+    /// Packets acknowledged.
     pub acked: u64,
+    /// Packets declared lost (SACK gap or timeout).
     pub lost: u64,
+    /// Retransmission timeouts.
     pub timeouts: u64,
+    /// Probes sent.
     pub probes: u64,
+    /// Packets received on the path (first arrivals).
     pub received: u64,
+    /// Duplicate or below-window arrivals.
     pub duplicates: u64,
+    /// ECN CE marks the peer echoed for packets we sent.
     pub ecn_ce: u64,
+    /// UDP source port changes (after timeouts).
     pub entropy_changes: u64,
 }
 
 /// Path tuning shared by all paths of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathConfig {
+    /// First PSN of every path's space, in both directions (both ends agree).
     pub initial_psn: u32,
+    /// Initial congestion window, packets.
     pub initial_cwnd: u16,
+    /// Largest congestion window, packets (at most 256).
     pub max_cwnd: u16,
+    /// RTO before the first RTT sample, ns.
     pub initial_rto: u64,
+    /// Smallest RTO, ns (at least `MIN_TIMEOUT`).
     pub min_rto: u64,
+    /// Largest RTO after back-off, ns.
     pub max_rto: u64,
+    /// Longest time an ACK is held back for coalescing, ns.
     pub ack_delay: u64,
     /// Consecutive timeouts after which a path is Failed.
     pub fail_after: u8,
 }
 
 #[derive(Clone, Debug)]
+/// One path of a connection, both directions.
 pub struct Path {
+    /// Path id (its index in the connection; carried in every packet).
     pub id: u16,
+    /// Plane the path runs on.
     pub plane: u8,
     /// UDP source port: the path's ECMP entropy.
     pub sport: u16,
+    /// Health.
     pub state: PathState,
+    /// Sender side: packets in flight on this path.
     pub inflight: InFlight,
+    /// Sender side: congestion window.
     pub cc: Window,
+    /// Sender side: RTT estimate and RTO.
     pub rtt: RttEstimator,
     ack_delay: u64,
     fail_after: u8,
@@ -71,15 +95,20 @@ pub struct Path {
     /// A probe should be sent on this path.
     pub need_probe: bool,
     // Receive side.
+    /// Receive side: which PSNs of the peer's space arrived.
     pub recv: PsnWindow,
     /// Packets were received since the last ACK.
     pub recv_pending: bool,
+    /// Receive side: timestamp of the latest new packet (echoed in ACKs).
     pub last_ts: u32,
+    /// Receive side: CE marks since the last ACK.
     pub ecn_ce: u16,
+    /// Counters.
     pub stats: PathStats,
 }
 
 impl Path {
+    /// A fresh path with a random UDP source port.
     pub fn new(id: u16, plane: u8, cfg: &PathConfig, rng: &mut XorShift) -> Self {
         Path {
             id,

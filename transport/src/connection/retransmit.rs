@@ -11,9 +11,11 @@ use super::super::wire::{seq_lt, PathAck, SACK_BITS};
 /// What a packet carried, so an ACK or a loss can be reported to its owner.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SentItem {
+    /// Who owns the packet.
     pub kind: ItemKind,
     /// Stream slot index.
     pub stream: u16,
+    /// Message (requester's MSN).
     pub msn: u32,
     /// Segment (packet index) within the message.
     pub seg: u32,
@@ -23,6 +25,7 @@ pub struct SentItem {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(u8)]
+/// Owner of a sent packet.
 pub enum ItemKind {
     /// A requester packet (SEND/WRITE data, READ or atomic request).
     #[default]
@@ -36,6 +39,7 @@ pub enum ItemKind {
 /// How a packet was resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
+    /// The path acknowledged it.
     Acked,
     /// A later PSN on the same path was acknowledged.
     Lost,
@@ -53,7 +57,9 @@ struct Slot {
 /// Result of applying one ACK entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AckSummary {
+    /// Packets newly acknowledged.
     pub acked: u32,
+    /// Packets newly declared lost.
     pub lost: u32,
 }
 
@@ -67,6 +73,7 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// An empty table starting at `initial_psn`.
     pub fn new(initial_psn: u32) -> Self {
         InFlight {
             una: initial_psn,
@@ -95,6 +102,7 @@ impl InFlight {
         self.unresolved
     }
 
+    /// The PSN the next packet gets.
     pub fn next_psn(&self) -> u32 {
         self.next
     }

@@ -1,6 +1,7 @@
 //! Smoothed RTT and retransmission timeout, RFC 6298 style, in integer nanoseconds.
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// RTT estimator of one path.
 pub struct RttEstimator {
     srtt: u64,
     rttvar: u64,
@@ -14,6 +15,7 @@ pub struct RttEstimator {
 const GRANULARITY_NS: u64 = 1_000;
 
 impl RttEstimator {
+    /// An estimator with RTO `initial_rto` until the first sample, clamped to `[min_rto, max_rto]`.
     pub fn new(initial_rto: u64, min_rto: u64, max_rto: u64) -> Self {
         let max_rto = max_rto.max(min_rto);
         RttEstimator {
@@ -45,6 +47,7 @@ impl RttEstimator {
             .clamp(self.min_rto, self.max_rto);
     }
 
+    /// At least one sample was taken.
     pub fn has_sample(&self) -> bool {
         self.has_sample
     }
@@ -54,6 +57,7 @@ impl RttEstimator {
         self.srtt
     }
 
+    /// RTT variation (0 before the first sample).
     pub fn rttvar(&self) -> u64 {
         self.rttvar
     }

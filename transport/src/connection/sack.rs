@@ -82,6 +82,7 @@ pub struct PsnWindow {
 }
 
 impl PsnWindow {
+    /// An empty window expecting `initial_psn` first.
     pub fn new(initial_psn: u32) -> Self {
         PsnWindow {
             cum: initial_psn,
@@ -89,10 +90,12 @@ impl PsnWindow {
         }
     }
 
+    /// The cumulative PSN (lowest not received).
     pub fn cum(&self) -> u32 {
         self.cum
     }
 
+    /// The SACK bitmap (bit i: PSN cum + 1 + i).
     pub fn sack(&self) -> Bits {
         self.bits
     }
@@ -179,8 +182,10 @@ pub struct SegWindow {
 }
 
 impl SegWindow {
+    /// Segments tracked beyond the first missing one.
     pub const WIDTH: u32 = SACK_BITS as u32;
 
+    /// Nothing done, nothing in flight.
     pub fn new() -> Self {
         SegWindow::default()
     }
@@ -209,6 +214,7 @@ impl SegWindow {
         seg < self.base || self.index(seg).is_some()
     }
 
+    /// Whether `seg` is done.
     pub fn is_done(&self, seg: u32) -> bool {
         seg < self.base || self.index(seg).is_some_and(|i| bit(&self.done, i))
     }

@@ -18,10 +18,12 @@ pub enum Timer {
 pub struct Earliest(Option<(u64, Timer)>);
 
 impl Earliest {
+    /// No deadline yet.
     pub fn new() -> Self {
         Earliest(None)
     }
 
+    /// Keeps `deadline` for `timer` if it is the earliest so far.
     pub fn offer(&mut self, deadline: Option<u64>, timer: Timer) {
         if let Some(d) = deadline {
             match self.0 {
@@ -31,6 +33,7 @@ impl Earliest {
         }
     }
 
+    /// The earliest deadline and its timer.
     pub fn get(&self) -> Option<(u64, Timer)> {
         self.0
     }

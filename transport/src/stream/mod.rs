@@ -49,6 +49,8 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
+    /// A stream between QPs `local_qp` and `remote_qp` with the verbs defaults: retry_cnt 7,
+    /// rnr_retry 7 (infinite), 100 us RNR back-off.
     pub fn new(local_qp: u32, remote_qp: u32) -> Self {
         StreamConfig {
             local_qp,
@@ -65,12 +67,19 @@ impl StreamConfig {
 #[repr(u8)]
 pub enum WrOpcode {
     #[default]
+    /// SEND.
     Send,
+    /// SEND with immediate data.
     SendWithImm,
+    /// RDMA WRITE.
     RdmaWrite,
+    /// RDMA WRITE with immediate data (consumes a receive WQE).
     RdmaWriteWithImm,
+    /// RDMA READ.
     RdmaRead,
+    /// Atomic compare and swap.
     CmpSwap,
+    /// Atomic fetch and add.
     FetchAdd,
 }
 
@@ -83,6 +92,7 @@ impl WrOpcode {
         )
     }
 
+    /// READ or atomic: completes on response data.
     pub fn is_read_or_atomic(self) -> bool {
         matches!(
             self,
@@ -90,6 +100,7 @@ impl WrOpcode {
         )
     }
 
+    /// The completion opcode.
     pub fn cq_opcode(self) -> CqOpcode {
         match self {
             WrOpcode::Send | WrOpcode::SendWithImm => CqOpcode::Send,
@@ -104,12 +115,17 @@ impl WrOpcode {
 /// A send work request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendWqe {
+    /// Caller's id, returned in the completion.
     pub wr_id: u64,
+    /// Operation.
     pub opcode: WrOpcode,
     /// Source (SEND/WRITE) or destination (READ; atomic: 8 bytes for the original value).
     pub local: SgList,
+    /// Remote address (WRITE, READ, atomics).
     pub remote_va: u64,
+    /// Remote key (WRITE, READ, atomics).
     pub rkey: u32,
+    /// Immediate data (WITH_IMM opcodes).
     pub imm: u32,
     /// CMP_SWP compare value.
     pub compare: u64,
@@ -117,10 +133,12 @@ pub struct SendWqe {
     pub swap_add: u64,
     /// Generate a completion on success (errors always complete).
     pub signaled: bool,
+    /// Set SOLICITED on the last packet.
     pub solicited: bool,
 }
 
 impl SendWqe {
+    /// A signaled WQE with no remote part (set it with `remote`).
     pub fn new(wr_id: u64, opcode: WrOpcode, local: SgList) -> Self {
         SendWqe {
             wr_id,
@@ -131,17 +149,20 @@ impl SendWqe {
         }
     }
 
+    /// Sets the remote address and key.
     pub fn remote(mut self, va: u64, rkey: u32) -> Self {
         self.remote_va = va;
         self.rkey = rkey;
         self
     }
 
+    /// Sets the immediate data.
     pub fn imm(mut self, imm: u32) -> Self {
         self.imm = imm;
         self
     }
 
+    /// Sets the atomic operands.
     pub fn atomic(mut self, compare: u64, swap_add: u64) -> Self {
         self.compare = compare;
         self.swap_add = swap_add;
@@ -152,7 +173,9 @@ impl SendWqe {
 /// A receive work request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvWqe {
+    /// Caller's id, returned in the completion.
     pub wr_id: u64,
+    /// Buffer the message lands in.
     pub local: SgList,
 }
 
@@ -160,14 +183,23 @@ pub struct RecvWqe {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CqStatus {
+    /// Completed successfully.
     Success,
+    /// Local length error (buffer shorter than the data).
     LocLenErr,
+    /// Local protection error (bad lkey or address).
     LocProtErr,
+    /// Flushed: the stream is in error.
     WrFlushErr,
+    /// Remote access error (rkey, bounds, rights).
     RemAccessErr,
+    /// Remote invalid request (malformed, too long for the receive buffer).
     RemInvReqErr,
+    /// Remote operational error (no such QP, responder failure).
     RemOpErr,
+    /// Retry count exceeded (peer unreachable).
     RetryExcErr,
+    /// RNR retry count exceeded.
     RnrRetryExcErr,
 }
 
@@ -185,24 +217,38 @@ impl CqStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CqOpcode {
+    /// SEND or SEND_WITH_IMM.
     Send,
+    /// RDMA WRITE (with or without immediate).
     RdmaWrite,
+    /// RDMA READ.
     RdmaRead,
+    /// Compare and swap.
     CmpSwap,
+    /// Fetch and add.
     FetchAdd,
+    /// Receive of a SEND.
     Recv,
+    /// Receive consumed by an RDMA WRITE with immediate.
     RecvRdmaWithImm,
 }
 
 /// A completion queue entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cqe {
+    /// The stream (QP) it belongs to.
     pub stream: StreamId,
+    /// The WQE's `wr_id`.
     pub wr_id: u64,
+    /// Status.
     pub status: CqStatus,
+    /// Operation.
     pub opcode: CqOpcode,
+    /// Bytes transferred (message length; 8 for atomics).
     pub byte_len: u32,
+    /// Immediate data (receives of WITH_IMM messages).
     pub imm: Option<u32>,
+    /// The message was sent solicited (receives).
     pub solicited: bool,
     /// The peer's QP (receive completions).
     pub src_qp: u32,
@@ -211,7 +257,9 @@ pub struct Cqe {
 /// Why a post was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PostError {
+    /// The queue is full.
     QueueFull,
+    /// No open stream with this id.
     NoSuchStream,
     /// Missing opcode, address range overflow, atomic buffer shorter than 8 bytes, ...
     InvalidWqe,
@@ -223,20 +271,26 @@ pub enum PostError {
 /// see [`super::connection::Connection::reset`].
 #[derive(Clone, Debug)]
 pub struct Stream {
+    /// QP numbers and retry settings.
     pub cfg: StreamConfig,
+    /// The slot is in use.
     pub open: bool,
     /// The stream (QP) is in the error state (with `error_status`): everything outstanding is
     /// flushed.
     in_error: bool,
     error_status: CqStatus,
+    /// The StreamError event was delivered.
     pub error_reported: bool,
+    /// Send queue (requester role).
     pub req: Requester,
+    /// Receive queue and responses (responder role).
     pub resp: Responder,
     /// The responder's completion point changed (or a duplicate arrived): tell the peer.
     pub ack_dirty: bool,
 }
 
 impl Stream {
+    /// A closed (unused) slot.
     pub fn closed() -> Self {
         Stream {
             cfg: StreamConfig::new(0, 0),

@@ -70,22 +70,34 @@ impl Entry {
 /// A request packet the connection should send now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestSegment {
+    /// Message.
     pub msn: u32,
+    /// Segment (packet index) in the message.
     pub seg: u32,
+    /// The message's attempt.
     pub attempt: u16,
+    /// The segment was sent before.
     pub retransmit: bool,
 }
 
 /// Everything needed to build the packet for a [`RequestSegment`].
 #[derive(Clone, Copy, Debug)]
 pub struct SegmentInfo {
+    /// The WQE.
     pub wqe: SendWqe,
+    /// Its operation.
     pub opcode: WrOpcode,
+    /// Receive sequence number (if it consumes a receive WQE).
     pub rsn: u32,
+    /// Byte offset of this segment.
     pub offset: u32,
+    /// Payload bytes of this segment.
     pub payload_len: u32,
+    /// Message length (0 for READ/atomic requests).
     pub total_len: u32,
+    /// First segment.
     pub first: bool,
+    /// Last segment.
     pub last: bool,
 }
 
@@ -99,6 +111,7 @@ pub enum RespVerdict {
 }
 
 #[derive(Clone, Debug)]
+/// A stream's send queue and its progress.
 pub struct Requester {
     sq: [Entry; SQ_DEPTH],
     /// MSN of the oldest entry not yet delivered as a completion.
@@ -110,15 +123,20 @@ pub struct Requester {
     peer_completed: u32,
     /// Time of the last forward progress (for the completion timeout).
     last_progress: u64,
+    /// Counters.
     pub stats: RequesterStats,
 }
 
 /// Requester counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequesterStats {
+    /// WQEs posted.
     pub posted: u64,
+    /// WQEs completed successfully.
     pub completed: u64,
+    /// RNR NAKs received.
     pub rnr_naks: u64,
+    /// Messages resent whole after a completion timeout.
     pub pokes: u64,
 }
 
@@ -135,6 +153,7 @@ impl Default for Requester {
 }
 
 impl Requester {
+    /// An empty send queue.
     pub fn new() -> Self {
         Requester {
             sq: [Entry::empty(); SQ_DEPTH],

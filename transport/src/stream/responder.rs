@@ -92,8 +92,20 @@ struct RqEntry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ResponseKind {
-    Read { va: u64, rkey: u32, len: u32 },
-    Atomic { orig: u64 },
+    /// RDMA READ data from `[va, va + len)` under `rkey`.
+    Read {
+        /// Remote address.
+        va: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Bytes.
+        len: u32,
+    },
+    /// Atomic response carrying the original value.
+    Atomic {
+        /// Value before the operation.
+        orig: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -108,23 +120,33 @@ struct Response {
 /// A response packet the connection should send now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResponseSegment {
+    /// The requester's message.
     pub msn: u32,
+    /// Segment of the response.
     pub seg: u32,
+    /// What is being answered.
     pub kind: ResponseKind,
+    /// The segment was sent before.
     pub retransmit: bool,
 }
 
 /// Responder counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ResponderStats {
+    /// Payload bytes placed.
     pub placed_bytes: u64,
+    /// Duplicate packets (already placed or completed).
     pub duplicates: u64,
+    /// Packets not tracked (outside a window, no response slot).
     pub dropped: u64,
+    /// RNR NAKs sent.
     pub rnr_naks: u64,
+    /// Messages completed.
     pub completed: u64,
 }
 
 #[derive(Clone, Debug)]
+/// A stream's receive queue, message assembly and responses.
 pub struct Responder {
     rq: [RqEntry; RQ_DEPTH],
     /// RSN of the oldest receive WQE not yet delivered as a completion.
@@ -140,6 +162,7 @@ pub struct Responder {
     error_set: bool,
     error_msn: u32,
     error_code: u8,
+    /// Counters.
     pub stats: ResponderStats,
 }
 
@@ -154,6 +177,7 @@ fn slot_index(msn: u32) -> usize {
 }
 
 impl Responder {
+    /// An empty responder.
     pub fn new() -> Self {
         Responder {
             rq: [RqEntry {
@@ -220,6 +244,7 @@ impl Responder {
         self.stats = ResponderStats::default();
     }
 
+    /// Posts a receive WQE (consumed in posting order by RSN).
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
         if self.rq_tail.wrapping_sub(self.rq_head) as usize >= RQ_DEPTH {
             return Err(PostError::QueueFull);
@@ -621,6 +646,7 @@ impl Responder {
         self.resps.iter_mut().find(|r| r.used && r.msn == msn)
     }
 
+    /// The response segment was handed to a path.
     pub fn mark_sent(&mut self, msn: u32, seg: u32) {
         if let Some(r) = self.response(msn) {
             r.segs.mark_sent(seg);

@@ -5,14 +5,19 @@ use super::bytes::{Reader, Writer};
 use super::packet::{BaseHeader, Ext, Header};
 use super::{EmitError, Opcode, ParseError, BASE_HEADER_LEN, SACK_WORDS};
 
+/// Length of the fixed ACK header after the base header.
 pub const ACK_HEADER_LEN: usize = 12;
+/// Length of one path entry.
 pub const PATH_ACK_LEN: usize = 48;
+/// Length of one stream entry.
 pub const STREAM_ACK_LEN: usize = 8;
 
 /// Fixed part of an ACK.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AckHeader {
+    /// Number of path entries.
     pub path_count: u8,
+    /// Number of stream entries.
     pub stream_count: u8,
     /// Receiver's suggested rate for this sender in Mbit/s; 0 = no hint. Reserved for congestion
     /// control: sent as 0 by this version, carried through unchanged.
@@ -50,7 +55,9 @@ impl AckHeader {
 /// Acknowledgement state of one path, as seen by the receiver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PathAck {
+    /// The acknowledged path (of the ACK's receiver).
     pub path_id: u16,
+    /// Its plane.
     pub plane: u8,
     /// Cumulative PSN: the lowest PSN not yet received; every PSN before it is received or
     /// below the receiver's window.
@@ -153,6 +160,8 @@ pub struct AckWriter<'a> {
 }
 
 impl<'a> AckWriter<'a> {
+    /// Starts an ACK in `buf` with the given base header (its opcode is forced to ACK) and
+    /// congestion fields.
     pub fn new(buf: &'a mut [u8], base: BaseHeader, info: AckHeader) -> Result<Self, EmitError> {
         let mut base = base;
         base.opcode = Opcode::Ack;
@@ -178,6 +187,7 @@ impl<'a> AckWriter<'a> {
         self.buf.len().saturating_sub(self.len)
     }
 
+    /// Appends a path entry (all path entries come before stream entries).
     pub fn push_path(&mut self, p: &PathAck) -> Result<(), EmitError> {
         if self.streams != 0 {
             return Err(EmitError::Inconsistent);
@@ -194,6 +204,7 @@ impl<'a> AckWriter<'a> {
         Ok(())
     }
 
+    /// Appends a stream entry.
     pub fn push_stream(&mut self, s: &StreamAck) -> Result<(), EmitError> {
         let n = self
             .streams
@@ -210,6 +221,7 @@ impl<'a> AckWriter<'a> {
         Ok(())
     }
 
+    /// Path entries written so far.
     pub fn path_count(&self) -> u8 {
         self.paths
     }

@@ -32,21 +32,34 @@ pub const MAX_HEADER_LEN: usize = BASE_HEADER_LEN + 32 + 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
+    /// SEND data.
     Send = 0x00,
+    /// SEND data, immediate on the last packet.
     SendWithImm = 0x01,
+    /// RDMA WRITE data.
     RdmaWrite = 0x02,
+    /// RDMA WRITE data, immediate on the last packet.
     RdmaWriteWithImm = 0x03,
+    /// RDMA READ request.
     ReadRequest = 0x04,
+    /// RDMA READ response data.
     ReadResponse = 0x05,
+    /// Atomic compare and swap request.
     CmpSwap = 0x06,
+    /// Atomic fetch and add request.
     FetchAdd = 0x07,
+    /// Atomic response (original value).
     AtomicResponse = 0x08,
+    /// Acknowledgement (paths and streams).
     Ack = 0x10,
+    /// Negative acknowledgement of a message.
     Nak = 0x11,
+    /// Probe: takes a PSN, asks for an ACK.
     Probe = 0x12,
 }
 
 impl Opcode {
+    /// The opcode for a wire value; unknown values are an error.
     pub fn from_u8(v: u8) -> Result<Opcode, ParseError> {
         Ok(match v {
             0x00 => Opcode::Send,
@@ -94,10 +107,12 @@ impl Flags {
     /// All defined bits.
     pub const DEFINED: u16 = 0x001f;
 
+    /// Whether flag `bit` is set.
     pub fn has(self, bit: u16) -> bool {
         self.0 & bit != 0
     }
 
+    /// These flags with `bit` set or cleared.
     pub fn with(self, bit: u16, on: bool) -> Flags {
         if on {
             Flags(self.0 | bit)
@@ -114,6 +129,7 @@ pub enum ParseError {
     Truncated,
     /// Version byte other than [`VERSION`].
     UnknownVersion(u8),
+    /// Opcode byte not defined by version 1.
     UnknownOpcode(u8),
     /// A reserved field or flag bit is not zero.
     ReservedNonZero,
@@ -128,6 +144,7 @@ pub enum ParseError {
 /// Why a header could not be written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EmitError {
+    /// The buffer is too small for the header.
     BufferTooSmall,
     /// The extension header does not fit the opcode, or a length field is inconsistent.
     Inconsistent,

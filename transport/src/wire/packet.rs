@@ -7,7 +7,9 @@ use super::{EmitError, Flags, Opcode, ParseError, BASE_HEADER_LEN, VERSION};
 /// The 32-byte header at the start of every packet (see `docs/wire-format.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BaseHeader {
+    /// Packet type.
     pub opcode: Opcode,
+    /// Flags.
     pub flags: Flags,
     /// The receiver's QP (stream) number; 0 on ACKs.
     pub dst_qp: u32,
@@ -33,8 +35,11 @@ pub struct BaseHeader {
 pub struct SendExt {
     /// Receive sequence number: index of the receive WQE this message consumes.
     pub rsn: u32,
+    /// Byte offset of this packet's payload in the message.
     pub offset: u32,
+    /// Message length.
     pub total_len: u32,
+    /// This packet's payload length.
     pub payload_len: u32,
     /// Immediate data: present exactly on the LAST packet of a WITH_IMM message.
     pub imm: Option<u32>,
@@ -45,35 +50,48 @@ pub struct SendExt {
 pub struct WriteExt {
     /// Remote virtual address of this packet's first payload byte.
     pub va: u64,
+    /// Remote key.
     pub rkey: u32,
     /// Receive sequence number (WITH_IMM only; 0 otherwise).
     pub rsn: u32,
+    /// Byte offset of this packet's payload in the message.
     pub offset: u32,
+    /// Message length.
     pub total_len: u32,
+    /// This packet's payload length.
     pub payload_len: u32,
+    /// Immediate data: present exactly on the LAST packet of a WITH_IMM message.
     pub imm: Option<u32>,
 }
 
 /// RDMA_READ request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadReqExt {
+    /// Remote address to read.
     pub va: u64,
+    /// Remote key.
     pub rkey: u32,
+    /// Bytes to read.
     pub len: u32,
 }
 
 /// READ response data: the requester's message is the base header's MSN.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DataExt {
+    /// Byte offset in the READ's data.
     pub offset: u32,
+    /// The READ's length.
     pub total_len: u32,
+    /// This packet's payload length.
     pub payload_len: u32,
 }
 
 /// CMP_SWP / FETCH_ADD request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AtomicExt {
+    /// Remote address (8-byte aligned).
     pub va: u64,
+    /// Remote key.
     pub rkey: u32,
     /// Swap value (CMP_SWP) or addend (FETCH_ADD).
     pub swap_add: u64,
@@ -84,6 +102,7 @@ pub struct AtomicExt {
 /// NAK for message `msn` of stream `dst_qp` (both in the base header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NakExt {
+    /// Reason.
     pub code: NakCode,
     /// RNR: microseconds the requester waits before retrying; 0 otherwise.
     pub value: u32,
@@ -93,10 +112,15 @@ pub struct NakExt {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum NakCode {
+    /// Remote access error.
     RemoteAccess = 1,
+    /// Invalid request.
     InvalidRequest = 2,
+    /// Receiver not ready: no receive WQE posted.
     Rnr = 3,
+    /// Out of window / sequence error.
     OutOfWindow = 4,
+    /// Remote operational error.
     RemoteOperational = 5,
 }
 
@@ -121,15 +145,23 @@ impl NakCode {
 /// The opcode-specific extension header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ext {
+    /// SEND / SEND_WITH_IMM.
     Send(SendExt),
+    /// RDMA_WRITE / RDMA_WRITE_WITH_IMM.
     Write(WriteExt),
+    /// READ request.
     ReadRequest(ReadReqExt),
+    /// READ response.
     ReadResponse(DataExt),
+    /// CMP_SWP / FETCH_ADD.
     Atomic(AtomicExt),
     /// Original value at the remote address.
     AtomicResponse(u64),
+    /// ACK (the entries follow as payload).
     Ack(AckHeader),
+    /// NAK.
     Nak(NakExt),
+    /// PROBE (no extension).
     Probe,
 }
 
@@ -137,13 +169,16 @@ pub enum Ext {
 /// the path and stream entries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// Base header.
     pub base: BaseHeader,
+    /// Extension header.
     pub ext: Ext,
 }
 
 /// A parsed packet, borrowing the datagram.
 #[derive(Clone, Copy, Debug)]
 pub struct PacketView<'a> {
+    /// The headers.
     pub header: Header,
     /// Data bytes (SEND, WRITE, READ response); for an ACK, its path and stream entries.
     pub payload: &'a [u8],
