@@ -64,11 +64,12 @@ private_apt() {
 		-o Debug::NoLocking=1 "$@"
 }
 
-# sha256 of the given files and strings, short.
+# sha256 of the given files (their contents, not their paths: a clone elsewhere shares the
+# cache) and strings, short.
 input_hash() {
 	{
 		for a in "$@"; do
-			if [ -f "$a" ]; then sha256sum "$a"; else echo "$a"; fi
+			if [ -f "$a" ]; then sha256sum <"$a"; else echo "$a"; fi
 		done
 	} | sha256sum | cut -c1-16
 }
