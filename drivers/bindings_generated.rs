@@ -717,6 +717,8 @@ pub const IB_NOTICE_TYPE_SM: u32 = 131;
 pub const IB_NOTICE_TYPE_INFO: u32 = 132;
 pub const IB_CLASS_PORT_INFO_RESP_TIME_MASK: u32 = 31;
 pub const IB_CLASS_PORT_INFO_RESP_TIME_FIELD_SIZE: u32 = 5;
+pub const IB_UVERBS_BUFFER_DESC_FLAGS_KNOWN_MASK: u32 = 0;
+pub const IB_UVERBS_BUFFER_DESC_OPTIONAL_FLAGS_KNOWN_MASK: u32 = 0;
 pub const METAROCE_UVERBS_ABI_VERSION: u32 = 1;
 pub const METAROCE_DRIVER_ID: u32 = 19794;
 pub const METAROCE_UDP_PORT: u32 = 4793;
@@ -786,6 +788,7 @@ pub struct phys_vec {
     pub paddr: phys_addr_t,
     pub len: usize,
 }
+pub type resource_size_t = phys_addr_t;
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct atomic_t {
@@ -865,6 +868,20 @@ impl Default for callback_head {
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
+pub struct kvfree_rcu_head {
+    pub next: *mut kvfree_rcu_head,
+}
+impl Default for kvfree_rcu_head {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
 pub struct rcuwait {
     pub task: *mut task_struct,
 }
@@ -883,6 +900,7 @@ pub struct static_call_site {
     pub addr: s32,
     pub key: s32,
 }
+pub type va_list = __builtin_va_list;
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct file_system_type {
@@ -1312,6 +1330,12 @@ pub struct __kernel_timespec {
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct __kernel_sock_timeval {
+    pub tv_sec: __s64,
+    pub tv_usec: __s64,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct timespec64 {
     pub tv_sec: time64_t,
     pub tv_nsec: ffi::c_long,
@@ -1549,16 +1573,26 @@ impl orc_entry {
     }
 }
 pub type atomic_long_t = atomic64_t;
+unsafe extern "C" {
+    pub fn kfree_const(x: *const ffi::c_void);
+}
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct cpumask {
     pub bits: [ffi::c_ulong; 1usize],
 }
 pub type cpumask_t = cpumask;
+pub type cpumask_var_t = [cpumask; 1usize];
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct nodemask_t {
     pub bits: [ffi::c_ulong; 1usize],
+}
+unsafe extern "C" {
+    pub fn alloc_node_data(nid: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn alloc_offline_node_data(nid: ffi::c_int);
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -2472,6 +2506,17 @@ pub struct sigaction {
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct k_sigaction {
     pub sa: sigaction,
+}
+unsafe extern "C" {
+    pub fn __alloc_bucket_spinlocks(
+        locks: *mut *mut spinlock_t,
+        lock_mask: *mut ffi::c_uint,
+        max_size: usize,
+        cpu_mult: ffi::c_uint,
+        gfp: gfp_t,
+        name: *const ffi::c_char,
+        key: *mut lock_class_key,
+    ) -> ffi::c_int;
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -4784,6 +4829,9 @@ pub struct rcu_gp_seq {
     pub norm: ffi::c_ulong,
     pub exp: ffi::c_ulong,
 }
+unsafe extern "C" {
+    pub fn kfree_call_rcu_nolock(head: *mut kvfree_rcu_head, ptr: *mut ffi::c_void);
+}
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct delayed_work {
@@ -4816,6 +4864,45 @@ impl Default for rcu_work {
             s.assume_init()
         }
     }
+}
+pub const wq_affn_scope_WQ_AFFN_DFL: wq_affn_scope = 0;
+pub const wq_affn_scope_WQ_AFFN_CPU: wq_affn_scope = 1;
+pub const wq_affn_scope_WQ_AFFN_SMT: wq_affn_scope = 2;
+pub const wq_affn_scope_WQ_AFFN_CACHE: wq_affn_scope = 3;
+pub const wq_affn_scope_WQ_AFFN_CACHE_SHARD: wq_affn_scope = 4;
+pub const wq_affn_scope_WQ_AFFN_NUMA: wq_affn_scope = 5;
+pub const wq_affn_scope_WQ_AFFN_SYSTEM: wq_affn_scope = 6;
+pub const wq_affn_scope_WQ_AFFN_NR_TYPES: wq_affn_scope = 7;
+pub type wq_affn_scope = ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct workqueue_attrs {
+    pub nice: ffi::c_int,
+    pub cpumask: cpumask_var_t,
+    pub __pod_cpumask: cpumask_var_t,
+    pub affn_strict: bool_,
+    pub affn_scope: wq_affn_scope,
+    pub ordered: bool_,
+}
+impl Default for workqueue_attrs {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn alloc_workqueue_noprof(
+        fmt: *const ffi::c_char,
+        flags: ffi::c_uint,
+        max_active: ffi::c_int,
+        ...
+    ) -> *mut workqueue_struct;
+}
+unsafe extern "C" {
+    pub fn alloc_workqueue_attrs_noprof() -> *mut workqueue_attrs;
 }
 #[repr(C)]
 #[repr(align(64))]
@@ -5095,6 +5182,27 @@ impl Default for in6_addr__bindgen_ty_1 {
     }
 }
 impl Default for in6_addr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct in6_flowlabel_req {
+    pub flr_dst: in6_addr,
+    pub flr_label: __be32,
+    pub flr_action: __u8,
+    pub flr_share: __u8,
+    pub flr_flags: __u16,
+    pub flr_expires: __u16,
+    pub flr_linger: __u16,
+    pub __flr_pad: __u32,
+}
+impl Default for in6_flowlabel_req {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -5537,6 +5645,135 @@ impl Default for completion {
         }
     }
 }
+pub const skb_drop_reason_SKB_NOT_DROPPED_YET: skb_drop_reason = 0;
+pub const skb_drop_reason_SKB_CONSUMED: skb_drop_reason = 1;
+pub const skb_drop_reason_SKB_DROP_REASON_NOT_SPECIFIED: skb_drop_reason = 2;
+pub const skb_drop_reason_SKB_DROP_REASON_NO_SOCKET: skb_drop_reason = 3;
+pub const skb_drop_reason_SKB_DROP_REASON_SOCKET_CLOSE: skb_drop_reason = 4;
+pub const skb_drop_reason_SKB_DROP_REASON_SOCKET_FILTER: skb_drop_reason = 5;
+pub const skb_drop_reason_SKB_DROP_REASON_SOCKET_RCVBUFF: skb_drop_reason = 6;
+pub const skb_drop_reason_SKB_DROP_REASON_UNIX_DISCONNECT: skb_drop_reason = 7;
+pub const skb_drop_reason_SKB_DROP_REASON_UNIX_SKIP_OOB: skb_drop_reason = 8;
+pub const skb_drop_reason_SKB_DROP_REASON_PKT_TOO_SMALL: skb_drop_reason = 9;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_CSUM: skb_drop_reason = 10;
+pub const skb_drop_reason_SKB_DROP_REASON_UDP_CSUM: skb_drop_reason = 11;
+pub const skb_drop_reason_SKB_DROP_REASON_NETFILTER_DROP: skb_drop_reason = 12;
+pub const skb_drop_reason_SKB_DROP_REASON_OTHERHOST: skb_drop_reason = 13;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_CSUM: skb_drop_reason = 14;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_INHDR: skb_drop_reason = 15;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_RPFILTER: skb_drop_reason = 16;
+pub const skb_drop_reason_SKB_DROP_REASON_UNICAST_IN_L2_MULTICAST: skb_drop_reason = 17;
+pub const skb_drop_reason_SKB_DROP_REASON_XFRM_POLICY: skb_drop_reason = 18;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_NOPROTO: skb_drop_reason = 19;
+pub const skb_drop_reason_SKB_DROP_REASON_PROTO_MEM: skb_drop_reason = 20;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_AUTH_HDR: skb_drop_reason = 21;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_MD5NOTFOUND: skb_drop_reason = 22;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_MD5UNEXPECTED: skb_drop_reason = 23;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_MD5FAILURE: skb_drop_reason = 24;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_AONOTFOUND: skb_drop_reason = 25;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_AOUNEXPECTED: skb_drop_reason = 26;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_AOKEYNOTFOUND: skb_drop_reason = 27;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_AOFAILURE: skb_drop_reason = 28;
+pub const skb_drop_reason_SKB_DROP_REASON_SOCKET_BACKLOG: skb_drop_reason = 29;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_FLAGS: skb_drop_reason = 30;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_ABORT_ON_DATA: skb_drop_reason = 31;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_ZEROWINDOW: skb_drop_reason = 32;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OLD_DATA: skb_drop_reason = 33;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OVERWINDOW: skb_drop_reason = 34;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OFOMERGE: skb_drop_reason = 35;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_RFC7323_PAWS: skb_drop_reason = 36;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_RFC7323_PAWS_ACK: skb_drop_reason = 37;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_RFC7323_TW_PAWS: skb_drop_reason = 38;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_RFC7323_TSECR: skb_drop_reason = 39;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_LISTEN_OVERFLOW: skb_drop_reason = 40;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OLD_SEQUENCE: skb_drop_reason = 41;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_INVALID_SEQUENCE: skb_drop_reason = 42;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_INVALID_END_SEQUENCE: skb_drop_reason = 43;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_INVALID_ACK_SEQUENCE: skb_drop_reason = 44;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_RESET: skb_drop_reason = 45;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_INVALID_SYN: skb_drop_reason = 46;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_CLOSE: skb_drop_reason = 47;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_FASTOPEN: skb_drop_reason = 48;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OLD_ACK: skb_drop_reason = 49;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_TOO_OLD_ACK: skb_drop_reason = 50;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_ACK_UNSENT_DATA: skb_drop_reason = 51;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OFO_QUEUE_PRUNE: skb_drop_reason = 52;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_OFO_DROP: skb_drop_reason = 53;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_OUTNOROUTES: skb_drop_reason = 54;
+pub const skb_drop_reason_SKB_DROP_REASON_BPF_CGROUP_EGRESS: skb_drop_reason = 55;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6DISABLED: skb_drop_reason = 56;
+pub const skb_drop_reason_SKB_DROP_REASON_NEIGH_CREATEFAIL: skb_drop_reason = 57;
+pub const skb_drop_reason_SKB_DROP_REASON_NEIGH_FAILED: skb_drop_reason = 58;
+pub const skb_drop_reason_SKB_DROP_REASON_NEIGH_QUEUEFULL: skb_drop_reason = 59;
+pub const skb_drop_reason_SKB_DROP_REASON_NEIGH_DEAD: skb_drop_reason = 60;
+pub const skb_drop_reason_SKB_DROP_REASON_NEIGH_HH_FILLFAIL: skb_drop_reason = 61;
+pub const skb_drop_reason_SKB_DROP_REASON_TC_EGRESS: skb_drop_reason = 62;
+pub const skb_drop_reason_SKB_DROP_REASON_SECURITY_HOOK: skb_drop_reason = 63;
+pub const skb_drop_reason_SKB_DROP_REASON_QDISC_DROP: skb_drop_reason = 64;
+pub const skb_drop_reason_SKB_DROP_REASON_QDISC_BURST_DROP: skb_drop_reason = 65;
+pub const skb_drop_reason_SKB_DROP_REASON_CPU_BACKLOG: skb_drop_reason = 66;
+pub const skb_drop_reason_SKB_DROP_REASON_MACVLAN_BROADCAST_BACKLOG: skb_drop_reason = 67;
+pub const skb_drop_reason_SKB_DROP_REASON_IPVLAN_MULTICAST_BACKLOG: skb_drop_reason = 68;
+pub const skb_drop_reason_SKB_DROP_REASON_XDP: skb_drop_reason = 69;
+pub const skb_drop_reason_SKB_DROP_REASON_TC_INGRESS: skb_drop_reason = 70;
+pub const skb_drop_reason_SKB_DROP_REASON_UNHANDLED_PROTO: skb_drop_reason = 71;
+pub const skb_drop_reason_SKB_DROP_REASON_SKB_CSUM: skb_drop_reason = 72;
+pub const skb_drop_reason_SKB_DROP_REASON_SKB_GSO_SEG: skb_drop_reason = 73;
+pub const skb_drop_reason_SKB_DROP_REASON_SKB_BAD_GSO: skb_drop_reason = 74;
+pub const skb_drop_reason_SKB_DROP_REASON_SKB_UCOPY_FAULT: skb_drop_reason = 75;
+pub const skb_drop_reason_SKB_DROP_REASON_DEV_HDR: skb_drop_reason = 76;
+pub const skb_drop_reason_SKB_DROP_REASON_DEV_READY: skb_drop_reason = 77;
+pub const skb_drop_reason_SKB_DROP_REASON_FULL_RING: skb_drop_reason = 78;
+pub const skb_drop_reason_SKB_DROP_REASON_NOMEM: skb_drop_reason = 79;
+pub const skb_drop_reason_SKB_DROP_REASON_HDR_TRUNC: skb_drop_reason = 80;
+pub const skb_drop_reason_SKB_DROP_REASON_TAP_FILTER: skb_drop_reason = 81;
+pub const skb_drop_reason_SKB_DROP_REASON_TAP_TXFILTER: skb_drop_reason = 82;
+pub const skb_drop_reason_SKB_DROP_REASON_ICMP_CSUM: skb_drop_reason = 83;
+pub const skb_drop_reason_SKB_DROP_REASON_INVALID_PROTO: skb_drop_reason = 84;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_INADDRERRORS: skb_drop_reason = 85;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_INNOROUTES: skb_drop_reason = 86;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_LOCAL_SOURCE: skb_drop_reason = 87;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_INVALID_SOURCE: skb_drop_reason = 88;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_LOCALNET: skb_drop_reason = 89;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_INVALID_DEST: skb_drop_reason = 90;
+pub const skb_drop_reason_SKB_DROP_REASON_PKT_TOO_BIG: skb_drop_reason = 91;
+pub const skb_drop_reason_SKB_DROP_REASON_DUP_FRAG: skb_drop_reason = 92;
+pub const skb_drop_reason_SKB_DROP_REASON_FRAG_REASM_TIMEOUT: skb_drop_reason = 93;
+pub const skb_drop_reason_SKB_DROP_REASON_FRAG_TOO_FAR: skb_drop_reason = 94;
+pub const skb_drop_reason_SKB_DROP_REASON_TCP_MINTTL: skb_drop_reason = 95;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_BAD_EXTHDR: skb_drop_reason = 96;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_TOO_MANY_EXTHDRS: skb_drop_reason = 97;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_NDISC_FRAG: skb_drop_reason = 98;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_NDISC_HOP_LIMIT: skb_drop_reason = 99;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_NDISC_BAD_CODE: skb_drop_reason = 100;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_NDISC_BAD_OPTIONS: skb_drop_reason = 101;
+pub const skb_drop_reason_SKB_DROP_REASON_IPV6_NDISC_NS_OTHERHOST: skb_drop_reason = 102;
+pub const skb_drop_reason_SKB_DROP_REASON_QUEUE_PURGE: skb_drop_reason = 103;
+pub const skb_drop_reason_SKB_DROP_REASON_TC_COOKIE_ERROR: skb_drop_reason = 104;
+pub const skb_drop_reason_SKB_DROP_REASON_PACKET_SOCK_ERROR: skb_drop_reason = 105;
+pub const skb_drop_reason_SKB_DROP_REASON_TC_CHAIN_NOTFOUND: skb_drop_reason = 106;
+pub const skb_drop_reason_SKB_DROP_REASON_TC_RECLASSIFY_LOOP: skb_drop_reason = 107;
+pub const skb_drop_reason_SKB_DROP_REASON_VXLAN_INVALID_HDR: skb_drop_reason = 108;
+pub const skb_drop_reason_SKB_DROP_REASON_VXLAN_VNI_NOT_FOUND: skb_drop_reason = 109;
+pub const skb_drop_reason_SKB_DROP_REASON_MAC_INVALID_SOURCE: skb_drop_reason = 110;
+pub const skb_drop_reason_SKB_DROP_REASON_VXLAN_ENTRY_EXISTS: skb_drop_reason = 111;
+pub const skb_drop_reason_SKB_DROP_REASON_NO_TX_TARGET: skb_drop_reason = 112;
+pub const skb_drop_reason_SKB_DROP_REASON_IP_TUNNEL_ECN: skb_drop_reason = 113;
+pub const skb_drop_reason_SKB_DROP_REASON_TUNNEL_TXINFO: skb_drop_reason = 114;
+pub const skb_drop_reason_SKB_DROP_REASON_LOCAL_MAC: skb_drop_reason = 115;
+pub const skb_drop_reason_SKB_DROP_REASON_ARP_PVLAN_DISABLE: skb_drop_reason = 116;
+pub const skb_drop_reason_SKB_DROP_REASON_MAC_IEEE_MAC_CONTROL: skb_drop_reason = 117;
+pub const skb_drop_reason_SKB_DROP_REASON_BRIDGE_INGRESS_STP_STATE: skb_drop_reason = 118;
+pub const skb_drop_reason_SKB_DROP_REASON_CAN_RX_INVALID_FRAME: skb_drop_reason = 119;
+pub const skb_drop_reason_SKB_DROP_REASON_CANFD_RX_INVALID_FRAME: skb_drop_reason = 120;
+pub const skb_drop_reason_SKB_DROP_REASON_CANXL_RX_INVALID_FRAME: skb_drop_reason = 121;
+pub const skb_drop_reason_SKB_DROP_REASON_PFMEMALLOC: skb_drop_reason = 122;
+pub const skb_drop_reason_SKB_DROP_REASON_PSP_INPUT: skb_drop_reason = 123;
+pub const skb_drop_reason_SKB_DROP_REASON_PSP_OUTPUT: skb_drop_reason = 124;
+pub const skb_drop_reason_SKB_DROP_REASON_RECURSION_LIMIT: skb_drop_reason = 125;
+pub const skb_drop_reason_SKB_DROP_REASON_MAX: skb_drop_reason = 126;
+pub const skb_drop_reason_SKB_DROP_REASON_SUBSYS_MASK: skb_drop_reason = 4294901760;
+pub type skb_drop_reason = ffi::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -5659,6 +5896,50 @@ impl Default for inet_frags {
             s.assume_init()
         }
     }
+}
+unsafe extern "C" {
+    pub fn inet_frags_init(arg1: *mut inet_frags) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn inet_frags_fini(arg1: *mut inet_frags);
+}
+unsafe extern "C" {
+    pub fn inet_frag_kill(q: *mut inet_frag_queue, refs: *mut ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn inet_frag_destroy(q: *mut inet_frag_queue);
+}
+unsafe extern "C" {
+    pub fn inet_frag_find(fqdir: *mut fqdir, key: *mut ffi::c_void) -> *mut inet_frag_queue;
+}
+unsafe extern "C" {
+    pub fn inet_frag_queue_flush(q: *mut inet_frag_queue, reason: skb_drop_reason);
+}
+unsafe extern "C" {
+    pub fn inet_frag_queue_insert(
+        q: *mut inet_frag_queue,
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        end: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn inet_frag_reasm_prepare(
+        q: *mut inet_frag_queue,
+        skb: *mut sk_buff,
+        parent: *mut sk_buff,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn inet_frag_reasm_finish(
+        q: *mut inet_frag_queue,
+        head: *mut sk_buff,
+        reasm_data: *mut ffi::c_void,
+        try_coalesce: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn inet_frag_pull_head(q: *mut inet_frag_queue) -> *mut sk_buff;
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -7583,6 +7864,50 @@ impl Default for iov_iter {
     }
 }
 pub type __kernel_sa_family_t = ffi::c_ushort;
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct __kernel_sockaddr_storage {
+    pub __bindgen_anon_1: __kernel_sockaddr_storage__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union __kernel_sockaddr_storage__bindgen_ty_1 {
+    pub __bindgen_anon_1: __kernel_sockaddr_storage__bindgen_ty_1__bindgen_ty_1,
+    pub __align: *mut ffi::c_void,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct __kernel_sockaddr_storage__bindgen_ty_1__bindgen_ty_1 {
+    pub ss_family: __kernel_sa_family_t,
+    pub __data: [ffi::c_char; 126usize],
+}
+impl Default for __kernel_sockaddr_storage__bindgen_ty_1__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for __kernel_sockaddr_storage__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for __kernel_sockaddr_storage {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 pub type sa_family_t = __kernel_sa_family_t;
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -7726,9 +8051,107 @@ impl msghdr {
     }
 }
 #[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct cmsghdr {
+    pub cmsg_len: __kernel_size_t,
+    pub cmsg_level: ffi::c_int,
+    pub cmsg_type: ffi::c_int,
+}
+impl Default for cmsghdr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct in_addr {
     pub s_addr: __be32,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct group_source_req {
+    pub gsr_interface: __u32,
+    pub gsr_group: __kernel_sockaddr_storage,
+    pub gsr_source: __kernel_sockaddr_storage,
+}
+impl Default for group_source_req {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct group_filter {
+    pub __bindgen_anon_1: group_filter__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct group_filter__bindgen_ty_1 {
+    pub __bindgen_anon_1: __BindgenUnionField<group_filter__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_2: __BindgenUnionField<group_filter__bindgen_ty_1__bindgen_ty_2>,
+    pub bindgen_union_field: __BindgenOpaqueArray8<[u8; 272usize]>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct group_filter__bindgen_ty_1__bindgen_ty_1 {
+    pub gf_interface_aux: __u32,
+    pub gf_group_aux: __kernel_sockaddr_storage,
+    pub gf_fmode_aux: __u32,
+    pub gf_numsrc_aux: __u32,
+    pub gf_slist: [__kernel_sockaddr_storage; 1usize],
+}
+impl Default for group_filter__bindgen_ty_1__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct group_filter__bindgen_ty_1__bindgen_ty_2 {
+    pub gf_interface: __u32,
+    pub gf_group: __kernel_sockaddr_storage,
+    pub gf_fmode: __u32,
+    pub gf_numsrc: __u32,
+    pub gf_slist_flex: __IncompleteArrayField<__kernel_sockaddr_storage>,
+}
+impl Default for group_filter__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for group_filter__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for group_filter {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
 }
 #[repr(C)]
 #[derive(Debug, MaybeZeroable)]
@@ -7747,6 +8170,20 @@ pub struct netns_nf {
     pub defrag_ipv6_users: ffi::c_uint,
 }
 impl Default for netns_nf {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct hlist_nulls_head {
+    pub first: *mut hlist_nulls_node,
+}
+impl Default for hlist_nulls_head {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -7935,6 +8372,49 @@ pub struct device_node {
 #[derive(Debug, MaybeZeroable)]
 pub struct irq_domain {
     _unused: [u8; 0],
+}
+unsafe extern "C" {
+    pub fn alloc_pages_bulk_noprof(
+        gfp: gfp_t,
+        preferred_nid: ffi::c_int,
+        nodemask: *mut nodemask_t,
+        nr_pages: ffi::c_int,
+        page_array: *mut *mut page,
+    ) -> ffi::c_ulong;
+}
+unsafe extern "C" {
+    pub fn alloc_pages_bulk_mempolicy_noprof(
+        gfp: gfp_t,
+        nr_pages: ffi::c_ulong,
+        page_array: *mut *mut page,
+    ) -> ffi::c_ulong;
+}
+unsafe extern "C" {
+    pub fn alloc_pages_node_noprof(
+        nid: ffi::c_int,
+        gfp_mask: gfp_t,
+        order: ffi::c_uint,
+    ) -> *mut page;
+}
+unsafe extern "C" {
+    pub fn alloc_pages_noprof(gfp: gfp_t, order: ffi::c_uint) -> *mut page;
+}
+unsafe extern "C" {
+    pub fn alloc_pages_nolock_noprof(
+        gfp_flags: gfp_t,
+        nid: ffi::c_int,
+        order: ffi::c_uint,
+    ) -> *mut page;
+}
+unsafe extern "C" {
+    pub fn alloc_pages_exact_noprof(size: usize, gfp_mask: gfp_t) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn alloc_pages_exact_nid_noprof(
+        nid: ffi::c_int,
+        size: usize,
+        gfp_mask: gfp_t,
+    ) -> *mut ffi::c_void;
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -8554,6 +9034,9 @@ impl Default for user_struct {
         }
     }
 }
+unsafe extern "C" {
+    pub fn alloc_uid(arg1: kuid_t) -> *mut user_struct;
+}
 #[repr(C)]
 #[derive(Default, MaybeZeroable)]
 pub struct group_info {
@@ -8673,6 +9156,9 @@ impl Default for pid {
             s.assume_init()
         }
     }
+}
+unsafe extern "C" {
+    pub fn alloc_pid(ns: *mut pid_namespace, set_tid: *mut pid_t, set_tid_size: usize) -> *mut pid;
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -9881,10 +10367,14 @@ impl Default for percpu_ref {
 pub struct kmem_cache {
     _unused: [u8; 0],
 }
-#[repr(C)]
-#[derive(Debug, MaybeZeroable)]
-pub struct vm_struct {
-    _unused: [u8; 0],
+unsafe extern "C" {
+    pub fn kfree_nolock(objp: *const ffi::c_void);
+}
+unsafe extern "C" {
+    pub fn kfree_sensitive(objp: *const ffi::c_void);
+}
+unsafe extern "C" {
+    pub fn kfree_rcu_scheduler_running();
 }
 pub const rw_hint_WRITE_LIFE_NOT_SET: rw_hint = 0;
 pub const rw_hint_WRITE_LIFE_NONE: rw_hint = 1;
@@ -10624,6 +11114,23 @@ impl Default for inode_operations {
         }
     }
 }
+unsafe extern "C" {
+    pub fn alloc_chrdev_region(
+        arg1: *mut dev_t,
+        arg2: ffi::c_uint,
+        arg3: ffi::c_uint,
+        arg4: *const ffi::c_char,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn alloc_inode(sb: *mut super_block) -> *mut inode;
+}
+unsafe extern "C" {
+    pub fn kfree_link(arg1: *mut ffi::c_void);
+}
+unsafe extern "C" {
+    pub fn alloc_anon_inode(arg1: *mut super_block) -> *mut inode;
+}
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct offset_ctx {
@@ -10638,6 +11145,35 @@ impl Default for offset_ctx {
             s.assume_init()
         }
     }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct resource {
+    pub start: resource_size_t,
+    pub end: resource_size_t,
+    pub name: *const ffi::c_char,
+    pub flags: ffi::c_ulong,
+    pub desc: ffi::c_ulong,
+    pub parent: *mut resource,
+    pub sibling: *mut resource,
+    pub child: *mut resource,
+}
+impl Default for resource {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn alloc_free_mem_region(
+        base: *mut resource,
+        size: ffi::c_ulong,
+        align: ffi::c_ulong,
+        name: *const ffi::c_char,
+    ) -> *mut resource;
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -11593,6 +12129,15 @@ impl Default for kset {
         }
     }
 }
+impl dma_data_direction {
+    pub const DMA_BIDIRECTIONAL: dma_data_direction = dma_data_direction(0);
+    pub const DMA_TO_DEVICE: dma_data_direction = dma_data_direction(1);
+    pub const DMA_FROM_DEVICE: dma_data_direction = dma_data_direction(2);
+    pub const DMA_NONE: dma_data_direction = dma_data_direction(3);
+}
+#[repr(transparent)]
+#[derive(Copy, Clone, Hash, PartialEq, Eq)]
+pub struct dma_data_direction(pub ffi::c_uint);
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct bio_vec {
@@ -11608,6 +12153,71 @@ impl Default for bio_vec {
             s.assume_init()
         }
     }
+}
+unsafe extern "C" {
+    pub fn ip_compute_csum(buff: *const ffi::c_void, len: ffi::c_int) -> __sum16;
+}
+unsafe extern "C" {
+    pub fn inet_proto_csum_replace4(
+        sum: *mut __sum16,
+        skb: *mut sk_buff,
+        from: __be32,
+        to: __be32,
+        pseudohdr: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn inet_proto_csum_replace16(
+        sum: *mut __sum16,
+        skb: *mut sk_buff,
+        from: *const __be32,
+        to: *const __be32,
+        pseudohdr: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn inet_proto_csum_replace_by_diff(
+        sum: *mut __sum16,
+        skb: *mut sk_buff,
+        diff: __wsum,
+        pseudohdr: bool_,
+        ipv6: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn dev_vprintk_emit(
+        level: ffi::c_int,
+        dev: *const device,
+        fmt: *const ffi::c_char,
+        args: *mut __va_list_tag,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_printk_emit(
+        level: ffi::c_int,
+        dev: *const device,
+        fmt: *const ffi::c_char,
+        ...
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_err_probe(
+        dev: *const device,
+        err: ffi::c_int,
+        fmt: *const ffi::c_char,
+        ...
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_warn_probe(
+        dev: *const device,
+        err: ffi::c_int,
+        fmt: *const ffi::c_char,
+        ...
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn alloc_sched_domains(ndoms: ffi::c_uint) -> *mut cpumask_var_t;
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -12983,6 +13593,12 @@ impl dev_pm_info {
         __bindgen_bitfield_unit
     }
 }
+unsafe extern "C" {
+    pub fn dev_pm_get_subsys_data(dev: *mut device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_pm_put_subsys_data(dev: *mut device);
+}
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct dev_pm_domain {
@@ -12995,6 +13611,12 @@ pub struct dev_pm_domain {
     pub set_performance_state: ::core::option::Option<
         unsafe extern "C" fn(dev: *mut device, state: ffi::c_uint) -> ffi::c_int,
     >,
+}
+unsafe extern "C" {
+    pub fn dev_pm_skip_resume(dev: *mut device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn dev_pm_skip_suspend(dev: *mut device) -> bool_;
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -13062,6 +13684,35 @@ pub struct class {
     pub pm: *const dev_pm_ops,
 }
 impl Default for class {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct class_attribute {
+    pub attr: attribute,
+    pub show: ::core::option::Option<
+        unsafe extern "C" fn(
+            class: *const class,
+            attr: *const class_attribute,
+            buf: *mut ffi::c_char,
+        ) -> isize,
+    >,
+    pub store: ::core::option::Option<
+        unsafe extern "C" fn(
+            class: *const class,
+            attr: *const class_attribute,
+            buf: *const ffi::c_char,
+            count: usize,
+        ) -> isize,
+    >,
+}
+impl Default for class_attribute {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -13243,6 +13894,36 @@ impl Default for ifreq__bindgen_ty_2 {
     }
 }
 impl Default for ifreq {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ifconf {
+    pub ifc_len: ffi::c_int,
+    pub ifc_ifcu: ifconf__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union ifconf__bindgen_ty_1 {
+    pub ifcu_buf: *mut ffi::c_char,
+    pub ifcu_req: *mut ifreq,
+}
+impl Default for ifconf__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ifconf {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -13946,6 +14627,12 @@ impl wakeup_source {
         __bindgen_bitfield_unit
     }
 }
+unsafe extern "C" {
+    pub fn dev_set_name(dev: *mut device, name: *const ffi::c_char, ...) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_driver_string(dev: *const device) -> *const ffi::c_char;
+}
 pub const dev_dma_attr_DEV_DMA_NOT_SUPPORTED: dev_dma_attr = 0;
 pub const dev_dma_attr_DEV_DMA_NON_COHERENT: dev_dma_attr = 1;
 pub const dev_dma_attr_DEV_DMA_COHERENT: dev_dma_attr = 2;
@@ -14111,6 +14798,38 @@ pub struct scatterlist {
     pub dma_length: ffi::c_uint,
     pub dma_flags: ffi::c_uint,
 }
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct sg_table {
+    pub sgl: *mut scatterlist,
+    pub nents: ffi::c_uint,
+    pub orig_nents: ffi::c_uint,
+}
+impl Default for sg_table {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct sg_append_table {
+    pub sgt: sg_table,
+    pub prv: *mut scatterlist,
+    pub total_nents: ffi::c_uint,
+}
+impl Default for sg_append_table {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 pub type netdev_features_t = u64_;
 pub const NETIF_F_SG_BIT: _bindgen_ty_117 = 0;
 pub const NETIF_F_IP_CSUM_BIT: _bindgen_ty_117 = 1;
@@ -14189,6 +14908,112 @@ pub struct ethhdr {
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct flow_dissector_key_control {
+    pub thoff: u16_,
+    pub addr_type: u16_,
+    pub flags: u32_,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct flow_dissector_key_basic {
+    pub n_proto: __be16,
+    pub ip_proto: u8_,
+    pub padding: u8_,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct flow_dissector_key_icmp {
+    pub __bindgen_anon_1: flow_dissector_key_icmp__bindgen_ty_1,
+    pub id: u16_,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct flow_dissector_key_icmp__bindgen_ty_1 {
+    pub type_: u8_,
+    pub code: u8_,
+}
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_CONTROL: flow_dissector_key_id = 0;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_BASIC: flow_dissector_key_id = 1;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_IPV4_ADDRS: flow_dissector_key_id = 2;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_IPV6_ADDRS: flow_dissector_key_id = 3;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_PORTS: flow_dissector_key_id = 4;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_PORTS_RANGE: flow_dissector_key_id = 5;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ICMP: flow_dissector_key_id = 6;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ETH_ADDRS: flow_dissector_key_id = 7;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_TIPC: flow_dissector_key_id = 8;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ARP: flow_dissector_key_id = 9;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_VLAN: flow_dissector_key_id = 10;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_FLOW_LABEL: flow_dissector_key_id = 11;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_GRE_KEYID: flow_dissector_key_id = 12;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_MPLS_ENTROPY: flow_dissector_key_id = 13;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_KEYID: flow_dissector_key_id = 14;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_IPV4_ADDRS: flow_dissector_key_id = 15;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_IPV6_ADDRS: flow_dissector_key_id = 16;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_CONTROL: flow_dissector_key_id = 17;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_PORTS: flow_dissector_key_id = 18;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_MPLS: flow_dissector_key_id = 19;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_TCP: flow_dissector_key_id = 20;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_IP: flow_dissector_key_id = 21;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_CVLAN: flow_dissector_key_id = 22;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_IP: flow_dissector_key_id = 23;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_ENC_OPTS: flow_dissector_key_id = 24;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_META: flow_dissector_key_id = 25;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_CT: flow_dissector_key_id = 26;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_HASH: flow_dissector_key_id = 27;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_NUM_OF_VLANS: flow_dissector_key_id = 28;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_PPPOE: flow_dissector_key_id = 29;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_L2TPV3: flow_dissector_key_id = 30;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_CFM: flow_dissector_key_id = 31;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_IPSEC: flow_dissector_key_id = 32;
+pub const flow_dissector_key_id_FLOW_DISSECTOR_KEY_MAX: flow_dissector_key_id = 33;
+pub type flow_dissector_key_id = ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct flow_dissector_key {
+    pub key_id: flow_dissector_key_id,
+    pub offset: usize,
+}
+impl Default for flow_dissector_key {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct flow_dissector {
+    pub used_keys: ffi::c_ulonglong,
+    pub offset: [ffi::c_ushort; 33usize],
+}
+impl Default for flow_dissector {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct flow_keys_basic {
+    pub control: flow_dissector_key_control,
+    pub basic: flow_dissector_key_basic,
+}
+unsafe extern "C" {
+    pub fn skb_flow_get_icmp_tci(
+        skb: *const sk_buff,
+        key_icmp: *mut flow_dissector_key_icmp,
+        data: *const ffi::c_void,
+        thoff: ffi::c_int,
+        hlen: ffi::c_int,
+    );
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct ip_conntrack_stat {
     pub found: ffi::c_uint,
     pub invalid: ffi::c_uint,
@@ -14203,6 +15028,40 @@ pub struct ip_conntrack_stat {
     pub expect_delete: ffi::c_uint,
     pub search_restart: ffi::c_uint,
     pub chaintoolong: ffi::c_uint,
+}
+unsafe extern "C" {
+    pub fn netdev_printk(
+        level: *const ffi::c_char,
+        dev: *const net_device,
+        format: *const ffi::c_char,
+        ...
+    );
+}
+unsafe extern "C" {
+    pub fn netdev_emerg(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+unsafe extern "C" {
+    pub fn netdev_alert(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+unsafe extern "C" {
+    pub fn netdev_crit(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+unsafe extern "C" {
+    pub fn netdev_err(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+unsafe extern "C" {
+    pub fn netdev_warn(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+unsafe extern "C" {
+    pub fn netdev_notice(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+unsafe extern "C" {
+    pub fn netdev_info(dev: *const net_device, format: *const ffi::c_char, ...);
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct ts_config {
+    _unused: [u8; 0],
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -16943,6 +17802,650 @@ impl sk_buff {
         __bindgen_bitfield_unit
     }
 }
+unsafe extern "C" {
+    pub fn skb_release_head_state(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn kfree_skb_list_reason(segs: *mut sk_buff, reason: skb_drop_reason);
+}
+unsafe extern "C" {
+    pub fn skb_dump(level: *const ffi::c_char, skb: *const sk_buff, full_pkt: bool_);
+}
+unsafe extern "C" {
+    pub fn skb_tx_error(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn consume_skb(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __consume_stateless_skb(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __kfree_skb(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn kfree_skb_partial(skb: *mut sk_buff, head_stolen: bool_);
+}
+unsafe extern "C" {
+    pub fn skb_try_coalesce(
+        to: *mut sk_buff,
+        from: *mut sk_buff,
+        fragstolen: *mut bool_,
+        delta_truesize: *mut ffi::c_int,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn __alloc_skb(
+        size: ffi::c_uint,
+        priority: gfp_t,
+        flags: ffi::c_int,
+        node: ffi::c_int,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_attempt_defer_free(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn alloc_skb_with_frags(
+        header_len: ffi::c_ulong,
+        data_len: ffi::c_ulong,
+        max_page_order: ffi::c_int,
+        errcode: *mut ffi::c_int,
+        gfp_mask: gfp_t,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn alloc_skb_for_msg(first: *mut sk_buff) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_morph(dst: *mut sk_buff, src: *mut sk_buff) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_headers_offset_update(skb: *mut sk_buff, off: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn skb_copy_ubufs(skb: *mut sk_buff, gfp_mask: gfp_t) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_clone(skb: *mut sk_buff, priority: gfp_t) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_copy_header(new: *mut sk_buff, old: *const sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_copy(skb: *const sk_buff, priority: gfp_t) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_realloc_headroom(skb: *mut sk_buff, headroom: ffi::c_uint) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_expand_head(skb: *mut sk_buff, headroom: ffi::c_uint) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_copy_expand(
+        skb: *const sk_buff,
+        newheadroom: ffi::c_int,
+        newtailroom: ffi::c_int,
+        priority: gfp_t,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    #[must_use]
+    pub fn skb_to_sgvec_nomark(
+        skb: *mut sk_buff,
+        sg: *mut scatterlist,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    #[must_use]
+    pub fn skb_to_sgvec(
+        skb: *mut sk_buff,
+        sg: *mut scatterlist,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_cow_data(
+        skb: *mut sk_buff,
+        tailbits: ffi::c_int,
+        trailer: *mut *mut sk_buff,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __skb_pad(skb: *mut sk_buff, pad: ffi::c_int, free_on_error: bool_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_append_pagefrags(
+        skb: *mut sk_buff,
+        page: *mut page,
+        offset: ffi::c_int,
+        size: usize,
+        max_frags: usize,
+    ) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct skb_seq_state {
+    pub lower_offset: __u32,
+    pub upper_offset: __u32,
+    pub frag_idx: __u32,
+    pub stepped_offset: __u32,
+    pub root_skb: *mut sk_buff,
+    pub cur_skb: *mut sk_buff,
+    pub frag_data: *mut __u8,
+    pub frag_off: __u32,
+}
+impl Default for skb_seq_state {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn skb_prepare_seq_read(
+        skb: *mut sk_buff,
+        from: ffi::c_uint,
+        to: ffi::c_uint,
+        st: *mut skb_seq_state,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_seq_read(
+        consumed: ffi::c_uint,
+        data: *mut *const u8_,
+        st: *mut skb_seq_state,
+    ) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn skb_abort_seq_read(st: *mut skb_seq_state);
+}
+unsafe extern "C" {
+    pub fn skb_copy_seq_read(
+        st: *mut skb_seq_state,
+        offset: ffi::c_int,
+        to: *mut ffi::c_void,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_find_text(
+        skb: *mut sk_buff,
+        from: ffi::c_uint,
+        to: ffi::c_uint,
+        config: *mut ts_config,
+    ) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn __skb_get_hash_symmetric_net(net: *const net, skb: *const sk_buff) -> u32_;
+}
+unsafe extern "C" {
+    pub fn __skb_get_hash_net(net: *const net, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_get_poff(skb: *const sk_buff) -> u32_;
+}
+unsafe extern "C" {
+    pub fn __skb_get_poff(
+        skb: *const sk_buff,
+        data: *const ffi::c_void,
+        keys: *const flow_keys_basic,
+        hlen: ffi::c_int,
+    ) -> u32_;
+}
+unsafe extern "C" {
+    pub fn skb_flow_get_ports(
+        skb: *const sk_buff,
+        thoff: ffi::c_int,
+        ip_proto: u8_,
+        data: *const ffi::c_void,
+        hlen_proto: ffi::c_int,
+    ) -> __be32;
+}
+unsafe extern "C" {
+    pub fn skb_flow_dissector_init(
+        flow_dissector: *mut flow_dissector,
+        key: *const flow_dissector_key,
+        key_count: ffi::c_uint,
+    );
+}
+unsafe extern "C" {
+    pub fn __skb_flow_dissect(
+        net: *const net,
+        skb: *const sk_buff,
+        flow_dissector: *mut flow_dissector,
+        target_container: *mut ffi::c_void,
+        data: *const ffi::c_void,
+        proto: __be16,
+        nhoff: ffi::c_int,
+        hlen: ffi::c_int,
+        flags: ffi::c_uint,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn skb_flow_dissect_meta(
+        skb: *const sk_buff,
+        flow_dissector: *mut flow_dissector,
+        target_container: *mut ffi::c_void,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_flow_dissect_ct(
+        skb: *const sk_buff,
+        flow_dissector: *mut flow_dissector,
+        target_container: *mut ffi::c_void,
+        ctinfo_map: *mut u16_,
+        mapsize: usize,
+        post_ct: bool_,
+        zone: u16_,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_flow_dissect_tunnel_info(
+        skb: *const sk_buff,
+        flow_dissector: *mut flow_dissector,
+        target_container: *mut ffi::c_void,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_flow_dissect_hash(
+        skb: *const sk_buff,
+        flow_dissector: *mut flow_dissector,
+        target_container: *mut ffi::c_void,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_get_hash_perturb(skb: *const sk_buff, perturb: *const siphash_key_t) -> __u32;
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct net_devmem_dmabuf_binding {
+    _unused: [u8; 0],
+}
+unsafe extern "C" {
+    pub fn skb_zerocopy_iter_stream(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        msg: *mut msghdr,
+        len: ffi::c_int,
+        uarg: *mut ubuf_info,
+        binding: *mut net_devmem_dmabuf_binding,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __skb_zcopy_downgrade_managed(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __skb_unclone_keeptruesize(skb: *mut sk_buff, pri: gfp_t) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_append(old: *mut sk_buff, newsk: *mut sk_buff, list: *mut sk_buff_head);
+}
+unsafe extern "C" {
+    pub fn skb_queue_head(list: *mut sk_buff_head, newsk: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_queue_tail(list: *mut sk_buff_head, newsk: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_unlink(skb: *mut sk_buff, list: *mut sk_buff_head);
+}
+unsafe extern "C" {
+    pub fn skb_dequeue(list: *mut sk_buff_head) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_dequeue_tail(list: *mut sk_buff_head) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_coalesce_rx_frag(
+        skb: *mut sk_buff,
+        i: ffi::c_int,
+        size: ffi::c_int,
+        truesize: ffi::c_uint,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_put(skb: *mut sk_buff, len: ffi::c_uint) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn skb_push(skb: *mut sk_buff, len: ffi::c_uint) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn skb_pull(skb: *mut sk_buff, len: ffi::c_uint) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn skb_pull_data(skb: *mut sk_buff, len: usize) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn skb_condense(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_trim(skb: *mut sk_buff, len: ffi::c_uint);
+}
+unsafe extern "C" {
+    pub fn skb_queue_purge_reason(list: *mut sk_buff_head, reason: skb_drop_reason);
+}
+unsafe extern "C" {
+    pub fn skb_rbtree_purge(root: *mut rb_root) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn skb_errqueue_purge(list: *mut sk_buff_head);
+}
+unsafe extern "C" {
+    pub fn __netdev_alloc_frag_align(
+        fragsz: ffi::c_uint,
+        align_mask: ffi::c_uint,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn __netdev_alloc_skb(
+        dev: *mut net_device,
+        length: ffi::c_uint,
+        gfp_mask: gfp_t,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_pp_cow_data(
+        pool: *mut page_pool,
+        pskb: *mut *mut sk_buff,
+        headroom: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_cow_data_for_xdp(
+        pool: *mut page_pool,
+        pskb: *mut *mut sk_buff,
+        prog: *const bpf_prog,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_page_frag_refill(sz: ffi::c_uint, pfrag: *mut page_frag, prio: gfp_t) -> bool_;
+}
+unsafe extern "C" {
+    pub fn skb_pull_rcsum(skb: *mut sk_buff, len: ffi::c_uint) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn __skb_wait_for_more_packets(
+        sk: *mut sock,
+        queue: *mut sk_buff_head,
+        err: *mut ffi::c_int,
+        timeo_p: *mut ffi::c_long,
+        skb: *const sk_buff,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __skb_try_recv_from_queue(
+        queue: *mut sk_buff_head,
+        flags: ffi::c_uint,
+        off: *mut ffi::c_int,
+        err: *mut ffi::c_int,
+        last: *mut *mut sk_buff,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn __skb_try_recv_datagram(
+        sk: *mut sock,
+        queue: *mut sk_buff_head,
+        flags: ffi::c_uint,
+        off: *mut ffi::c_int,
+        err: *mut ffi::c_int,
+        last: *mut *mut sk_buff,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn __skb_recv_datagram(
+        sk: *mut sock,
+        sk_queue: *mut sk_buff_head,
+        flags: ffi::c_uint,
+        off: *mut ffi::c_int,
+        err: *mut ffi::c_int,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_recv_datagram(
+        sk: *mut sock,
+        flags: ffi::c_uint,
+        err: *mut ffi::c_int,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_copy_datagram_iter(
+        from: *const sk_buff,
+        offset: ffi::c_int,
+        to: *mut iov_iter,
+        size: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_and_csum_datagram_msg(
+        skb: *mut sk_buff,
+        hlen: ffi::c_int,
+        msg: *mut msghdr,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_and_crc32c_datagram_iter(
+        skb: *const sk_buff,
+        offset: ffi::c_int,
+        to: *mut iov_iter,
+        len: ffi::c_int,
+        crcp: *mut u32_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_datagram_from_iter(
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        from: *mut iov_iter,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_datagram_from_iter_full(
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        from: *mut iov_iter,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_free_datagram(sk: *mut sock, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_kill_datagram(sk: *mut sock, skb: *mut sk_buff, flags: ffi::c_uint) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_bits(
+        skb: *const sk_buff,
+        offset: ffi::c_int,
+        to: *mut ffi::c_void,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_store_bits(
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        from: *const ffi::c_void,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_and_csum_bits(
+        skb: *const sk_buff,
+        offset: ffi::c_int,
+        to: *mut u8_,
+        len: ffi::c_int,
+    ) -> __wsum;
+}
+unsafe extern "C" {
+    pub fn skb_splice_bits(
+        skb: *mut sk_buff,
+        sk: *mut sock,
+        offset: ffi::c_uint,
+        pipe: *mut pipe_inode_info,
+        len: ffi::c_uint,
+        flags: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_send_sock_locked(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_send_sock_locked_with_flags(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+        flags: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_send_sock(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_copy_and_csum_dev(skb: *const sk_buff, to: *mut u8_);
+}
+unsafe extern "C" {
+    pub fn skb_zerocopy_headlen(from: *const sk_buff) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn skb_zerocopy(
+        to: *mut sk_buff,
+        from: *mut sk_buff,
+        len: ffi::c_int,
+        hlen: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_split(skb: *mut sk_buff, skb1: *mut sk_buff, len: u32_);
+}
+unsafe extern "C" {
+    pub fn skb_shift(tgt: *mut sk_buff, skb: *mut sk_buff, shiftlen: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_scrub_packet(skb: *mut sk_buff, xnet: bool_);
+}
+unsafe extern "C" {
+    pub fn skb_segment(skb: *mut sk_buff, features: netdev_features_t) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_segment_list(
+        skb: *mut sk_buff,
+        features: netdev_features_t,
+        offset: ffi::c_uint,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_vlan_untag(skb: *mut sk_buff) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_ensure_writable(skb: *mut sk_buff, write_len: ffi::c_uint) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_ensure_writable_head_tail(skb: *mut sk_buff, dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __skb_vlan_pop(skb: *mut sk_buff, vlan_tci: *mut u16_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_vlan_pop(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_vlan_push(skb: *mut sk_buff, vlan_proto: __be16, vlan_tci: u16_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_eth_pop(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_eth_push(
+        skb: *mut sk_buff,
+        dst: *const ffi::c_uchar,
+        src: *const ffi::c_uchar,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_mpls_push(
+        skb: *mut sk_buff,
+        mpls_lse: __be32,
+        mpls_proto: __be16,
+        mac_len: ffi::c_int,
+        ethernet: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_mpls_pop(
+        skb: *mut sk_buff,
+        next_proto: __be16,
+        mac_len: ffi::c_int,
+        ethernet: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_mpls_update_lse(skb: *mut sk_buff, mpls_lse: __be32) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_mpls_dec_ttl(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_checksum(
+        skb: *const sk_buff,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+        csum: __wsum,
+    ) -> __wsum;
+}
+unsafe extern "C" {
+    pub fn skb_crc32c(skb: *const sk_buff, offset: ffi::c_int, len: ffi::c_int, crc: u32_) -> u32_;
+}
+unsafe extern "C" {
+    pub fn skb_init();
+}
+unsafe extern "C" {
+    pub fn skb_clone_sk(skb: *mut sk_buff) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_complete_tx_timestamp(skb: *mut sk_buff, hwtstamps: *mut skb_shared_hwtstamps);
+}
+unsafe extern "C" {
+    pub fn __skb_tstamp_tx(
+        orig_skb: *mut sk_buff,
+        ack_skb: *const sk_buff,
+        hwtstamps: *mut skb_shared_hwtstamps,
+        sk: *mut sock,
+        tstype: ffi::c_int,
+    );
+}
+unsafe extern "C" {
+    pub fn skb_tstamp_tx(orig_skb: *mut sk_buff, hwtstamps: *mut skb_shared_hwtstamps);
+}
+unsafe extern "C" {
+    pub fn skb_complete_wifi_ack(skb: *mut sk_buff, acked: bool_);
+}
+unsafe extern "C" {
+    pub fn __skb_checksum_complete_head(skb: *mut sk_buff, len: ffi::c_int) -> __sum16;
+}
+unsafe extern "C" {
+    pub fn __skb_checksum_complete(skb: *mut sk_buff) -> __sum16;
+}
+pub const skb_ext_id_SKB_EXT_SEC_PATH: skb_ext_id = 0;
+pub const skb_ext_id_SKB_EXT_NUM: skb_ext_id = 1;
+pub type skb_ext_id = ffi::c_uint;
 #[repr(C)]
 #[repr(align(8))]
 #[derive(Default, MaybeZeroable)]
@@ -16953,15 +18456,47 @@ pub struct skb_ext {
     pub __bindgen_padding_0: [u8; 2usize],
     pub data: __IncompleteArrayField<ffi::c_char>,
 }
-#[repr(C)]
-#[derive(Debug, MaybeZeroable)]
-pub struct net_generic {
-    _unused: [u8; 0],
+unsafe extern "C" {
+    pub fn __skb_ext_alloc(flags: gfp_t) -> *mut skb_ext;
+}
+unsafe extern "C" {
+    pub fn __skb_ext_set(skb: *mut sk_buff, id: skb_ext_id, ext: *mut skb_ext) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn skb_ext_add(skb: *mut sk_buff, id: skb_ext_id) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn __skb_ext_del(skb: *mut sk_buff, id: skb_ext_id);
+}
+unsafe extern "C" {
+    pub fn __skb_ext_put(ext: *mut skb_ext);
+}
+unsafe extern "C" {
+    pub fn __skb_warn_lro_forwarding(skb: *const sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_partial_csum_set(skb: *mut sk_buff, start: u16_, off: u16_) -> bool_;
+}
+unsafe extern "C" {
+    pub fn skb_checksum_setup(skb: *mut sk_buff, recalculate: bool_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_checksum_trimmed(
+        skb: *mut sk_buff,
+        transport_len: ffi::c_uint,
+        skb_chkf: ::core::option::Option<unsafe extern "C" fn(skb: *mut sk_buff) -> __sum16>,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_splice_from_iter(skb: *mut sk_buff, iter: *mut iov_iter, maxsize: isize) -> isize;
 }
 #[repr(C)]
 #[derive(Debug, MaybeZeroable)]
 pub struct uevent_sock {
     _unused: [u8; 0],
+}
+unsafe extern "C" {
+    pub fn kfree_strarray(array: *mut *mut ffi::c_char, n: usize);
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -17190,6 +18725,9 @@ impl Default for ucounts {
             s.assume_init()
         }
     }
+}
+unsafe extern "C" {
+    pub fn alloc_ucounts(ns: *mut user_namespace, uid: kuid_t) -> *mut ucounts;
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -18111,6 +19649,131 @@ impl Default for proto_ops {
             s.assume_init()
         }
     }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct net_proto_family {
+    pub family: ffi::c_int,
+    pub create: ::core::option::Option<
+        unsafe extern "C" fn(
+            net: *mut net,
+            sock: *mut socket,
+            protocol: ffi::c_int,
+            kern: ffi::c_int,
+        ) -> ffi::c_int,
+    >,
+    pub owner: *mut module,
+}
+impl Default for net_proto_family {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn sock_wake_async(sk_wq: *mut socket_wq, how: ffi::c_int, band: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_register(fam: *const net_proto_family) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_unregister(family: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn sock_is_registered(family: ffi::c_int) -> bool_;
+}
+unsafe extern "C" {
+    pub fn __sock_create(
+        net: *mut net,
+        family: ffi::c_int,
+        type_: ffi::c_int,
+        proto: ffi::c_int,
+        res: *mut *mut socket,
+        kern: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_create(
+        family: ffi::c_int,
+        type_: ffi::c_int,
+        proto: ffi::c_int,
+        res: *mut *mut socket,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_create_kern(
+        net: *mut net,
+        family: ffi::c_int,
+        type_: ffi::c_int,
+        proto: ffi::c_int,
+        res: *mut *mut socket,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_create_lite(
+        family: ffi::c_int,
+        type_: ffi::c_int,
+        proto: ffi::c_int,
+        res: *mut *mut socket,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_alloc() -> *mut socket;
+}
+unsafe extern "C" {
+    pub fn sock_release(sock: *mut socket);
+}
+unsafe extern "C" {
+    pub fn sock_sendmsg(sock: *mut socket, msg: *mut msghdr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_recvmsg(sock: *mut socket, msg: *mut msghdr, flags: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_alloc_file(
+        sock: *mut socket,
+        flags: ffi::c_int,
+        dname: *const ffi::c_char,
+    ) -> *mut file;
+}
+unsafe extern "C" {
+    pub fn sock_from_file(file: *mut file) -> *mut socket;
+}
+unsafe extern "C" {
+    pub fn sock_read_xattr(
+        sock: *mut socket,
+        name: *const ffi::c_char,
+        value: *mut ffi::c_void,
+        size: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn alloc_file_pseudo(
+        arg1: *mut inode,
+        arg2: *mut vfsmount,
+        arg3: *const ffi::c_char,
+        flags: ffi::c_int,
+        arg4: *const file_operations,
+    ) -> *mut file;
+}
+unsafe extern "C" {
+    pub fn alloc_file_pseudo_noaccount(
+        arg1: *mut inode,
+        arg2: *mut vfsmount,
+        arg3: *const ffi::c_char,
+        flags: ffi::c_int,
+        arg4: *const file_operations,
+    ) -> *mut file;
+}
+unsafe extern "C" {
+    pub fn alloc_file_clone(
+        arg1: *mut file,
+        flags: ffi::c_int,
+        arg2: *const file_operations,
+    ) -> *mut file;
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -22503,6 +24166,26 @@ pub struct ifla_vf_info {
     pub trusted: __u32,
     pub vlan_proto: __be16,
 }
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ifbond {
+    pub bond_mode: __s32,
+    pub num_slaves: __s32,
+    pub miimon: __s32,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ifslave {
+    pub slave_id: __s32,
+    pub slave_name: [ffi::c_char; 16usize],
+    pub link: __s8,
+    pub state: __s8,
+    pub link_failure_count: __u32,
+}
+pub const netdev_napi_threaded_NETDEV_NAPI_THREADED_DISABLED: netdev_napi_threaded = 0;
+pub const netdev_napi_threaded_NETDEV_NAPI_THREADED_ENABLED: netdev_napi_threaded = 1;
+pub const netdev_napi_threaded_NETDEV_NAPI_THREADED_BUSY_POLL: netdev_napi_threaded = 2;
+pub type netdev_napi_threaded = ffi::c_uint;
 pub const NETDEV_A_DEV_IFINDEX: _bindgen_ty_325 = 1;
 pub const NETDEV_A_DEV_PAD: _bindgen_ty_325 = 2;
 pub const NETDEV_A_DEV_XDP_FEATURES: _bindgen_ty_325 = 3;
@@ -22646,11 +24329,6 @@ pub struct phy_device {
 }
 #[repr(C)]
 #[derive(Debug, MaybeZeroable)]
-pub struct ip_tunnel_parm_kern {
-    _unused: [u8; 0],
-}
-#[repr(C)]
-#[derive(Debug, MaybeZeroable)]
 pub struct netdev_config {
     _unused: [u8; 0],
 }
@@ -22662,11 +24340,6 @@ pub struct netdev_name_node {
 #[repr(C)]
 #[derive(Debug, MaybeZeroable)]
 pub struct sfp_bus {
-    _unused: [u8; 0],
-}
-#[repr(C)]
-#[derive(Debug, MaybeZeroable)]
-pub struct udp_tunnel_nic_info {
     _unused: [u8; 0],
 }
 #[repr(C)]
@@ -22690,6 +24363,12 @@ pub struct phy_link_topology {
     _unused: [u8; 0],
 }
 pub type xdp_features_t = u32_;
+unsafe extern "C" {
+    pub fn netdev_set_default_ethtool_ops(dev: *mut net_device, ops: *const ethtool_ops);
+}
+unsafe extern "C" {
+    pub fn netdev_sw_irq_coalesce_default_on(dev: *mut net_device);
+}
 pub const netdev_tx___NETDEV_TX_MIN: netdev_tx = -2147483648;
 pub const netdev_tx_NETDEV_TX_OK: netdev_tx = 0;
 pub const netdev_tx_NETDEV_TX_BUSY: netdev_tx = 16;
@@ -23232,6 +24911,9 @@ pub type rx_handler_result = ffi::c_uint;
 pub use self::rx_handler_result as rx_handler_result_t;
 pub type rx_handler_func_t =
     ::core::option::Option<unsafe extern "C" fn(pskb: *mut *mut sk_buff) -> rx_handler_result_t>;
+unsafe extern "C" {
+    pub fn dev_set_threaded(dev: *mut net_device, threaded: netdev_napi_threaded) -> ffi::c_int;
+}
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -23476,6 +25158,21 @@ impl Default for net_device_path {
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
+pub struct net_device_path_stack {
+    pub num_paths: ffi::c_int,
+    pub path: [net_device_path; 5usize],
+}
+impl Default for net_device_path_stack {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
 pub struct net_device_path_ctx {
     pub dev: *const net_device,
     pub daddr: [u8_; 6usize],
@@ -23537,6 +25234,11 @@ pub struct xdp_dev_bulk_queue {
 pub struct bpf_xdp_link {
     _unused: [u8; 0],
 }
+pub const bpf_xdp_mode_XDP_MODE_SKB: bpf_xdp_mode = 0;
+pub const bpf_xdp_mode_XDP_MODE_DRV: bpf_xdp_mode = 1;
+pub const bpf_xdp_mode_XDP_MODE_HW: bpf_xdp_mode = 2;
+pub const bpf_xdp_mode___MAX_XDP_MODE: bpf_xdp_mode = 3;
+pub type bpf_xdp_mode = ffi::c_uint;
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct bpf_xdp_entity {
@@ -24804,6 +26506,113 @@ impl net_device {
         __bindgen_bitfield_unit
     }
 }
+unsafe extern "C" {
+    pub fn netdev_txq_to_tc(dev: *mut net_device, txq: ffi::c_uint) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_reset_tc(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_set_tc_queue(
+        dev: *mut net_device,
+        tc: u8_,
+        count: u16_,
+        offset: u16_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_set_num_tc(dev: *mut net_device, num_tc: u8_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_unbind_sb_channel(dev: *mut net_device, sb_dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_bind_sb_channel_queue(
+        dev: *mut net_device,
+        sb_dev: *mut net_device,
+        tc: u8_,
+        count: u16_,
+        offset: u16_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_set_sb_channel(dev: *mut net_device, channel: u16_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_pick_tx(dev: *mut net_device, skb: *mut sk_buff, sb_dev: *mut net_device)
+    -> u16_;
+}
+unsafe extern "C" {
+    pub fn netdev_core_pick_tx(
+        dev: *mut net_device,
+        skb: *mut sk_buff,
+        sb_dev: *mut net_device,
+    ) -> *mut netdev_queue;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct packet_type {
+    pub type_: __be16,
+    pub ignore_outgoing: bool_,
+    pub dev: *mut net_device,
+    pub dev_tracker: netdevice_tracker,
+    pub func: ::core::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut sk_buff,
+            arg2: *mut net_device,
+            arg3: *mut packet_type,
+            arg4: *mut net_device,
+        ) -> ffi::c_int,
+    >,
+    pub list_func: ::core::option::Option<
+        unsafe extern "C" fn(arg1: *mut list_head, arg2: *mut packet_type, arg3: *mut net_device),
+    >,
+    pub id_match: ::core::option::Option<
+        unsafe extern "C" fn(ptype: *mut packet_type, sk: *mut sock) -> bool_,
+    >,
+    pub af_packet_net: *mut net,
+    pub af_packet_priv: *mut ffi::c_void,
+    pub list: list_head,
+}
+impl Default for packet_type {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct offload_callbacks {
+    pub gso_segment: ::core::option::Option<
+        unsafe extern "C" fn(skb: *mut sk_buff, features: netdev_features_t) -> *mut sk_buff,
+    >,
+    pub gro_receive: ::core::option::Option<
+        unsafe extern "C" fn(head: *mut list_head, skb: *mut sk_buff) -> *mut sk_buff,
+    >,
+    pub gro_complete: ::core::option::Option<
+        unsafe extern "C" fn(skb: *mut sk_buff, nhoff: ffi::c_int) -> ffi::c_int,
+    >,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct packet_offload {
+    pub type_: __be16,
+    pub priority: u16_,
+    pub callbacks: offload_callbacks,
+    pub list: list_head,
+}
+impl Default for packet_offload {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[repr(C)]
 #[repr(align(32))]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -24842,6 +26651,9 @@ pub struct pcpu_lstats {
     pub packets: u64_stats_t,
     pub bytes: u64_stats_t,
     pub syncp: u64_stats_sync,
+}
+unsafe extern "C" {
+    pub fn dev_lstats_read(dev: *mut net_device, packets: *mut u64_, bytes: *mut u64_);
 }
 pub const netdev_cmd_NETDEV_UP: netdev_cmd = 1;
 pub const netdev_cmd_NETDEV_DOWN: netdev_cmd = 2;
@@ -24885,6 +26697,9 @@ pub const netdev_cmd_NETDEV_OFFLOAD_XSTATS_REPORT_DELTA: netdev_cmd = 39;
 pub const netdev_cmd_NETDEV_XDP_FEAT_CHANGE: netdev_cmd = 40;
 pub type netdev_cmd = ffi::c_uint;
 unsafe extern "C" {
+    pub fn netdev_cmd_to_name(cmd: netdev_cmd) -> *const ffi::c_char;
+}
+unsafe extern "C" {
     pub fn register_netdevice_notifier(nb: *mut notifier_block) -> ffi::c_int;
 }
 unsafe extern "C" {
@@ -24905,6 +26720,191 @@ impl Default for netdev_notifier_info {
         }
     }
 }
+pub const netdev_offload_xstats_type_NETDEV_OFFLOAD_XSTATS_TYPE_L3: netdev_offload_xstats_type = 1;
+pub type netdev_offload_xstats_type = ffi::c_uint;
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_enable(
+        dev: *mut net_device,
+        type_: netdev_offload_xstats_type,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_disable(
+        dev: *mut net_device,
+        type_: netdev_offload_xstats_type,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_enabled(
+        dev: *const net_device,
+        type_: netdev_offload_xstats_type,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_get(
+        dev: *mut net_device,
+        type_: netdev_offload_xstats_type,
+        stats: *mut rtnl_hw_stats64,
+        used: *mut bool_,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_report_delta(
+        rd: *mut netdev_notifier_offload_xstats_rd,
+        stats: *const rtnl_hw_stats64,
+    );
+}
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_report_used(ru: *mut netdev_notifier_offload_xstats_ru);
+}
+unsafe extern "C" {
+    pub fn netdev_offload_xstats_push_delta(
+        dev: *mut net_device,
+        type_: netdev_offload_xstats_type,
+        stats: *const rtnl_hw_stats64,
+    );
+}
+unsafe extern "C" {
+    pub fn dev_getbyhwaddr(
+        net: *mut net,
+        type_: ffi::c_ushort,
+        hwaddr: *const ffi::c_char,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_getbyhwaddr_rcu(
+        net: *mut net,
+        type_: ffi::c_ushort,
+        hwaddr: *const ffi::c_char,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_getfirstbyhwtype(net: *mut net, type_: ffi::c_ushort) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_add_pack(pt: *mut packet_type);
+}
+unsafe extern "C" {
+    pub fn dev_remove_pack(pt: *mut packet_type);
+}
+unsafe extern "C" {
+    pub fn __dev_remove_pack(pt: *mut packet_type);
+}
+unsafe extern "C" {
+    pub fn dev_add_offload(po: *mut packet_offload);
+}
+unsafe extern "C" {
+    pub fn dev_remove_offload(po: *mut packet_offload);
+}
+unsafe extern "C" {
+    pub fn dev_get_iflink(dev: *const net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_fill_metadata_dst(dev: *mut net_device, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_fill_forward_path(
+        ctx: *mut net_device_path_ctx,
+        stack: *mut net_device_path_stack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_fill_forward_path_release(stack: *mut net_device_path_stack);
+}
+unsafe extern "C" {
+    pub fn dev_get_by_name(net: *mut net, name: *const ffi::c_char) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_get_by_name_rcu(net: *mut net, name: *const ffi::c_char) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn __dev_get_by_name(net: *mut net, name: *const ffi::c_char) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_name_in_use(net: *mut net, name: *const ffi::c_char) -> bool_;
+}
+unsafe extern "C" {
+    pub fn dev_alloc_name(dev: *mut net_device, name: *const ffi::c_char) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_open(dev: *mut net_device, extack: *mut netlink_ext_ack) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_close(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_disable_lro(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_loopback_xmit(net: *mut net, sk: *mut sock, newskb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_pick_tx_zero(
+        dev: *mut net_device,
+        skb: *mut sk_buff,
+        sb_dev: *mut net_device,
+    ) -> u16_;
+}
+unsafe extern "C" {
+    pub fn __dev_queue_xmit(skb: *mut sk_buff, sb_dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __dev_direct_xmit(skb: *mut sk_buff, queue_id: u16_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_refcnt_read(dev: *const net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_get_xmit_slave(
+        dev: *mut net_device,
+        skb: *mut sk_buff,
+        all_slaves: bool_,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_sk_get_lowest_dev(dev: *mut net_device, sk: *mut sock) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_get_by_index(net: *mut net, ifindex: ffi::c_int) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn __dev_get_by_index(net: *mut net, ifindex: ffi::c_int) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_get_by_index(
+        net: *mut net,
+        ifindex: ffi::c_int,
+        tracker: *mut netdevice_tracker,
+        gfp: gfp_t,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_get_by_index_lock(net: *mut net, ifindex: ffi::c_int) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_get_by_name(
+        net: *mut net,
+        name: *const ffi::c_char,
+        tracker: *mut netdevice_tracker,
+        gfp: gfp_t,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_get_by_flags_rcu(
+        net: *mut net,
+        tracker: *mut netdevice_tracker,
+        flags: ffi::c_ushort,
+        mask: ffi::c_ushort,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_get_by_index_rcu(net: *mut net, ifindex: ffi::c_int) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_copy_name(dev: *mut net_device, name: *mut ffi::c_char);
+}
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -24923,7 +26923,514 @@ impl Default for numa_drop_counters {
     }
 }
 unsafe extern "C" {
+    pub fn dev_kfree_skb_irq_reason(skb: *mut sk_buff, reason: skb_drop_reason);
+}
+unsafe extern "C" {
+    pub fn dev_kfree_skb_any_reason(skb: *mut sk_buff, reason: skb_drop_reason);
+}
+unsafe extern "C" {
+    pub fn netdev_is_rx_handler_busy(dev: *mut net_device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn netdev_rx_handler_register(
+        dev: *mut net_device,
+        rx_handler: rx_handler_func_t,
+        rx_handler_data: *mut ffi::c_void,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_rx_handler_unregister(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_valid_name(name: *const ffi::c_char) -> bool_;
+}
+unsafe extern "C" {
+    pub fn dev_ioctl(
+        net: *mut net,
+        cmd: ffi::c_uint,
+        ifr: *mut ifreq,
+        data: *mut ffi::c_void,
+        need_copyout: *mut bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_ifconf(net: *mut net, ifc: *mut ifconf) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_eth_ioctl(dev: *mut net_device, ifr: *mut ifreq, cmd: ffi::c_uint) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_ethtool(net: *mut net, ifr: *mut ifreq, userdata: *mut ffi::c_void) -> ffi::c_int;
+}
+unsafe extern "C" {
     pub fn netif_get_flags(dev: *const net_device) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn __dev_change_flags(
+        dev: *mut net_device,
+        flags: ffi::c_uint,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_change_flags(
+        dev: *mut net_device,
+        flags: ffi::c_uint,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_set_alias(
+        arg1: *mut net_device,
+        arg2: *const ffi::c_char,
+        arg3: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_get_alias(
+        arg1: *const net_device,
+        arg2: *mut ffi::c_char,
+        arg3: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __dev_change_net_namespace(
+        dev: *mut net_device,
+        net: *mut net,
+        pat: *const ffi::c_char,
+        new_ifindex: ffi::c_int,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_change_net_namespace(
+        dev: *mut net_device,
+        net: *mut net,
+        pat: *const ffi::c_char,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_set_mtu(arg1: *mut net_device, arg2: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_set_mac_address(
+        dev: *mut net_device,
+        ss: *mut __kernel_sockaddr_storage,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_set_mac_address_user(
+        dev: *mut net_device,
+        ss: *mut __kernel_sockaddr_storage,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_port_same_parent_id(a: *mut net_device, b: *mut net_device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn dev_hard_start_xmit(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        txq: *mut netdev_queue,
+        ret: *mut ffi::c_int,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn dev_xdp_prog_count(dev: *mut net_device) -> u8_;
+}
+unsafe extern "C" {
+    pub fn dev_xdp_propagate(dev: *mut net_device, bpf: *mut netdev_bpf) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_xdp_sb_prog_count(dev: *mut net_device) -> u8_;
+}
+unsafe extern "C" {
+    pub fn dev_xdp_prog_id(dev: *mut net_device, mode: bpf_xdp_mode) -> u32_;
+}
+unsafe extern "C" {
+    pub fn dev_get_min_mp_channel_count(dev: *const net_device) -> u32_;
+}
+unsafe extern "C" {
+    pub fn __dev_forward_skb(dev: *mut net_device, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_forward_skb(dev: *mut net_device, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_forward_skb_nomtu(dev: *mut net_device, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_core_stats_inc(dev: *mut net_device, offset: u32_);
+}
+unsafe extern "C" {
+    pub fn dev_nit_active_rcu(dev: *const net_device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn dev_queue_xmit_nit(skb: *mut sk_buff, dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_trans_start(dev: *mut net_device) -> ffi::c_ulong;
+}
+unsafe extern "C" {
+    pub fn netdev_watchdog_up(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn alloc_netdev_dummy(sizeof_priv: ffi::c_int) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn alloc_netdev_mqs(
+        sizeof_priv: ffi::c_int,
+        name: *const ffi::c_char,
+        name_assign_type: ffi::c_uchar,
+        setup: ::core::option::Option<unsafe extern "C" fn(arg1: *mut net_device)>,
+        txqs: ffi::c_uint,
+        rxqs: ffi::c_uint,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn dev_addr_mod(
+        dev: *mut net_device,
+        offset: ffi::c_uint,
+        addr: *const ffi::c_void,
+        len: usize,
+    );
+}
+unsafe extern "C" {
+    pub fn dev_addr_add(
+        dev: *mut net_device,
+        addr: *const ffi::c_uchar,
+        addr_type: ffi::c_uchar,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_addr_del(
+        dev: *mut net_device,
+        addr: *const ffi::c_uchar,
+        addr_type: ffi::c_uchar,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_uc_add(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_uc_add_excl(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_uc_del(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_uc_sync(to: *mut net_device, from: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_uc_sync_multiple(to: *mut net_device, from: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_uc_unsync(to: *mut net_device, from: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_uc_flush(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_uc_init(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_mc_add(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_add_global(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_add_excl(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_del(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_del_global(dev: *mut net_device, addr: *const ffi::c_uchar) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_sync(to: *mut net_device, from: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_sync_multiple(to: *mut net_device, from: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_mc_unsync(to: *mut net_device, from: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_mc_flush(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_mc_init(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_set_rx_mode(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_set_promiscuity(dev: *mut net_device, inc: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dev_set_allmulti(dev: *mut net_device, inc: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_state_change(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn __netdev_notify_peers(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_notify_peers(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_features_change(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn dev_load(net: *mut net, name: *const ffi::c_char);
+}
+unsafe extern "C" {
+    pub fn dev_get_stats(
+        dev: *mut net_device,
+        storage: *mut rtnl_link_stats64,
+    ) -> *mut rtnl_link_stats64;
+}
+unsafe extern "C" {
+    pub fn netdev_stats_to_stats64(
+        stats64: *mut rtnl_link_stats64,
+        netdev_stats: *const net_device_stats,
+    );
+}
+unsafe extern "C" {
+    pub fn dev_fetch_sw_netstats(s: *mut rtnl_link_stats64, netstats: *const pcpu_sw_netstats);
+}
+unsafe extern "C" {
+    pub fn dev_get_tstats64(dev: *mut net_device, s: *mut rtnl_link_stats64);
+}
+unsafe extern "C" {
+    pub fn netdev_work_sched(dev: *mut net_device, events: ffi::c_ulong);
+}
+unsafe extern "C" {
+    pub fn netdev_work_cancel(dev: *mut net_device, mask: ffi::c_ulong) -> ffi::c_ulong;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct netdev_nested_priv {
+    pub flags: ffi::c_uchar,
+    pub data: *mut ffi::c_void,
+}
+impl Default for netdev_nested_priv {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn netdev_has_upper_dev(dev: *mut net_device, upper_dev: *mut net_device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn netdev_upper_get_next_dev_rcu(
+        dev: *mut net_device,
+        iter: *mut *mut list_head,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_walk_all_upper_dev_rcu(
+        dev: *mut net_device,
+        fn_: ::core::option::Option<
+            unsafe extern "C" fn(
+                upper_dev: *mut net_device,
+                priv_: *mut netdev_nested_priv,
+            ) -> ffi::c_int,
+        >,
+        priv_: *mut netdev_nested_priv,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_has_upper_dev_all_rcu(dev: *mut net_device, upper_dev: *mut net_device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn netdev_has_any_upper_dev(dev: *mut net_device) -> bool_;
+}
+unsafe extern "C" {
+    pub fn netdev_lower_get_next_private(
+        dev: *mut net_device,
+        iter: *mut *mut list_head,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn netdev_lower_get_next_private_rcu(
+        dev: *mut net_device,
+        iter: *mut *mut list_head,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn netdev_lower_get_next(
+        dev: *mut net_device,
+        iter: *mut *mut list_head,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn netdev_next_lower_dev_rcu(
+        dev: *mut net_device,
+        iter: *mut *mut list_head,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_walk_all_lower_dev(
+        dev: *mut net_device,
+        fn_: ::core::option::Option<
+            unsafe extern "C" fn(
+                lower_dev: *mut net_device,
+                priv_: *mut netdev_nested_priv,
+            ) -> ffi::c_int,
+        >,
+        priv_: *mut netdev_nested_priv,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_walk_all_lower_dev_rcu(
+        dev: *mut net_device,
+        fn_: ::core::option::Option<
+            unsafe extern "C" fn(
+                lower_dev: *mut net_device,
+                priv_: *mut netdev_nested_priv,
+            ) -> ffi::c_int,
+        >,
+        priv_: *mut netdev_nested_priv,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_adjacent_get_private(adj_list: *mut list_head) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn netdev_lower_get_first_private_rcu(dev: *mut net_device) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn netdev_master_upper_dev_get(dev: *mut net_device) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_master_upper_dev_get_rcu(dev: *mut net_device) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn netdev_upper_dev_link(
+        dev: *mut net_device,
+        upper_dev: *mut net_device,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_master_upper_dev_link(
+        dev: *mut net_device,
+        upper_dev: *mut net_device,
+        upper_priv: *mut ffi::c_void,
+        upper_info: *mut ffi::c_void,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_upper_dev_unlink(dev: *mut net_device, upper_dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_adjacent_change_prepare(
+        old_dev: *mut net_device,
+        new_dev: *mut net_device,
+        dev: *mut net_device,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_adjacent_change_commit(
+        old_dev: *mut net_device,
+        new_dev: *mut net_device,
+        dev: *mut net_device,
+    );
+}
+unsafe extern "C" {
+    pub fn netdev_adjacent_change_abort(
+        old_dev: *mut net_device,
+        new_dev: *mut net_device,
+        dev: *mut net_device,
+    );
+}
+unsafe extern "C" {
+    pub fn netdev_adjacent_rename_links(dev: *mut net_device, oldname: *mut ffi::c_char);
+}
+unsafe extern "C" {
+    pub fn netdev_lower_dev_get_private(
+        dev: *mut net_device,
+        lower_dev: *mut net_device,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn netdev_lower_state_changed(
+        lower_dev: *mut net_device,
+        lower_state_info: *mut ffi::c_void,
+    );
+}
+unsafe extern "C" {
+    pub fn netdev_rss_key_fill(buffer: *mut ffi::c_void, len: usize);
+}
+unsafe extern "C" {
+    pub fn skb_checksum_help(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_crc32c_csum_help(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_csum_hwoffload_help(skb: *mut sk_buff, features: netdev_features_t) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct netdev_bonding_info {
+    pub slave: ifslave,
+    pub master: ifbond,
+}
+unsafe extern "C" {
+    pub fn netdev_bonding_info_change(dev: *mut net_device, bonding_info: *mut netdev_bonding_info);
+}
+unsafe extern "C" {
+    pub fn skb_network_protocol(skb: *mut sk_buff, depth: *mut ffi::c_int) -> __be16;
+}
+unsafe extern "C" {
+    pub fn netdev_rx_csum_fault(dev: *mut net_device, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn netdev_class_create_file_ns(
+        class_attr: *const class_attribute,
+        ns: *const ns_common,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_class_remove_file_ns(class_attr: *const class_attribute, ns: *const ns_common);
+}
+unsafe extern "C" {
+    pub fn netdev_drivername(dev: *const net_device) -> *const ffi::c_char;
+}
+unsafe extern "C" {
+    pub fn netdev_increment_features(
+        all: netdev_features_t,
+        one: netdev_features_t,
+        mask: netdev_features_t,
+    ) -> netdev_features_t;
+}
+unsafe extern "C" {
+    pub fn __netdev_update_features(dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn netdev_update_features(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_change_features(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn netdev_compute_master_upper_features(dev: *mut net_device, update_header: bool_);
+}
+unsafe extern "C" {
+    pub fn skb_warn_bad_offload(skb: *const sk_buff);
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -25349,6 +27856,12 @@ pub const hwtstamp_provider_qualifier_HWTSTAMP_PROVIDER_QUALIFIER_APPROX:
 pub const hwtstamp_provider_qualifier_HWTSTAMP_PROVIDER_QUALIFIER_CNT: hwtstamp_provider_qualifier =
     2;
 pub type hwtstamp_provider_qualifier = ffi::c_uint;
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct so_timestamping {
+    pub flags: ffi::c_int,
+    pub bind_phc: ffi::c_int,
+}
 pub const ethtool_phys_id_state_ETHTOOL_ID_INACTIVE: ethtool_phys_id_state = 0;
 pub const ethtool_phys_id_state_ETHTOOL_ID_ACTIVE: ethtool_phys_id_state = 1;
 pub const ethtool_phys_id_state_ETHTOOL_ID_ON: ethtool_phys_id_state = 2;
@@ -26762,6 +29275,170 @@ impl Default for irq_poll {
     }
 }
 #[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ipv6_rt_hdr {
+    pub nexthdr: __u8,
+    pub hdrlen: __u8,
+    pub type_: __u8,
+    pub segments_left: __u8,
+}
+#[repr(C, packed)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ipv6_opt_hdr {
+    pub nexthdr: __u8,
+    pub hdrlen: __u8,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ipv6hdr {
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub flow_lbl: [__u8; 3usize],
+    pub payload_len: __be16,
+    pub nexthdr: __u8,
+    pub hop_limit: __u8,
+    pub __bindgen_anon_1: ipv6hdr__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union ipv6hdr__bindgen_ty_1 {
+    pub __bindgen_anon_1: ipv6hdr__bindgen_ty_1__bindgen_ty_1,
+    pub addrs: ipv6hdr__bindgen_ty_1__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ipv6hdr__bindgen_ty_1__bindgen_ty_1 {
+    pub saddr: in6_addr,
+    pub daddr: in6_addr,
+}
+impl Default for ipv6hdr__bindgen_ty_1__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ipv6hdr__bindgen_ty_1__bindgen_ty_2 {
+    pub saddr: in6_addr,
+    pub daddr: in6_addr,
+}
+impl Default for ipv6hdr__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ipv6hdr__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ipv6hdr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ipv6hdr {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn priority(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 4u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_priority(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 4u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn priority_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 4u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_priority_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 4u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn version(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<4usize, 4u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_version(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<4usize, 4u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn version_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<4usize, 4u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_version_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<4usize, 4u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(priority: __u8, version: __u8) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 4u8>({
+            let priority: u8 = unsafe { ::core::mem::transmute(priority) };
+            priority as u64
+        });
+        __bindgen_bitfield_unit.set_const::<4usize, 4u8>({
+            let version: u8 = unsafe { ::core::mem::transmute(version) };
+            version as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
 #[derive(MaybeZeroable)]
 pub struct ipv6_devconf {
     pub __cacheline_group_begin__ipv6_devconf_read_txrx: __IncompleteArrayField<__u8>,
@@ -26867,6 +29544,18 @@ pub struct poll_table_struct {
     pub _qproc: poll_queue_proc,
     pub _key: __poll_t,
 }
+pub type poll_table = poll_table_struct;
+pub const rt_del_reason_RT_DEL_REASON_UNSPEC: rt_del_reason = 0;
+pub const rt_del_reason_RT_DEL_REASON_EXPIRED: rt_del_reason = 1;
+pub const rt_del_reason_RT_DEL_REASON_RA_WITHDRAWN: rt_del_reason = 2;
+pub const rt_del_reason___RT_DEL_REASON_MAX: rt_del_reason = 3;
+pub type rt_del_reason = ffi::c_uint;
+unsafe extern "C" {
+    pub fn dev_ingress_queue_create(dev: *mut net_device) -> *mut netdev_queue;
+}
+unsafe extern "C" {
+    pub fn netdev_xmit_skip_txqueue(skip: bool_) -> bool_;
+}
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct netlink_range_validation {
@@ -26924,6 +29613,113 @@ impl Default for nla_policy {
             ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
             s.assume_init()
         }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct nl_info {
+    pub nlh: *mut nlmsghdr,
+    pub nl_net: *mut net,
+    pub portid: u32_,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub __bindgen_padding_0: [u8; 3usize],
+}
+impl Default for nl_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl nl_info {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn skip_notify(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_skip_notify(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn skip_notify_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_skip_notify_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn skip_notify_kernel(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_skip_notify_kernel(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn skip_notify_kernel_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_skip_notify_kernel_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        skip_notify: u8_,
+        skip_notify_kernel: u8_,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let skip_notify: u8 = unsafe { ::core::mem::transmute(skip_notify) };
+            skip_notify as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let skip_notify_kernel: u8 = unsafe { ::core::mem::transmute(skip_notify_kernel) };
+            skip_notify_kernel as u64
+        });
+        __bindgen_bitfield_unit
     }
 }
 #[repr(C)]
@@ -27313,6 +30109,93 @@ impl Default for dst_entry {
             s.assume_init()
         }
     }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct dst_metrics {
+    pub metrics: [u32_; 17usize],
+    pub refcnt: refcount_t,
+}
+unsafe extern "C" {
+    pub fn dst_cow_metrics_generic(dst: *mut dst_entry, old: ffi::c_ulong) -> *mut u32_;
+}
+unsafe extern "C" {
+    pub fn __dst_destroy_metrics_generic(dst: *mut dst_entry, old: ffi::c_ulong);
+}
+unsafe extern "C" {
+    pub fn ip6_mtu(arg1: *const dst_entry) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn dst_release(dst: *mut dst_entry);
+}
+unsafe extern "C" {
+    pub fn dst_release_immediate(dst: *mut dst_entry);
+}
+unsafe extern "C" {
+    pub fn dst_discard_out(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dst_alloc(
+        ops: *mut dst_ops,
+        dev: *mut net_device,
+        initial_obsolete: ffi::c_int,
+        flags: ffi::c_ushort,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn dst_init(
+        dst: *mut dst_entry,
+        ops: *mut dst_ops,
+        dev: *mut net_device,
+        initial_obsolete: ffi::c_int,
+        flags: ffi::c_ushort,
+    );
+}
+unsafe extern "C" {
+    pub fn dst_dev_put(dst: *mut dst_entry);
+}
+unsafe extern "C" {
+    pub fn ip6_output(arg1: *mut net, arg2: *mut sock, arg3: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_output(arg1: *mut net, arg2: *mut sock, arg3: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_input(arg1: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_local_deliver(arg1: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_dst_check(arg1: *mut dst_entry, arg2: u32_) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn dst_blackhole_check(dst: *mut dst_entry, cookie: u32_) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn dst_blackhole_update_pmtu(
+        dst: *mut dst_entry,
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        mtu: u32_,
+        confirm_neigh: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn dst_blackhole_redirect(dst: *mut dst_entry, sk: *mut sock, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn dst_blackhole_cow_metrics(dst: *mut dst_entry, old: ffi::c_ulong) -> *mut u32_;
+}
+unsafe extern "C" {
+    pub fn dst_blackhole_neigh_lookup(
+        dst: *const dst_entry,
+        skb: *mut sk_buff,
+        daddr: *const ffi::c_void,
+    ) -> *mut neighbour;
+}
+unsafe extern "C" {
+    pub fn dst_blackhole_mtu(dst: *const dst_entry) -> ffi::c_uint;
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -28693,6 +31576,37 @@ impl sock {
         __bindgen_bitfield_unit
     }
 }
+pub const sock_flags_SOCK_DEAD: sock_flags = 0;
+pub const sock_flags_SOCK_DONE: sock_flags = 1;
+pub const sock_flags_SOCK_URGINLINE: sock_flags = 2;
+pub const sock_flags_SOCK_KEEPOPEN: sock_flags = 3;
+pub const sock_flags_SOCK_LINGER: sock_flags = 4;
+pub const sock_flags_SOCK_DESTROY: sock_flags = 5;
+pub const sock_flags_SOCK_BROADCAST: sock_flags = 6;
+pub const sock_flags_SOCK_TIMESTAMP: sock_flags = 7;
+pub const sock_flags_SOCK_ZAPPED: sock_flags = 8;
+pub const sock_flags_SOCK_USE_WRITE_QUEUE: sock_flags = 9;
+pub const sock_flags_SOCK_DBG: sock_flags = 10;
+pub const sock_flags_SOCK_RCVTSTAMP: sock_flags = 11;
+pub const sock_flags_SOCK_RCVTSTAMPNS: sock_flags = 12;
+pub const sock_flags_SOCK_LOCALROUTE: sock_flags = 13;
+pub const sock_flags_SOCK_MEMALLOC: sock_flags = 14;
+pub const sock_flags_SOCK_TIMESTAMPING_RX_SOFTWARE: sock_flags = 15;
+pub const sock_flags_SOCK_FASYNC: sock_flags = 16;
+pub const sock_flags_SOCK_RXQ_OVFL: sock_flags = 17;
+pub const sock_flags_SOCK_ZEROCOPY: sock_flags = 18;
+pub const sock_flags_SOCK_WIFI_STATUS: sock_flags = 19;
+pub const sock_flags_SOCK_NOFCS: sock_flags = 20;
+pub const sock_flags_SOCK_FILTER_LOCKED: sock_flags = 21;
+pub const sock_flags_SOCK_SELECT_ERR_QUEUE: sock_flags = 22;
+pub const sock_flags_SOCK_RCU_FREE: sock_flags = 23;
+pub const sock_flags_SOCK_TXTIME: sock_flags = 24;
+pub const sock_flags_SOCK_XDP: sock_flags = 25;
+pub const sock_flags_SOCK_TSTAMP_NEW: sock_flags = 26;
+pub const sock_flags_SOCK_RCVMARK: sock_flags = 27;
+pub const sock_flags_SOCK_RCVPRIORITY: sock_flags = 28;
+pub const sock_flags_SOCK_TIMESTAMPING_ANY: sock_flags = 29;
+pub type sock_flags = ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, MaybeZeroable)]
 pub struct raw_hashinfo {
@@ -28861,6 +31775,9 @@ impl Default for proto {
         }
     }
 }
+unsafe extern "C" {
+    pub fn sock_load_diag_module(family: ffi::c_int, protocol: ffi::c_int) -> ffi::c_int;
+}
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct prot_inuse {
@@ -28875,6 +31792,322 @@ impl Default for prot_inuse {
             s.assume_init()
         }
     }
+}
+unsafe extern "C" {
+    pub fn sock_prot_inuse_get(net: *mut net, proto: *mut proto) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_inuse_get(net: *mut net) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_wmalloc(
+        sk: *mut sock,
+        size: ffi::c_ulong,
+        force: ffi::c_int,
+        priority: gfp_t,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn sock_wfree(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __sock_wfree(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_omalloc(sk: *mut sock, size: ffi::c_ulong, priority: gfp_t) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_orphan_partial(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_rfree(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_rmem_free(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_efree(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_edemux(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_pfree(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn sock_setsockopt(
+        sock: *mut socket,
+        level: ffi::c_int,
+        op: ffi::c_int,
+        optval: sockptr_t,
+        optlen: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_gettstamp(
+        sock: *mut socket,
+        userstamp: *mut ffi::c_void,
+        timeval: bool_,
+        time32: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_alloc_send_pskb(
+        sk: *mut sock,
+        header_len: ffi::c_ulong,
+        data_len: ffi::c_ulong,
+        noblock: ffi::c_int,
+        errcode: *mut ffi::c_int,
+        max_page_order: ffi::c_int,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn sock_kmalloc(sk: *mut sock, size: ffi::c_int, priority: gfp_t) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn sock_kmemdup(
+        sk: *mut sock,
+        src: *const ffi::c_void,
+        size: ffi::c_int,
+        priority: gfp_t,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn sock_kfree_s(sk: *mut sock, mem: *mut ffi::c_void, size: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn sock_kzfree_s(sk: *mut sock, mem: *mut ffi::c_void, size: ffi::c_int);
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct sockcm_cookie {
+    pub transmit_time: u64_,
+    pub mark: u32_,
+    pub tsflags: u32_,
+    pub ts_opt_id: u32_,
+    pub priority: u32_,
+    pub dmabuf_id: u32_,
+}
+unsafe extern "C" {
+    pub fn __sock_cmsg_send(
+        sk: *mut sock,
+        cmsg: *mut cmsghdr,
+        sockc: *mut sockcm_cookie,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_cmsg_send(sk: *mut sock, msg: *mut msghdr, sockc: *mut sockcm_cookie)
+    -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_bind(
+        sock: *mut socket,
+        saddr: *mut sockaddr_unsized,
+        len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_connect(
+        sock: *mut socket,
+        saddr: *mut sockaddr_unsized,
+        len: ffi::c_int,
+        flags: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_socketpair(arg1: *mut socket, arg2: *mut socket) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_accept(
+        arg1: *mut socket,
+        arg2: *mut socket,
+        arg3: *mut proto_accept_arg,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_getname(arg1: *mut socket, arg2: *mut sockaddr, arg3: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_ioctl(arg1: *mut socket, arg2: ffi::c_uint, arg3: ffi::c_ulong) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_listen(arg1: *mut socket, arg2: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_shutdown(arg1: *mut socket, arg2: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_sendmsg(arg1: *mut socket, arg2: *mut msghdr, arg3: usize) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_sendmsg_locked(sk: *mut sock, msg: *mut msghdr, len: usize) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_recvmsg(
+        arg1: *mut socket,
+        arg2: *mut msghdr,
+        arg3: usize,
+        arg4: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_mmap(file: *mut file, sock: *mut socket, vma: *mut vm_area_struct)
+    -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_common_getsockopt(
+        sock: *mut socket,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: *mut ffi::c_char,
+        optlen: *mut ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_common_recvmsg(
+        sock: *mut socket,
+        msg: *mut msghdr,
+        size: usize,
+        flags: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_common_setsockopt(
+        sock: *mut socket,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: sockptr_t,
+        optlen: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_init_data_uid(sock: *mut socket, sk: *mut sock, uid: kuid_t);
+}
+unsafe extern "C" {
+    pub fn sock_init_data(sock: *mut socket, sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn sock_gen_put(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn skb_set_owner_w(skb: *mut sk_buff, sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn __sock_queue_rcv_skb(sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_queue_rcv_skb_reason(sk: *mut sock, skb: *mut sk_buff) -> skb_drop_reason;
+}
+unsafe extern "C" {
+    pub fn sock_queue_err_skb(sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_dequeue_err_skb(sk: *mut sock) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn __sock_recv_timestamp(msg: *mut msghdr, sk: *mut sock, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __sock_recv_wifi_status(msg: *mut msghdr, sk: *mut sock, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn skb_has_tx_timestamp(skb: *mut sk_buff, sk: *const sock) -> bool_;
+}
+unsafe extern "C" {
+    pub fn skb_get_tx_timestamp(
+        skb: *mut sk_buff,
+        sk: *mut sock,
+        ts: *mut timespec64,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __sock_recv_cmsgs(msg: *mut msghdr, sk: *mut sock, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __sock_tx_timestamp(tsflags: __u32, tx_flags: *mut __u8);
+}
+unsafe extern "C" {
+    pub fn sock_enable_timestamp(sk: *mut sock, flag: sock_flags);
+}
+unsafe extern "C" {
+    pub fn sock_recv_errqueue(
+        sk: *mut sock,
+        msg: *mut msghdr,
+        len: ffi::c_int,
+        level: ffi::c_int,
+        type_: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_def_readable(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn sock_bindtoindex(sk: *mut sock, ifindex: ffi::c_int, lock_sk: bool_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_set_timestamp(sk: *mut sock, optname: ffi::c_int, valbool: bool_);
+}
+unsafe extern "C" {
+    pub fn sock_set_timestamping(
+        sk: *mut sock,
+        optname: ffi::c_int,
+        timestamping: so_timestamping,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_no_linger(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn sock_set_keepalive(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn sock_set_priority(sk: *mut sock, priority: u32_);
+}
+unsafe extern "C" {
+    pub fn sock_set_rcvbuf(sk: *mut sock, val: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn sock_set_mark(sk: *mut sock, val: u32_);
+}
+unsafe extern "C" {
+    pub fn sock_set_reuseaddr(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn sock_set_reuseport(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn sock_set_sndtimeo(sk: *mut sock, secs: s64);
+}
+unsafe extern "C" {
+    pub fn sock_bind_add(
+        sk: *mut sock,
+        addr: *mut sockaddr_unsized,
+        addr_len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_get_timeout(
+        timeo: ffi::c_long,
+        optval: *mut ffi::c_void,
+        old_timeval: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_copy_user_timeval(
+        tv: *mut __kernel_sock_timeval,
+        optval: sockptr_t,
+        optlen: ffi::c_int,
+        old_timeval: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn sock_ioctl_inout(
+        sk: *mut sock,
+        cmd: ffi::c_uint,
+        arg: *mut ffi::c_void,
+        karg: *mut ffi::c_void,
+        size: usize,
+    ) -> ffi::c_int;
 }
 pub const sk_rst_reason_SK_RST_REASON_NOT_SPECIFIED: sk_rst_reason = 0;
 pub const sk_rst_reason_SK_RST_REASON_NO_SOCKET: sk_rst_reason = 1;
@@ -29048,9 +32281,512 @@ impl request_sock {
     }
 }
 #[repr(C)]
+#[derive(Default, MaybeZeroable)]
+pub struct ip_options {
+    pub faddr: __be32,
+    pub nexthop: __be32,
+    pub optlen: ffi::c_uchar,
+    pub srr: ffi::c_uchar,
+    pub rr: ffi::c_uchar,
+    pub ts: ffi::c_uchar,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub router_alert: ffi::c_uchar,
+    pub cipso: ffi::c_uchar,
+    pub __pad2: ffi::c_uchar,
+    pub __data: __IncompleteArrayField<ffi::c_uchar>,
+}
+impl ip_options {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn is_strictroute(&self) -> ffi::c_uchar {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_is_strictroute(&mut self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn is_strictroute_raw(this: *const Self) -> ffi::c_uchar {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_is_strictroute_raw(this: *mut Self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn srr_is_hit(&self) -> ffi::c_uchar {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_srr_is_hit(&mut self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn srr_is_hit_raw(this: *const Self) -> ffi::c_uchar {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_srr_is_hit_raw(this: *mut Self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn is_changed(&self) -> ffi::c_uchar {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_is_changed(&mut self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn is_changed_raw(this: *const Self) -> ffi::c_uchar {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_is_changed_raw(this: *mut Self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<2usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn rr_needaddr(&self) -> ffi::c_uchar {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<3usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_rr_needaddr(&mut self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<3usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn rr_needaddr_raw(this: *const Self) -> ffi::c_uchar {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<3usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_rr_needaddr_raw(this: *mut Self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<3usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn ts_needtime(&self) -> ffi::c_uchar {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<4usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_ts_needtime(&mut self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<4usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn ts_needtime_raw(this: *const Self) -> ffi::c_uchar {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<4usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_ts_needtime_raw(this: *mut Self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<4usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn ts_needaddr(&self) -> ffi::c_uchar {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<5usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_ts_needaddr(&mut self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<5usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn ts_needaddr_raw(this: *const Self) -> ffi::c_uchar {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<5usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_ts_needaddr_raw(this: *mut Self, val: ffi::c_uchar) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<5usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        is_strictroute: ffi::c_uchar,
+        srr_is_hit: ffi::c_uchar,
+        is_changed: ffi::c_uchar,
+        rr_needaddr: ffi::c_uchar,
+        ts_needtime: ffi::c_uchar,
+        ts_needaddr: ffi::c_uchar,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let is_strictroute: u8 = unsafe { ::core::mem::transmute(is_strictroute) };
+            is_strictroute as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let srr_is_hit: u8 = unsafe { ::core::mem::transmute(srr_is_hit) };
+            srr_is_hit as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let is_changed: u8 = unsafe { ::core::mem::transmute(is_changed) };
+            is_changed as u64
+        });
+        __bindgen_bitfield_unit.set_const::<3usize, 1u8>({
+            let rr_needaddr: u8 = unsafe { ::core::mem::transmute(rr_needaddr) };
+            rr_needaddr as u64
+        });
+        __bindgen_bitfield_unit.set_const::<4usize, 1u8>({
+            let ts_needtime: u8 = unsafe { ::core::mem::transmute(ts_needtime) };
+            ts_needtime as u64
+        });
+        __bindgen_bitfield_unit.set_const::<5usize, 1u8>({
+            let ts_needaddr: u8 = unsafe { ::core::mem::transmute(ts_needaddr) };
+            ts_needaddr as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct ip_options_rcu {
+    pub rcu: callback_head,
+    pub opt: ip_options,
+}
+impl Default for ip_options_rcu {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct inet6_cork {
+    pub opt: *mut ipv6_txoptions,
+    pub hop_limit: u8_,
+    pub tclass: u8_,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub __bindgen_padding_0: [u8; 5usize],
+}
+impl Default for inet6_cork {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl inet6_cork {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn dontfrag(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_dontfrag(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn dontfrag_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_dontfrag_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(dontfrag: u8_) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let dontfrag: u8 = unsafe { ::core::mem::transmute(dontfrag) };
+            dontfrag as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct inet_cork {
+    pub flags: ffi::c_uint,
+    pub addr: __be32,
+    pub opt: *mut ip_options,
+    pub fragsize: ffi::c_uint,
+    pub length: ffi::c_int,
+    pub dst: *mut dst_entry,
+    pub tx_flags: u8_,
+    pub ttl: __u8,
+    pub tos: __s16,
+    pub priority: u32_,
+    pub gso_size: __u16,
+    pub ts_opt_id: u32_,
+    pub transmit_time: u64_,
+    pub mark: u32_,
+}
+impl Default for inet_cork {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct inet_cork_full {
+    pub base: inet_cork,
+    pub fl: flowi,
+    pub base6: inet6_cork,
+}
+impl Default for inet_cork_full {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn inet_sk_rebuild_header(sk: *mut sock) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn inet_sk_state_store(sk: *mut sock, newstate: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn inet_sk_set_state(sk: *mut sock, state: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn inet_reqsk_alloc(
+        ops: *const request_sock_ops,
+        sk_listener: *mut sock,
+        attach_listener: bool_,
+    ) -> *mut request_sock;
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct inet_bind_bucket {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct inet_bind2_bucket {
+    _unused: [u8; 0],
+}
+#[repr(C)]
 #[derive(Debug, MaybeZeroable)]
 pub struct tcp_congestion_ops {
     _unused: [u8; 0],
+}
+unsafe extern "C" {
+    pub fn inet_csk_clone_lock(
+        sk: *const sock,
+        req: *const request_sock,
+        priority: gfp_t,
+    ) -> *mut sock;
+}
+unsafe extern "C" {
+    pub fn inet_csk_init_xmit_timers(
+        sk: *mut sock,
+        retransmit_handler: ::core::option::Option<unsafe extern "C" fn(arg1: *mut timer_list)>,
+        delack_handler: ::core::option::Option<unsafe extern "C" fn(arg1: *mut timer_list)>,
+        keepalive_handler: ::core::option::Option<unsafe extern "C" fn(arg1: *mut timer_list)>,
+    );
+}
+unsafe extern "C" {
+    pub fn inet_csk_clear_xmit_timers(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_clear_xmit_timers_sync(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_accept(sk: *mut sock, arg: *mut proto_accept_arg) -> *mut sock;
+}
+unsafe extern "C" {
+    pub fn inet_csk_get_port(sk: *mut sock, snum: ffi::c_ushort) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn inet_csk_route_req(
+        sk: *const sock,
+        fl4: *mut flowi4,
+        req: *const request_sock,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn inet_csk_route_child_sock(
+        sk: *const sock,
+        newsk: *mut sock,
+        req: *const request_sock,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn inet_csk_reqsk_queue_add(
+        sk: *mut sock,
+        req: *mut request_sock,
+        child: *mut sock,
+    ) -> *mut sock;
+}
+unsafe extern "C" {
+    pub fn inet_csk_reqsk_queue_hash_add(sk: *mut sock, req: *mut request_sock) -> bool_;
+}
+unsafe extern "C" {
+    pub fn inet_csk_complete_hashdance(
+        sk: *mut sock,
+        child: *mut sock,
+        req: *mut request_sock,
+        own_req: bool_,
+    ) -> *mut sock;
+}
+unsafe extern "C" {
+    pub fn inet_csk_reqsk_queue_drop(sk: *mut sock, req: *mut request_sock) -> bool_;
+}
+unsafe extern "C" {
+    pub fn inet_csk_reqsk_queue_drop_and_put(sk: *mut sock, req: *mut request_sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_destroy_sock(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_prepare_for_destroy_sock(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_prepare_forced_close(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_listen_start(sk: *mut sock) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn inet_csk_listen_stop(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn inet_csk_update_fastreuse(
+        sk: *const sock,
+        tb: *mut inet_bind_bucket,
+        tb2: *mut inet_bind2_bucket,
+    );
+}
+unsafe extern "C" {
+    pub fn inet_csk_update_pmtu(sk: *mut sock, mtu: u32_) -> *mut dst_entry;
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -29060,6 +32796,376 @@ pub struct timewait_sock_ops {
     pub twsk_obj_size: ffi::c_uint,
 }
 impl Default for timewait_sock_ops {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct inet_timewait_sock {
+    pub __tw_common: sock_common,
+    pub tw_mark: __u32,
+    pub tw_substate: ffi::c_uchar,
+    pub tw_rcv_wscale: ffi::c_uchar,
+    pub tw_sport: __be16,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 4usize]>,
+    pub tw_txhash: u32_,
+    pub tw_priority: u32_,
+    pub tw_entry_stamp: u32_,
+    pub tw_timer: timer_list,
+    pub tw_tb: *mut inet_bind_bucket,
+    pub tw_tb2: *mut inet_bind2_bucket,
+}
+impl Default for inet_timewait_sock {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl inet_timewait_sock {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn tw_transparent(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_tw_transparent(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn tw_transparent_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_tw_transparent_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn tw_flowlabel(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 20u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_tw_flowlabel(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 20u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn tw_flowlabel_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<
+                1usize,
+                20u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u32)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_tw_flowlabel_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<1usize, 20u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn tw_usec_ts(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<21usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_tw_usec_ts(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<21usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn tw_usec_ts_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<
+                21usize,
+                1u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u32)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_tw_usec_ts_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<21usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn tw_connect_bind(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<22usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_tw_connect_bind(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<22usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn tw_connect_bind_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<
+                22usize,
+                1u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u32)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_tw_connect_bind_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<22usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn tw_pad(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<23usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_tw_pad(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<23usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn tw_pad_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<
+                23usize,
+                1u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u32)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_tw_pad_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<23usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn tw_tos(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<24usize, 8u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_tw_tos(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<24usize, 8u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn tw_tos_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<
+                24usize,
+                8u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u32)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_tw_tos_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<24usize, 8u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        tw_transparent: ffi::c_uint,
+        tw_flowlabel: ffi::c_uint,
+        tw_usec_ts: ffi::c_uint,
+        tw_connect_bind: ffi::c_uint,
+        tw_pad: ffi::c_uint,
+        tw_tos: ffi::c_uint,
+    ) -> __BindgenBitfieldUnit<[u8; 4usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 4usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let tw_transparent: u32 = unsafe { ::core::mem::transmute(tw_transparent) };
+            tw_transparent as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 20u8>({
+            let tw_flowlabel: u32 = unsafe { ::core::mem::transmute(tw_flowlabel) };
+            tw_flowlabel as u64
+        });
+        __bindgen_bitfield_unit.set_const::<21usize, 1u8>({
+            let tw_usec_ts: u32 = unsafe { ::core::mem::transmute(tw_usec_ts) };
+            tw_usec_ts as u64
+        });
+        __bindgen_bitfield_unit.set_const::<22usize, 1u8>({
+            let tw_connect_bind: u32 = unsafe { ::core::mem::transmute(tw_connect_bind) };
+            tw_connect_bind as u64
+        });
+        __bindgen_bitfield_unit.set_const::<23usize, 1u8>({
+            let tw_pad: u32 = unsafe { ::core::mem::transmute(tw_pad) };
+            tw_pad as u64
+        });
+        __bindgen_bitfield_unit.set_const::<24usize, 8u8>({
+            let tw_tos: u32 = unsafe { ::core::mem::transmute(tw_tos) };
+            tw_tos as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+unsafe extern "C" {
+    pub fn inet_twsk_free(tw: *mut inet_timewait_sock);
+}
+unsafe extern "C" {
+    pub fn inet_twsk_put(tw: *mut inet_timewait_sock);
+}
+unsafe extern "C" {
+    pub fn inet_twsk_bind_unhash(tw: *mut inet_timewait_sock, hashinfo: *mut inet_hashinfo);
+}
+unsafe extern "C" {
+    pub fn inet_twsk_alloc(
+        sk: *const sock,
+        dr: *mut inet_timewait_death_row,
+        state: ffi::c_int,
+    ) -> *mut inet_timewait_sock;
+}
+unsafe extern "C" {
+    pub fn inet_twsk_hashdance_schedule(
+        tw: *mut inet_timewait_sock,
+        sk: *mut sock,
+        hashinfo: *mut inet_hashinfo,
+        timeo: ffi::c_int,
+    );
+}
+unsafe extern "C" {
+    pub fn __inet_twsk_schedule(tw: *mut inet_timewait_sock, timeo: ffi::c_int, rearm: bool_);
+}
+unsafe extern "C" {
+    pub fn inet_twsk_deschedule_put(tw: *mut inet_timewait_sock);
+}
+unsafe extern "C" {
+    pub fn inet_twsk_purge(hashinfo: *mut inet_hashinfo);
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct udphdr {
+    pub source: __be16,
+    pub dest: __be16,
+    pub len: __be16,
+    pub check: __sum16,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct inet6_skb_parm {
+    pub iif: ffi::c_int,
+    pub ra: __be16,
+    pub dst0: __u16,
+    pub srcrt: __u16,
+    pub dst1: __u16,
+    pub lastopt: __u16,
+    pub nhoff: __u16,
+    pub flags: __u16,
+    pub frag_max_size: __u16,
+    pub srhoff: __u16,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct inet6_ifaddr {
+    pub addr: in6_addr,
+    pub prefix_len: __u32,
+    pub rt_priority: __u32,
+    pub valid_lft: __u32,
+    pub prefered_lft: __u32,
+    pub refcnt: refcount_t,
+    pub lock: spinlock_t,
+    pub state: ffi::c_int,
+    pub flags: __u32,
+    pub dad_probes: __u8,
+    pub stable_privacy_retry: __u8,
+    pub scope: __u16,
+    pub dad_nonce: __u64,
+    pub cstamp: ffi::c_ulong,
+    pub tstamp: ffi::c_ulong,
+    pub dad_work: delayed_work,
+    pub idev: *mut inet6_dev,
+    pub rt: *mut fib6_info,
+    pub addr_lst: hlist_node,
+    pub if_list: list_head,
+    pub if_list_aux: list_head,
+    pub tmp_list: list_head,
+    pub ifpub: *mut inet6_ifaddr,
+    pub regen_count: ffi::c_int,
+    pub tokenized: bool_,
+    pub ifa_proto: u8_,
+    pub rcu: callback_head,
+    pub peer_addr: in6_addr,
+}
+impl Default for inet6_ifaddr {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -29210,6 +33316,492 @@ impl Default for inet6_dev {
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip6_fraglist_iter {
+    pub tmp_hdr: *mut ipv6hdr,
+    pub frag: *mut sk_buff,
+    pub offset: ffi::c_int,
+    pub hlen: ffi::c_uint,
+    pub frag_id: __be32,
+    pub nexthdr: u8_,
+}
+impl Default for ip6_fraglist_iter {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip6_fraglist_init(
+        skb: *mut sk_buff,
+        hlen: ffi::c_uint,
+        prevhdr: *mut u8_,
+        nexthdr: u8_,
+        frag_id: __be32,
+        iter: *mut ip6_fraglist_iter,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_fraglist_prepare(skb: *mut sk_buff, iter: *mut ip6_fraglist_iter);
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip6_frag_state {
+    pub prevhdr: *mut u8_,
+    pub hlen: ffi::c_uint,
+    pub mtu: ffi::c_uint,
+    pub left: ffi::c_uint,
+    pub offset: ffi::c_int,
+    pub ptr: ffi::c_int,
+    pub hroom: ffi::c_int,
+    pub troom: ffi::c_int,
+    pub frag_id: __be32,
+    pub nexthdr: u8_,
+}
+impl Default for ip6_frag_state {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip6_frag_init(
+        skb: *mut sk_buff,
+        hlen: ffi::c_uint,
+        mtu: ffi::c_uint,
+        needed_tailroom: ffi::c_ushort,
+        hdr_room: ffi::c_int,
+        prevhdr: *mut u8_,
+        nexthdr: u8_,
+        frag_id: __be32,
+        state: *mut ip6_frag_state,
+    );
+}
+unsafe extern "C" {
+    pub fn ip6_frag_next(skb: *mut sk_buff, state: *mut ip6_frag_state) -> *mut sk_buff;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ipv6_txoptions {
+    pub refcnt: refcount_t,
+    pub tot_len: ffi::c_int,
+    pub opt_flen: __u16,
+    pub opt_nflen: __u16,
+    pub hopopt: *mut ipv6_opt_hdr,
+    pub dst0opt: *mut ipv6_opt_hdr,
+    pub srcrt: *mut ipv6_rt_hdr,
+    pub dst1opt: *mut ipv6_opt_hdr,
+    pub rcu: callback_head,
+}
+impl Default for ipv6_txoptions {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ipcm6_cookie {
+    pub sockc: sockcm_cookie,
+    pub hlimit: __s16,
+    pub tclass: __s16,
+    pub gso_size: __u16,
+    pub dontfrag: __s8,
+    pub opt: *mut ipv6_txoptions,
+}
+impl Default for ipcm6_cookie {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ipv6_flowlabel_opt(sk: *mut sock, optval: sockptr_t, optlen: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_flowlabel_opt_get(
+        sk: *mut sock,
+        freq: *mut in6_flowlabel_req,
+        flags: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_flowlabel_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_flowlabel_cleanup();
+}
+unsafe extern "C" {
+    pub fn ip6_autoflowlabel(net: *mut net, sk: *const sock) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ip6_ra_control(sk: *mut sock, sel: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_parse_hopopts(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_dup_options(sk: *mut sock, opt: *mut ipv6_txoptions) -> *mut ipv6_txoptions;
+}
+unsafe extern "C" {
+    pub fn ipv6_renew_options(
+        sk: *mut sock,
+        opt: *mut ipv6_txoptions,
+        newtype: ffi::c_int,
+        newopt: *mut ipv6_opt_hdr,
+    ) -> *mut ipv6_txoptions;
+}
+unsafe extern "C" {
+    pub fn __ipv6_fixup_options(
+        opt_space: *mut ipv6_txoptions,
+        opt: *mut ipv6_txoptions,
+    ) -> *mut ipv6_txoptions;
+}
+unsafe extern "C" {
+    pub fn ipv6_opt_accepted(
+        sk: *const sock,
+        skb: *const sk_buff,
+        opt: *const inet6_skb_parm,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_update_options(sk: *mut sock, opt: *mut ipv6_txoptions) -> *mut ipv6_txoptions;
+}
+unsafe extern "C" {
+    pub fn __ipv6_addr_type(addr: *const in6_addr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_select_ident(
+        net: *mut net,
+        daddr: *const in6_addr,
+        saddr: *const in6_addr,
+    ) -> __be32;
+}
+unsafe extern "C" {
+    pub fn ipv6_proxy_select_ident(net: *mut net, skb: *mut sk_buff) -> __be32;
+}
+unsafe extern "C" {
+    pub fn ip6_dst_hoplimit(dst: *mut dst_entry) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_rcv(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        pt: *mut packet_type,
+        orig_dev: *mut net_device,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_list_rcv(head: *mut list_head, pt: *mut packet_type, orig_dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn ip6_rcv_finish(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_xmit(
+        sk: *const sock,
+        skb: *mut sk_buff,
+        fl6: *mut flowi6,
+        mark: __u32,
+        opt: *mut ipv6_txoptions,
+        tclass: ffi::c_int,
+        priority: u32_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_find_1stfragopt(skb: *mut sk_buff, nexthdr: *mut *mut u8_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_append_data(
+        sk: *mut sock,
+        getfrag: ::core::option::Option<
+            unsafe extern "C" fn(
+                from: *mut ffi::c_void,
+                to: *mut ffi::c_char,
+                offset: ffi::c_int,
+                len: ffi::c_int,
+                odd: ffi::c_int,
+                skb: *mut sk_buff,
+            ) -> ffi::c_int,
+        >,
+        from: *mut ffi::c_void,
+        length: usize,
+        transhdrlen: ffi::c_int,
+        ipc6: *mut ipcm6_cookie,
+        fl6: *mut flowi6,
+        rt: *mut rt6_info,
+        flags: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_push_pending_frames(sk: *mut sock) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_flush_pending_frames(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ip6_send_skb(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ip6_make_skb(
+        sk: *mut sock,
+        queue: *mut sk_buff_head,
+        cork: *mut inet_cork_full,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn ip6_make_skb(
+        sk: *mut sock,
+        getfrag: ::core::option::Option<
+            unsafe extern "C" fn(
+                from: *mut ffi::c_void,
+                to: *mut ffi::c_char,
+                offset: ffi::c_int,
+                len: ffi::c_int,
+                odd: ffi::c_int,
+                skb: *mut sk_buff,
+            ) -> ffi::c_int,
+        >,
+        from: *mut ffi::c_void,
+        length: usize,
+        transhdrlen: ffi::c_int,
+        ipc6: *mut ipcm6_cookie,
+        rt: *mut rt6_info,
+        flags: ffi::c_uint,
+        cork: *mut inet_cork_full,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn ip6_dst_lookup(
+        net: *mut net,
+        sk: *mut sock,
+        dst: *mut *mut dst_entry,
+        fl6: *mut flowi6,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_dst_lookup_flow(
+        net: *mut net,
+        sk: *const sock,
+        fl6: *mut flowi6,
+        final_dst: *const in6_addr,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn ip6_sk_dst_lookup_flow(
+        sk: *mut sock,
+        fl6: *mut flowi6,
+        final_dst: *const in6_addr,
+        connected: bool_,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn ip6_blackhole_route(net: *mut net, orig_dst: *mut dst_entry) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn ip6_forward(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_mc_input(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_protocol_deliver_rcu(
+        net: *mut net,
+        skb: *mut sk_buff,
+        nexthdr: ffi::c_int,
+        have_final: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn __ip6_local_out(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_local_out(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_push_nfrag_opts(
+        skb: *mut sk_buff,
+        opt: *mut ipv6_txoptions,
+        proto: u8_,
+        daddr_p: *mut *mut in6_addr,
+        saddr: *mut in6_addr,
+    ) -> u8_;
+}
+unsafe extern "C" {
+    pub fn ipv6_push_frag_opts(skb: *mut sk_buff, opt: *mut ipv6_txoptions, proto: u8_) -> u8_;
+}
+unsafe extern "C" {
+    pub fn ipv6_skip_exthdr(
+        arg1: *const sk_buff,
+        start: ffi::c_int,
+        nexthdrp: *mut u8_,
+        frag_offp: *mut __be16,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_ext_hdr(nexthdr: u8_) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_find_hdr(
+        skb: *const sk_buff,
+        offset: *mut ffi::c_uint,
+        target: ffi::c_int,
+        fragoff: *mut ffi::c_ushort,
+        fragflg: *mut ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_find_tlv(skb: *const sk_buff, offset: ffi::c_int, type_: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_setsockopt(
+        sk: *mut sock,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: sockptr_t,
+        optlen: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_getsockopt(
+        sk: *mut sock,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: *mut ffi::c_char,
+        optlen: *mut ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ip6_datagram_connect(
+        sk: *mut sock,
+        addr: *mut sockaddr_unsized,
+        addr_len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_datagram_connect(
+        sk: *mut sock,
+        addr: *mut sockaddr_unsized,
+        addr_len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_datagram_connect_v6_only(
+        sk: *mut sock,
+        addr: *mut sockaddr_unsized,
+        addr_len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_datagram_dst_update(sk: *mut sock, fix_sk_saddr: bool_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_datagram_release_cb(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ipv6_recv_error(sk: *mut sock, msg: *mut msghdr, len: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_recv_rxpmtu(sk: *mut sock, msg: *mut msghdr, len: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_icmp_error(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        err: ffi::c_int,
+        port: __be16,
+        info: u32_,
+        payload: *mut u8_,
+    );
+}
+unsafe extern "C" {
+    pub fn ipv6_local_error(sk: *mut sock, err: ffi::c_int, fl6: *mut flowi6, info: u32_);
+}
+unsafe extern "C" {
+    pub fn ipv6_local_rxpmtu(sk: *mut sock, fl6: *mut flowi6, mtu: u32_);
+}
+unsafe extern "C" {
+    pub fn ip6_mc_source(
+        add: ffi::c_int,
+        omode: ffi::c_int,
+        sk: *mut sock,
+        pgsr: *mut group_source_req,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_mc_msfilter(
+        sk: *mut sock,
+        gsf: *mut group_filter,
+        list: *mut __kernel_sockaddr_storage,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_mc_msfget(
+        sk: *mut sock,
+        gsf: *mut group_filter,
+        optval: sockptr_t,
+        ss_offset: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_misc_proc_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_misc_proc_exit();
+}
+unsafe extern "C" {
+    pub fn ipv6_icmp_sysctl_init(net: *mut net) -> *mut ctl_table;
+}
+unsafe extern "C" {
+    pub fn ipv6_icmp_sysctl_table_size() -> usize;
+}
+unsafe extern "C" {
+    pub fn ipv6_route_sysctl_init(net: *mut net) -> *mut ctl_table;
+}
+unsafe extern "C" {
+    pub fn ipv6_route_sysctl_table_size(net: *mut net) -> usize;
+}
+unsafe extern "C" {
+    pub fn ipv6_sysctl_register() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_sysctl_unregister();
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_mc_join(
+        sk: *mut sock,
+        ifindex: ffi::c_int,
+        addr: *const in6_addr,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_mc_join_ssm(
+        sk: *mut sock,
+        ifindex: ffi::c_int,
+        addr: *const in6_addr,
+        mode: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_mc_drop(
+        sk: *mut sock,
+        ifindex: ffi::c_int,
+        addr: *const in6_addr,
+    ) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
 pub struct iphdr {
     pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
     pub tos: __u8,
@@ -29344,6 +33936,86 @@ impl iphdr {
     }
 }
 #[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ipv4_addr_key {
+    pub addr: __be32,
+    pub vif: ffi::c_int,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct inetpeer_addr {
+    pub __bindgen_anon_1: inetpeer_addr__bindgen_ty_1,
+    pub family: __u16,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union inetpeer_addr__bindgen_ty_1 {
+    pub a4: ipv4_addr_key,
+    pub a6: in6_addr,
+    pub key: [u32_; 4usize],
+}
+impl Default for inetpeer_addr__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for inetpeer_addr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct inet_peer {
+    pub rb_node: rb_node,
+    pub hash: u64_,
+    pub daddr: inetpeer_addr,
+    pub metrics: [u32_; 17usize],
+    pub rate_tokens: u32_,
+    pub n_redirects: u32_,
+    pub rate_last: ffi::c_ulong,
+    pub __bindgen_anon_1: inet_peer__bindgen_ty_1,
+    pub dtime: __u32,
+    pub refcnt: refcount_t,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union inet_peer__bindgen_ty_1 {
+    pub __bindgen_anon_1: inet_peer__bindgen_ty_1__bindgen_ty_1,
+    pub rcu: callback_head,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct inet_peer__bindgen_ty_1__bindgen_ty_1 {
+    pub rid: atomic_t,
+}
+impl Default for inet_peer__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for inet_peer {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
 pub struct inet_peer_base {
     pub rb_root: rb_root,
@@ -29351,6 +34023,178 @@ pub struct inet_peer_base {
     pub total: ffi::c_int,
 }
 impl Default for inet_peer_base {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn inet_peer_base_init(arg1: *mut inet_peer_base);
+}
+unsafe extern "C" {
+    pub fn inet_initpeers();
+}
+unsafe extern "C" {
+    pub fn inet_getpeer(base: *mut inet_peer_base, daddr: *const inetpeer_addr) -> *mut inet_peer;
+}
+unsafe extern "C" {
+    pub fn inet_putpeer(p: *mut inet_peer);
+}
+unsafe extern "C" {
+    pub fn inet_peer_xrlim_allow(peer: *mut inet_peer, timeout: ffi::c_int) -> bool_;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib_nh_exception {
+    pub fnhe_next: *mut fib_nh_exception,
+    pub fnhe_genid: ffi::c_int,
+    pub fnhe_daddr: __be32,
+    pub fnhe_pmtu: u32_,
+    pub fnhe_mtu_locked: bool_,
+    pub fnhe_gw: __be32,
+    pub fnhe_expires: ffi::c_ulong,
+    pub fnhe_rth_input: *mut rtable,
+    pub fnhe_rth_output: *mut rtable,
+    pub fnhe_stamp: ffi::c_ulong,
+    pub rcu: callback_head,
+}
+impl Default for fib_nh_exception {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fnhe_hash_bucket {
+    pub chain: *mut fib_nh_exception,
+}
+impl Default for fnhe_hash_bucket {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib_nh_common {
+    pub nhc_dev: *mut net_device,
+    pub nhc_dev_tracker: netdevice_tracker,
+    pub nhc_oif: ffi::c_int,
+    pub nhc_scope: ffi::c_uchar,
+    pub nhc_family: u8_,
+    pub nhc_gw_family: u8_,
+    pub nhc_flags: ffi::c_uchar,
+    pub nhc_lwtstate: *mut lwtunnel_state,
+    pub nhc_gw: fib_nh_common__bindgen_ty_1,
+    pub nhc_weight: ffi::c_int,
+    pub nhc_upper_bound: atomic_t,
+    pub nhc_pcpu_rth_output: *mut *mut rtable,
+    pub nhc_rth_input: *mut rtable,
+    pub nhc_exceptions: *mut fnhe_hash_bucket,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union fib_nh_common__bindgen_ty_1 {
+    pub ipv4: __be32,
+    pub ipv6: in6_addr,
+}
+impl Default for fib_nh_common__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for fib_nh_common {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib_nh {
+    pub nh_common: fib_nh_common,
+    pub nh_hash: hlist_node,
+    pub nh_parent: *mut fib_info,
+    pub nh_saddr: __be32,
+    pub nh_saddr_genid: ffi::c_int,
+}
+impl Default for fib_nh {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct fib_info {
+    pub fib_hash: hlist_node,
+    pub fib_lhash: hlist_node,
+    pub nh_list: list_head,
+    pub fib_net: *mut net,
+    pub fib_treeref: refcount_t,
+    pub fib_clntref: refcount_t,
+    pub fib_flags: ffi::c_uint,
+    pub fib_dead: ffi::c_uchar,
+    pub fib_protocol: ffi::c_uchar,
+    pub fib_scope: ffi::c_uchar,
+    pub fib_type: ffi::c_uchar,
+    pub fib_prefsrc: __be32,
+    pub fib_tb_id: u32_,
+    pub fib_priority: u32_,
+    pub fib_metrics: *mut dst_metrics,
+    pub fib_nhs: ffi::c_int,
+    pub fib_nh_is_v6: bool_,
+    pub nh_updated: bool_,
+    pub pfsrc_removed: bool_,
+    pub nh: *mut nexthop,
+    pub rcu: callback_head,
+    pub fib_nh: __IncompleteArrayField<fib_nh>,
+}
+impl Default for fib_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib_result {
+    pub prefix: __be32,
+    pub prefixlen: ffi::c_uchar,
+    pub nh_sel: ffi::c_uchar,
+    pub type_: ffi::c_uchar,
+    pub scope: ffi::c_uchar,
+    pub tclassid: u32_,
+    pub dscp: dscp_t,
+    pub nhc: *mut fib_nh_common,
+    pub fi: *mut fib_info,
+    pub table: *mut fib_table,
+    pub fa_head: *mut hlist_head,
+}
+impl Default for fib_result {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -29379,9 +34223,50 @@ impl Default for fib_table {
     }
 }
 #[repr(C)]
-#[derive(Debug, MaybeZeroable)]
-pub struct prefix_info {
-    _unused: [u8; 0],
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib_dump_filter {
+    pub table_id: u32_,
+    pub filter_set: bool_,
+    pub dump_routes: bool_,
+    pub dump_exceptions: bool_,
+    pub protocol: ffi::c_uchar,
+    pub rt_type: ffi::c_uchar,
+    pub flags: ffi::c_uint,
+    pub dev: *mut net_device,
+}
+impl Default for fib_dump_filter {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip_fib_init();
+}
+unsafe extern "C" {
+    pub fn ip_fib_check_default(gw: __be32, dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_mtu_from_fib_result(res: *mut fib_result, daddr: __be32) -> u32_;
+}
+unsafe extern "C" {
+    pub fn ip_valid_fib_dump_req(
+        net: *mut net,
+        nlh: *const nlmsghdr,
+        filter: *mut fib_dump_filter,
+        cb: *mut netlink_callback,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_err_gen_icmpv6_unreach(
+        skb: *mut sk_buff,
+        nhs: ffi::c_int,
+        type_: ffi::c_int,
+        data_len: ffi::c_uint,
+    ) -> ffi::c_int;
 }
 #[repr(C, packed)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
@@ -29459,14 +34344,246 @@ pub struct ndisc_ops {
     >,
 }
 #[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct rtentry {
+    pub rt_pad1: ffi::c_ulong,
+    pub rt_dst: sockaddr,
+    pub rt_gateway: sockaddr,
+    pub rt_genmask: sockaddr,
+    pub rt_flags: ffi::c_ushort,
+    pub rt_pad2: ffi::c_short,
+    pub rt_pad3: ffi::c_ulong,
+    pub rt_pad4: *mut ffi::c_void,
+    pub rt_metric: ffi::c_short,
+    pub rt_dev: *mut ffi::c_char,
+    pub rt_mtu: ffi::c_ulong,
+    pub rt_window: ffi::c_ulong,
+    pub rt_irtt: ffi::c_ushort,
+}
+impl Default for rtentry {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
 #[derive(Debug, MaybeZeroable)]
 pub struct uncached_list {
     _unused: [u8; 0],
 }
 #[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct rtable {
+    pub dst: dst_entry,
+    pub rt_genid: ffi::c_int,
+    pub rt_flags: ffi::c_uint,
+    pub rt_type: __u16,
+    pub rt_is_input: __u8,
+    pub rt_uses_gateway: __u8,
+    pub rt_iif: ffi::c_int,
+    pub rt_gw_family: u8_,
+    pub __bindgen_anon_1: rtable__bindgen_ty_1,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 4usize]>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union rtable__bindgen_ty_1 {
+    pub rt_gw4: __be32,
+    pub rt_gw6: in6_addr,
+}
+impl Default for rtable__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for rtable {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl rtable {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn rt_mtu_locked(&self) -> u32_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_rt_mtu_locked(&mut self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn rt_mtu_locked_raw(this: *const Self) -> u32_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_rt_mtu_locked_raw(this: *mut Self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn rt_pmtu(&self) -> u32_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 31u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_rt_pmtu(&mut self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 31u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn rt_pmtu_raw(this: *const Self) -> u32_ {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 4usize]>>::raw_get_const::<
+                1usize,
+                31u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u32)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_rt_pmtu_raw(this: *mut Self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 4usize]>>::raw_set_const::<1usize, 31u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        rt_mtu_locked: u32_,
+        rt_pmtu: u32_,
+    ) -> __BindgenBitfieldUnit<[u8; 4usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 4usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let rt_mtu_locked: u32 = unsafe { ::core::mem::transmute(rt_mtu_locked) };
+            rt_mtu_locked as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 31u8>({
+            let rt_pmtu: u32 = unsafe { ::core::mem::transmute(rt_pmtu) };
+            rt_pmtu as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
 #[derive(Debug, MaybeZeroable)]
 pub struct in_device {
     _unused: [u8; 0],
+}
+unsafe extern "C" {
+    pub fn ip_rt_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_route_output_key_hash(
+        net: *mut net,
+        flp: *mut flowi4,
+        skb: *const sk_buff,
+    ) -> *mut rtable;
+}
+unsafe extern "C" {
+    pub fn ip_route_output_key_hash_rcu(
+        net: *mut net,
+        flp: *mut flowi4,
+        res: *mut fib_result,
+        skb: *const sk_buff,
+    ) -> *mut rtable;
+}
+unsafe extern "C" {
+    pub fn ip_route_output_flow(arg1: *mut net, flp: *mut flowi4, sk: *const sock) -> *mut rtable;
+}
+unsafe extern "C" {
+    pub fn ip_mc_validate_source(
+        skb: *mut sk_buff,
+        daddr: __be32,
+        saddr: __be32,
+        dscp: dscp_t,
+        dev: *mut net_device,
+        in_dev: *mut in_device,
+        itag: *mut u32_,
+    ) -> skb_drop_reason;
+}
+unsafe extern "C" {
+    pub fn ip_route_input_noref(
+        skb: *mut sk_buff,
+        daddr: __be32,
+        saddr: __be32,
+        dscp: dscp_t,
+        dev: *mut net_device,
+    ) -> skb_drop_reason;
+}
+unsafe extern "C" {
+    pub fn ip_route_use_hint(
+        skb: *mut sk_buff,
+        daddr: __be32,
+        saddr: __be32,
+        dscp: dscp_t,
+        dev: *mut net_device,
+        hint: *const sk_buff,
+    ) -> skb_drop_reason;
+}
+unsafe extern "C" {
+    pub fn ip_rt_send_redirect(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn inet_addr_type(net: *mut net, addr: __be32) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn inet_addr_type_table(net: *mut net, addr: __be32, tb_id: u32_) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn inet_dev_addr_type(net: *mut net, dev: *const net_device, addr: __be32) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn inet_addr_type_dev_table(
+        net: *mut net,
+        dev: *const net_device,
+        addr: __be32,
+    ) -> ffi::c_uint;
+}
+unsafe extern "C" {
+    pub fn ip_rt_multicast_event(arg1: *mut in_device);
+}
+unsafe extern "C" {
+    pub fn ip_rt_ioctl(arg1: *mut net, cmd: ffi::c_uint, rt: *mut rtentry) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_rt_get_source(src: *mut u8_, skb: *mut sk_buff, rt: *mut rtable);
 }
 #[repr(C)]
 #[derive(MaybeZeroable)]
@@ -29483,6 +34600,27 @@ pub struct lwtunnel_state {
     pub data: __IncompleteArrayField<__u8>,
 }
 impl Default for lwtunnel_state {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ipcm_cookie {
+    pub sockc: sockcm_cookie,
+    pub addr: __be32,
+    pub oif: ffi::c_int,
+    pub opt: *mut ip_options_rcu,
+    pub protocol: __u8,
+    pub ttl: __u8,
+    pub tos: __s16,
+    pub gso_size: __u16,
+}
+impl Default for ipcm_cookie {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -29522,6 +34660,393 @@ impl Default for ip_ra_chain {
             s.assume_init()
         }
     }
+}
+unsafe extern "C" {
+    pub fn ip_build_and_send_pkt(
+        skb: *mut sk_buff,
+        sk: *const sock,
+        saddr: __be32,
+        daddr: __be32,
+        opt: *mut ip_options_rcu,
+        tos: u8_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_rcv(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        pt: *mut packet_type,
+        orig_dev: *mut net_device,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_list_rcv(head: *mut list_head, pt: *mut packet_type, orig_dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn ip_protocol_deliver_rcu(net: *mut net, skb: *mut sk_buff, proto: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn ip_mr_input(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_mr_output(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_mc_output(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_do_fragment(
+        net: *mut net,
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        output: ::core::option::Option<
+            unsafe extern "C" fn(arg1: *mut net, arg2: *mut sock, arg3: *mut sk_buff) -> ffi::c_int,
+        >,
+    ) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_fraglist_iter {
+    pub frag: *mut sk_buff,
+    pub iph: *mut iphdr,
+    pub offset: ffi::c_int,
+    pub hlen: ffi::c_uint,
+}
+impl Default for ip_fraglist_iter {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip_fraglist_init(
+        skb: *mut sk_buff,
+        iph: *mut iphdr,
+        hlen: ffi::c_uint,
+        iter: *mut ip_fraglist_iter,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_fraglist_prepare(skb: *mut sk_buff, iter: *mut ip_fraglist_iter);
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ip_frag_state {
+    pub DF: bool_,
+    pub hlen: ffi::c_uint,
+    pub ll_rs: ffi::c_uint,
+    pub mtu: ffi::c_uint,
+    pub left: ffi::c_uint,
+    pub offset: ffi::c_int,
+    pub ptr: ffi::c_int,
+    pub not_last_frag: __be16,
+}
+unsafe extern "C" {
+    pub fn ip_frag_init(
+        skb: *mut sk_buff,
+        hlen: ffi::c_uint,
+        ll_rs: ffi::c_uint,
+        mtu: ffi::c_uint,
+        DF: bool_,
+        state: *mut ip_frag_state,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_frag_next(skb: *mut sk_buff, state: *mut ip_frag_state) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn ip_send_check(ip: *mut iphdr);
+}
+unsafe extern "C" {
+    pub fn __ip_local_out(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_local_out(net: *mut net, sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ip_queue_xmit(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        fl: *mut flowi,
+        tos: __u8,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_init();
+}
+unsafe extern "C" {
+    pub fn ip_append_data(
+        sk: *mut sock,
+        fl4: *mut flowi4,
+        getfrag: ::core::option::Option<
+            unsafe extern "C" fn(
+                from: *mut ffi::c_void,
+                to: *mut ffi::c_char,
+                offset: ffi::c_int,
+                len: ffi::c_int,
+                odd: ffi::c_int,
+                skb: *mut sk_buff,
+            ) -> ffi::c_int,
+        >,
+        from: *mut ffi::c_void,
+        len: ffi::c_int,
+        protolen: ffi::c_int,
+        ipc: *mut ipcm_cookie,
+        rt: *mut *mut rtable,
+        flags: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_generic_getfrag(
+        from: *mut ffi::c_void,
+        to: *mut ffi::c_char,
+        offset: ffi::c_int,
+        len: ffi::c_int,
+        odd: ffi::c_int,
+        skb: *mut sk_buff,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ip_make_skb(
+        sk: *mut sock,
+        fl4: *mut flowi4,
+        queue: *mut sk_buff_head,
+        cork: *mut inet_cork,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn ip_send_skb(net: *mut net, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_push_pending_frames(sk: *mut sock, fl4: *mut flowi4) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_flush_pending_frames(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ip_make_skb(
+        sk: *mut sock,
+        fl4: *mut flowi4,
+        getfrag: ::core::option::Option<
+            unsafe extern "C" fn(
+                from: *mut ffi::c_void,
+                to: *mut ffi::c_char,
+                offset: ffi::c_int,
+                len: ffi::c_int,
+                odd: ffi::c_int,
+                skb: *mut sk_buff,
+            ) -> ffi::c_int,
+        >,
+        from: *mut ffi::c_void,
+        length: ffi::c_int,
+        transhdrlen: ffi::c_int,
+        ipc: *mut ipcm_cookie,
+        rtp: *mut *mut rtable,
+        cork: *mut inet_cork,
+        flags: ffi::c_uint,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn ip_queue_xmit(sk: *mut sock, skb: *mut sk_buff, fl: *mut flowi) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_reply_arg {
+    pub iov: [kvec; 1usize],
+    pub flags: ffi::c_int,
+    pub csum: __wsum,
+    pub csumoffset: ffi::c_int,
+    pub bound_dev_if: ffi::c_int,
+    pub tos: u8_,
+    pub uid: kuid_t,
+}
+impl Default for ip_reply_arg {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip_send_unicast_reply(
+        sk: *mut sock,
+        orig_sk: *const sock,
+        skb: *mut sk_buff,
+        sopt: *const ip_options,
+        daddr: __be32,
+        saddr: __be32,
+        arg: *const ip_reply_arg,
+        len: ffi::c_uint,
+        transmit_time: u64_,
+        txhash: u32_,
+    );
+}
+unsafe extern "C" {
+    pub fn inet_sk_get_local_port_range(
+        sk: *const sock,
+        low: *mut ffi::c_int,
+        high: *mut ffi::c_int,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn inet_current_timestamp() -> __be32;
+}
+unsafe extern "C" {
+    pub fn ip_static_sysctl_init();
+}
+unsafe extern "C" {
+    pub fn ip_fib_metrics_init(
+        fc_mx: *mut nlattr,
+        fc_mx_len: ffi::c_int,
+        extack: *mut netlink_ext_ack,
+    ) -> *mut dst_metrics;
+}
+unsafe extern "C" {
+    pub fn __ip_select_ident(net: *mut net, iph: *mut iphdr, segs: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn ip_call_ra_chain(skb: *mut sk_buff) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ip_defrag(net: *mut net, skb: *mut sk_buff, user: u32_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_check_defrag(net: *mut net, skb: *mut sk_buff, user: u32_) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn ip_forward(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_options_build(
+        skb: *mut sk_buff,
+        opt: *mut ip_options,
+        daddr: __be32,
+        rt: *mut rtable,
+    );
+}
+unsafe extern "C" {
+    pub fn __ip_options_echo(
+        net: *mut net,
+        dopt: *mut ip_options,
+        skb: *mut sk_buff,
+        sopt: *const ip_options,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_options_fragment(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __ip_options_compile(
+        net: *mut net,
+        opt: *mut ip_options,
+        skb: *mut sk_buff,
+        info: *mut __be32,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_options_compile(net: *mut net, opt: *mut ip_options, skb: *mut sk_buff)
+    -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_options_get(
+        net: *mut net,
+        optp: *mut *mut ip_options_rcu,
+        data: sockptr_t,
+        optlen: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_options_undo(opt: *mut ip_options);
+}
+unsafe extern "C" {
+    pub fn ip_forward_options(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn ip_options_rcv_srr(skb: *mut sk_buff, dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_cmsg_recv_offset(
+        msg: *mut msghdr,
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        tlen: ffi::c_int,
+        offset: ffi::c_int,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_cmsg_send(
+        sk: *mut sock,
+        msg: *mut msghdr,
+        ipc: *mut ipcm_cookie,
+        allow_ipv6: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_setsockopt(
+        sk: *mut sock,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: sockptr_t,
+        optlen: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_getsockopt(
+        sk: *mut sock,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: *mut ffi::c_char,
+        optlen: *mut ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_ra_control(
+        sk: *mut sock,
+        on: ffi::c_uchar,
+        destructor: ::core::option::Option<unsafe extern "C" fn(arg1: *mut sock)>,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_recv_error(sk: *mut sock, msg: *mut msghdr, len: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_icmp_error(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        err: ffi::c_int,
+        port: __be16,
+        info: u32_,
+        payload: *mut u8_,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_local_error(sk: *mut sock, err: ffi::c_int, daddr: __be32, dport: __be16, info: u32_);
+}
+unsafe extern "C" {
+    pub fn ip_misc_proc_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_sock_set_freebind(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ip_sock_set_mtu_discover(sk: *mut sock, val: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_sock_set_pktinfo(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ip_sock_set_recverr(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ip_sock_set_tos(sk: *mut sock, val: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn __ip_sock_set_tos(sk: *mut sock, val: ffi::c_int);
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
@@ -32632,11 +38157,244 @@ unsafe extern "C" {
 }
 #[repr(C)]
 #[derive(Copy, Clone, MaybeZeroable)]
+pub struct iosys_map {
+    pub __bindgen_anon_1: iosys_map__bindgen_ty_1,
+    pub is_iomem: bool_,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union iosys_map__bindgen_ty_1 {
+    pub vaddr_iomem: *mut ffi::c_void,
+    pub vaddr: *mut ffi::c_void,
+}
+impl Default for iosys_map__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for iosys_map {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct dma_fence {
+    pub __bindgen_anon_1: dma_fence__bindgen_ty_1,
+    pub ops: *const dma_fence_ops,
+    pub __bindgen_anon_2: dma_fence__bindgen_ty_2,
+    pub context: u64_,
+    pub seqno: u64_,
+    pub flags: ffi::c_ulong,
+    pub refcount: kref,
+    pub error: ffi::c_int,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union dma_fence__bindgen_ty_1 {
+    pub extern_lock: *mut spinlock_t,
+    pub inline_lock: spinlock_t,
+}
+impl Default for dma_fence__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union dma_fence__bindgen_ty_2 {
+    pub cb_list: list_head,
+    pub timestamp: ktime_t,
+    pub rcu: callback_head,
+}
+impl Default for dma_fence__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for dma_fence {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type dma_fence_func_t =
+    ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence, cb: *mut dma_fence_cb)>;
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct dma_fence_cb {
+    pub node: list_head,
+    pub func: dma_fence_func_t,
+}
+impl Default for dma_fence_cb {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct dma_fence_ops {
+    pub get_driver_name:
+        ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence) -> *const ffi::c_char>,
+    pub get_timeline_name:
+        ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence) -> *const ffi::c_char>,
+    pub enable_signaling:
+        ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence) -> bool_>,
+    pub signaled: ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence) -> bool_>,
+    pub wait: ::core::option::Option<
+        unsafe extern "C" fn(
+            fence: *mut dma_fence,
+            intr: bool_,
+            timeout: ffi::c_long,
+        ) -> ffi::c_long,
+    >,
+    pub release: ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence)>,
+    pub set_deadline:
+        ::core::option::Option<unsafe extern "C" fn(fence: *mut dma_fence, deadline: ktime_t)>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
 pub struct p2pdma_provider {
     pub owner: *mut device,
     pub bus_offset: u64_,
 }
 impl Default for p2pdma_provider {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct dma_buf_ops {
+    pub attach: ::core::option::Option<
+        unsafe extern "C" fn(arg1: *mut dma_buf, arg2: *mut dma_buf_attachment) -> ffi::c_int,
+    >,
+    pub detach: ::core::option::Option<
+        unsafe extern "C" fn(arg1: *mut dma_buf, arg2: *mut dma_buf_attachment),
+    >,
+    pub pin:
+        ::core::option::Option<unsafe extern "C" fn(attach: *mut dma_buf_attachment) -> ffi::c_int>,
+    pub unpin: ::core::option::Option<unsafe extern "C" fn(attach: *mut dma_buf_attachment)>,
+    pub map_dma_buf: ::core::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut dma_buf_attachment,
+            arg2: dma_data_direction,
+        ) -> *mut sg_table,
+    >,
+    pub unmap_dma_buf: ::core::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut dma_buf_attachment,
+            arg2: *mut sg_table,
+            arg3: dma_data_direction,
+        ),
+    >,
+    pub release: ::core::option::Option<unsafe extern "C" fn(arg1: *mut dma_buf)>,
+    pub begin_cpu_access: ::core::option::Option<
+        unsafe extern "C" fn(arg1: *mut dma_buf, arg2: dma_data_direction) -> ffi::c_int,
+    >,
+    pub end_cpu_access: ::core::option::Option<
+        unsafe extern "C" fn(arg1: *mut dma_buf, arg2: dma_data_direction) -> ffi::c_int,
+    >,
+    pub mmap: ::core::option::Option<
+        unsafe extern "C" fn(arg1: *mut dma_buf, vma: *mut vm_area_struct) -> ffi::c_int,
+    >,
+    pub vmap: ::core::option::Option<
+        unsafe extern "C" fn(dmabuf: *mut dma_buf, map: *mut iosys_map) -> ffi::c_int,
+    >,
+    pub vunmap:
+        ::core::option::Option<unsafe extern "C" fn(dmabuf: *mut dma_buf, map: *mut iosys_map)>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct dma_buf {
+    pub size: usize,
+    pub file: *mut file,
+    pub attachments: list_head,
+    pub ops: *const dma_buf_ops,
+    pub vmapping_counter: ffi::c_uint,
+    pub vmap_ptr: iosys_map,
+    pub exp_name: *const ffi::c_char,
+    pub name: *const ffi::c_char,
+    pub name_lock: spinlock_t,
+    pub owner: *mut module,
+    pub list_node: list_head,
+    pub priv_: *mut ffi::c_void,
+    pub resv: *mut dma_resv,
+    pub poll: wait_queue_head_t,
+    pub cb_in: dma_buf_dma_buf_poll_cb_t,
+    pub cb_out: dma_buf_dma_buf_poll_cb_t,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct dma_buf_dma_buf_poll_cb_t {
+    pub cb: dma_fence_cb,
+    pub poll: *mut wait_queue_head_t,
+    pub active: __poll_t,
+}
+impl Default for dma_buf_dma_buf_poll_cb_t {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for dma_buf {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct dma_buf_attach_ops {
+    pub allow_peer2peer: bool_,
+    pub invalidate_mappings:
+        ::core::option::Option<unsafe extern "C" fn(attach: *mut dma_buf_attachment)>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct dma_buf_attachment {
+    pub dmabuf: *mut dma_buf,
+    pub dev: *mut device,
+    pub node: list_head,
+    pub peer2peer: bool_,
+    pub importer_ops: *const dma_buf_attach_ops,
+    pub importer_priv: *mut ffi::c_void,
+    pub priv_: *mut ffi::c_void,
+}
+impl Default for dma_buf_attachment {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -34070,11 +39828,6 @@ pub const ib_mr_rereg_flags_IB_MR_REREG_PD: ib_mr_rereg_flags = 2;
 pub const ib_mr_rereg_flags_IB_MR_REREG_ACCESS: ib_mr_rereg_flags = 4;
 pub const ib_mr_rereg_flags_IB_MR_REREG_SUPPORTED: ib_mr_rereg_flags = 7;
 pub type ib_mr_rereg_flags = ffi::c_uint;
-#[repr(C)]
-#[derive(Debug, MaybeZeroable)]
-pub struct ib_umem {
-    _unused: [u8; 0],
-}
 pub const rdma_remove_reason_RDMA_REMOVE_DESTROY: rdma_remove_reason = 0;
 pub const rdma_remove_reason_RDMA_REMOVE_CLOSE: rdma_remove_reason = 1;
 pub const rdma_remove_reason_RDMA_REMOVE_DRIVER_REMOVE: rdma_remove_reason = 2;
@@ -35404,11 +41157,6 @@ impl Default for ib_counters_read_attr {
             s.assume_init()
         }
     }
-}
-#[repr(C)]
-#[derive(Debug, MaybeZeroable)]
-pub struct uverbs_attr_bundle {
-    _unused: [u8; 0],
 }
 #[repr(C)]
 #[derive(Debug, MaybeZeroable)]
@@ -37655,6 +43403,3835 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn ib_mad_kernel_rmpp_agent(agent: *const ib_mad_agent) -> ffi::c_int;
 }
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct vm_struct {
+    pub __bindgen_anon_1: vm_struct__bindgen_ty_1,
+    pub addr: *mut ffi::c_void,
+    pub size: ffi::c_ulong,
+    pub flags: ffi::c_ulong,
+    pub pages: *mut *mut page,
+    pub page_order: ffi::c_uint,
+    pub nr_pages: ffi::c_ulong,
+    pub phys_addr: phys_addr_t,
+    pub caller: *const ffi::c_void,
+    pub requested_size: ffi::c_ulong,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union vm_struct__bindgen_ty_1 {
+    pub next: *mut vm_struct,
+    pub llnode: llist_node,
+}
+impl Default for vm_struct__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for vm_struct {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn vfree(addr: *const ffi::c_void);
+}
+unsafe extern "C" {
+    pub fn remap_vmalloc_range(
+        vma: *mut vm_area_struct,
+        addr: *mut ffi::c_void,
+        pgoff: ffi::c_ulong,
+    ) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct prefix_info {
+    pub type_: __u8,
+    pub length: __u8,
+    pub prefix_len: __u8,
+    pub __bindgen_anon_1: prefix_info__bindgen_ty_1,
+    pub valid: __be32,
+    pub prefered: __be32,
+    pub reserved2: __be32,
+    pub prefix: in6_addr,
+}
+#[repr(C, packed)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union prefix_info__bindgen_ty_1 {
+    pub flags: __u8,
+    pub __bindgen_anon_1: prefix_info__bindgen_ty_1__bindgen_ty_1,
+}
+#[repr(C, packed)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct prefix_info__bindgen_ty_1__bindgen_ty_1 {
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+}
+impl prefix_info__bindgen_ty_1__bindgen_ty_1 {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn reserved(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 4u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_reserved(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 4u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn reserved_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 4u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_reserved_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 4u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn preferpd(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<4usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_preferpd(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<4usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn preferpd_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<4usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_preferpd_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<4usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn routeraddr(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<5usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_routeraddr(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<5usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn routeraddr_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<5usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_routeraddr_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<5usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn autoconf(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<6usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_autoconf(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<6usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn autoconf_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<6usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_autoconf_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<6usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn onlink(&self) -> __u8 {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<7usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_onlink(&mut self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<7usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn onlink_raw(this: *const Self) -> __u8 {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<7usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_onlink_raw(this: *mut Self, val: __u8) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<7usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        reserved: __u8,
+        preferpd: __u8,
+        routeraddr: __u8,
+        autoconf: __u8,
+        onlink: __u8,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 4u8>({
+            let reserved: u8 = unsafe { ::core::mem::transmute(reserved) };
+            reserved as u64
+        });
+        __bindgen_bitfield_unit.set_const::<4usize, 1u8>({
+            let preferpd: u8 = unsafe { ::core::mem::transmute(preferpd) };
+            preferpd as u64
+        });
+        __bindgen_bitfield_unit.set_const::<5usize, 1u8>({
+            let routeraddr: u8 = unsafe { ::core::mem::transmute(routeraddr) };
+            routeraddr as u64
+        });
+        __bindgen_bitfield_unit.set_const::<6usize, 1u8>({
+            let autoconf: u8 = unsafe { ::core::mem::transmute(autoconf) };
+            autoconf as u64
+        });
+        __bindgen_bitfield_unit.set_const::<7usize, 1u8>({
+            let onlink: u8 = unsafe { ::core::mem::transmute(onlink) };
+            onlink as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+impl Default for prefix_info__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for prefix_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_addr(
+        net: *mut net,
+        addr: *const in6_addr,
+        dev: *const net_device,
+        strict: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_addr_and_flags(
+        net: *mut net,
+        addr: *const in6_addr,
+        dev: *const net_device,
+        skip_dev_check: bool_,
+        strict: ffi::c_int,
+        banned_flags: u32_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_rpl_srh_loop(
+        net: *mut net,
+        segs: *const in6_addr,
+        nsegs: ffi::c_uchar,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_custom_prefix(
+        addr: *const in6_addr,
+        prefix_len: ffi::c_uint,
+        dev: *mut net_device,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_prefix(addr: *const in6_addr, dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_dev_find(
+        net: *mut net,
+        addr: *const in6_addr,
+        dev: *mut net_device,
+    ) -> *mut net_device;
+}
+unsafe extern "C" {
+    pub fn ipv6_get_ifaddr(
+        net: *mut net,
+        addr: *const in6_addr,
+        dev: *mut net_device,
+        strict: ffi::c_int,
+    ) -> *mut inet6_ifaddr;
+}
+unsafe extern "C" {
+    pub fn ipv6_dev_get_saddr(
+        net: *mut net,
+        dev: *const net_device,
+        daddr: *const in6_addr,
+        srcprefs: ffi::c_uint,
+        saddr: *mut in6_addr,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_get_lladdr(
+        dev: *mut net_device,
+        addr: *mut in6_addr,
+        banned_flags: u32_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn inet_rcv_saddr_equal(sk: *const sock, sk2: *const sock, match_wildcard: bool_) -> bool_;
+}
+unsafe extern "C" {
+    pub fn inet_rcv_saddr_any(sk: *const sock) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_addr_label_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_addr_label_cleanup();
+}
+unsafe extern "C" {
+    pub fn ipv6_addr_label_rtnl_register() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_addr_label(
+        net: *mut net,
+        addr: *const in6_addr,
+        type_: ffi::c_int,
+        ifindex: ffi::c_int,
+    ) -> u32_;
+}
+unsafe extern "C" {
+    pub fn __ipv6_sock_mc_close(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_mc_close(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ipv6_dev_mc_inc(dev: *mut net_device, addr: *const in6_addr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ipv6_dev_mc_dec(idev: *mut inet6_dev, addr: *const in6_addr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_dev_mc_dec(dev: *mut net_device, addr: *const in6_addr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_up(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_down(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_unmap(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_remap(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_init_dev(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_destroy_dev(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_check_mld(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_mcast_addr(
+        dev: *mut net_device,
+        group: *const in6_addr,
+        src_addr: *const in6_addr,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_mc_dad_complete(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_ac_join(
+        sk: *mut sock,
+        ifindex: ffi::c_int,
+        addr: *const in6_addr,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_ac_drop(
+        sk: *mut sock,
+        ifindex: ffi::c_int,
+        addr: *const in6_addr,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ipv6_sock_ac_close(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ipv6_sock_ac_close(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn __ipv6_dev_ac_inc(idev: *mut inet6_dev, addr: *const in6_addr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __ipv6_dev_ac_dec(idev: *mut inet6_dev, addr: *const in6_addr) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_ac_destroy_dev(idev: *mut inet6_dev);
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_acast_addr(net: *mut net, dev: *mut net_device, addr: *const in6_addr)
+    -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_chk_acast_addr_src(
+        net: *mut net,
+        dev: *mut net_device,
+        addr: *const in6_addr,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ipv6_anycast_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ipv6_anycast_cleanup();
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct in6_rtmsg {
+    pub rtmsg_dst: in6_addr,
+    pub rtmsg_src: in6_addr,
+    pub rtmsg_gateway: in6_addr,
+    pub rtmsg_type: __u32,
+    pub rtmsg_dst_len: __u16,
+    pub rtmsg_src_len: __u16,
+    pub rtmsg_metric: __u32,
+    pub rtmsg_info: ffi::c_ulong,
+    pub rtmsg_flags: __u32,
+    pub rtmsg_ifindex: ffi::c_int,
+}
+impl Default for in6_rtmsg {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib6_config {
+    pub fc_table: u32_,
+    pub fc_metric: u32_,
+    pub fc_dst_len: ffi::c_int,
+    pub fc_src_len: ffi::c_int,
+    pub fc_ifindex: ffi::c_int,
+    pub fc_flags: u32_,
+    pub fc_protocol: u32_,
+    pub fc_type: u16_,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 2usize]>,
+    pub fc_nh_id: u32_,
+    pub fc_dst: in6_addr,
+    pub fc_src: in6_addr,
+    pub fc_prefsrc: in6_addr,
+    pub fc_gateway: in6_addr,
+    pub fc_expires: ffi::c_ulong,
+    pub fc_mx: *mut nlattr,
+    pub fc_mx_len: ffi::c_int,
+    pub fc_mp_len: ffi::c_int,
+    pub fc_mp: *mut nlattr,
+    pub fc_nlinfo: nl_info,
+    pub fc_encap: *mut nlattr,
+    pub fc_encap_type: u16_,
+    pub fc_is_fdb: bool_,
+}
+impl Default for fib6_config {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl fib6_config {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn fc_delete_all_nh(&self) -> u16_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u16) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_fc_delete_all_nh(&mut self, val: u16_) {
+        unsafe {
+            let val: u16 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn fc_delete_all_nh_raw(this: *const Self) -> u16_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 2usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u16,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_fc_delete_all_nh_raw(this: *mut Self, val: u16_) {
+        unsafe {
+            let val: u16 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 2usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn fc_ignore_dev_down(&self) -> u16_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u16) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_fc_ignore_dev_down(&mut self, val: u16_) {
+        unsafe {
+            let val: u16 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn fc_ignore_dev_down_raw(this: *const Self) -> u16_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 2usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u16,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_fc_ignore_dev_down_raw(this: *mut Self, val: u16_) {
+        unsafe {
+            let val: u16 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 2usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn __unused(&self) -> u16_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 14u8>() as u16) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set___unused(&mut self, val: u16_) {
+        unsafe {
+            let val: u16 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 14u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn __unused_raw(this: *const Self) -> u16_ {
+        unsafe {
+            ::core::mem::transmute(<__BindgenBitfieldUnit<[u8; 2usize]>>::raw_get_const::<
+                2usize,
+                14u8,
+            >(::core::ptr::addr_of!((*this)._bitfield_1))
+                as u16)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set___unused_raw(this: *mut Self, val: u16_) {
+        unsafe {
+            let val: u16 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 2usize]>>::raw_set_const::<2usize, 14u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        fc_delete_all_nh: u16_,
+        fc_ignore_dev_down: u16_,
+        __unused: u16_,
+    ) -> __BindgenBitfieldUnit<[u8; 2usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 2usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let fc_delete_all_nh: u16 = unsafe { ::core::mem::transmute(fc_delete_all_nh) };
+            fc_delete_all_nh as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let fc_ignore_dev_down: u16 = unsafe { ::core::mem::transmute(fc_ignore_dev_down) };
+            fc_ignore_dev_down as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 14u8>({
+            let __unused: u16 = unsafe { ::core::mem::transmute(__unused) };
+            __unused as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib6_node {
+    pub parent: *mut fib6_node,
+    pub left: *mut fib6_node,
+    pub right: *mut fib6_node,
+    pub leaf: *mut fib6_info,
+    pub fn_bit: __u16,
+    pub fn_flags: __u16,
+    pub fn_sernum: ffi::c_int,
+    pub rr_ptr: *mut fib6_info,
+    pub rcu: callback_head,
+}
+impl Default for fib6_node {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct rt6key {
+    pub addr: in6_addr,
+    pub plen: ffi::c_int,
+}
+impl Default for rt6key {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct rt6_exception_bucket {
+    pub chain: hlist_head,
+    pub depth: ffi::c_int,
+}
+impl Default for rt6_exception_bucket {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib6_nh {
+    pub nh_common: fib_nh_common,
+    pub rt6i_pcpu: *mut *mut rt6_info,
+    pub rt6i_exception_bucket: *mut rt6_exception_bucket,
+}
+impl Default for fib6_nh {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct fib6_info {
+    pub fib6_table: *mut fib6_table,
+    pub fib6_next: *mut fib6_info,
+    pub fib6_node: *mut fib6_node,
+    pub __bindgen_anon_1: fib6_info__bindgen_ty_1,
+    pub fib6_nsiblings: ffi::c_uint,
+    pub fib6_ref: refcount_t,
+    pub expires: ffi::c_ulong,
+    pub gc_link: hlist_node,
+    pub fib6_metrics: *mut dst_metrics,
+    pub fib6_dst: rt6key,
+    pub fib6_flags: u32_,
+    pub fib6_src: rt6key,
+    pub fib6_prefsrc: rt6key,
+    pub fib6_metric: u32_,
+    pub fib6_protocol: u8_,
+    pub fib6_type: u8_,
+    pub offload: u8_,
+    pub trap: u8_,
+    pub offload_failed: u8_,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub purge_link: list_head,
+    pub rcu: callback_head,
+    pub nh: *mut nexthop,
+    pub fib6_nh: __IncompleteArrayField<fib6_nh>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union fib6_info__bindgen_ty_1 {
+    pub fib6_siblings: list_head,
+    pub nh_list: list_head,
+}
+impl Default for fib6_info__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for fib6_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl fib6_info {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn should_flush(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_should_flush(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn should_flush_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_should_flush_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn dst_nocount(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_dst_nocount(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn dst_nocount_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_dst_nocount_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn dst_nopolicy(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_dst_nopolicy(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn dst_nopolicy_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_dst_nopolicy_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<2usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn fib6_destroying(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<3usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_fib6_destroying(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<3usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn fib6_destroying_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<3usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_fib6_destroying_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<3usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn unused(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<4usize, 4u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_unused(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<4usize, 4u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn unused_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<4usize, 4u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_unused_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<4usize, 4u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        should_flush: u8_,
+        dst_nocount: u8_,
+        dst_nopolicy: u8_,
+        fib6_destroying: u8_,
+        unused: u8_,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let should_flush: u8 = unsafe { ::core::mem::transmute(should_flush) };
+            should_flush as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let dst_nocount: u8 = unsafe { ::core::mem::transmute(dst_nocount) };
+            dst_nocount as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let dst_nopolicy: u8 = unsafe { ::core::mem::transmute(dst_nopolicy) };
+            dst_nopolicy as u64
+        });
+        __bindgen_bitfield_unit.set_const::<3usize, 1u8>({
+            let fib6_destroying: u8 = unsafe { ::core::mem::transmute(fib6_destroying) };
+            fib6_destroying as u64
+        });
+        __bindgen_bitfield_unit.set_const::<4usize, 4u8>({
+            let unused: u8 = unsafe { ::core::mem::transmute(unused) };
+            unused as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct rt6_info {
+    pub dst: dst_entry,
+    pub from: *mut fib6_info,
+    pub sernum: ffi::c_int,
+    pub rt6i_dst: rt6key,
+    pub rt6i_src: rt6key,
+    pub rt6i_gateway: in6_addr,
+    pub rt6i_idev: *mut inet6_dev,
+    pub rt6i_flags: u32_,
+    pub rt6i_nfheader_len: ffi::c_ushort,
+}
+impl Default for rt6_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib6_result {
+    pub nh: *mut fib6_nh,
+    pub f6i: *mut fib6_info,
+    pub fib6_flags: u32_,
+    pub fib6_type: u8_,
+    pub rt6: *mut rt6_info,
+}
+impl Default for fib6_result {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct rt6_statistics {
+    pub fib_nodes: __u32,
+    pub fib_route_nodes: __u32,
+    pub fib_rt_entries: __u32,
+    pub fib_rt_cache: __u32,
+    pub fib_discarded_routes: __u32,
+    pub fib_rt_alloc: atomic_t,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct fib6_table {
+    pub tb6_hlist: hlist_node,
+    pub tb6_id: u32_,
+    pub tb6_lock: spinlock_t,
+    pub tb6_root: fib6_node,
+    pub tb6_peers: inet_peer_base,
+    pub flags: ffi::c_uint,
+    pub fib_seq: ffi::c_uint,
+    pub tb6_gc_hlist: hlist_head,
+}
+impl Default for fib6_table {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip6_pol_route_output(
+        net: *mut net,
+        table: *mut fib6_table,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut rt6_info;
+}
+unsafe extern "C" {
+    pub fn ip6_pol_route_input(
+        net: *mut net,
+        table: *mut fib6_table,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut rt6_info;
+}
+unsafe extern "C" {
+    pub fn __ip6_route_redirect(
+        net: *mut net,
+        table: *mut fib6_table,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut rt6_info;
+}
+unsafe extern "C" {
+    pub fn ip6_pol_route_lookup(
+        net: *mut net,
+        table: *mut fib6_table,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut rt6_info;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct nh_info {
+    pub dev_hash: hlist_node,
+    pub nh_parent: *mut nexthop,
+    pub family: u8_,
+    pub reject_nh: bool_,
+    pub fdb_nh: bool_,
+    pub dst_port: __be16,
+    pub __bindgen_anon_1: nh_info__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union nh_info__bindgen_ty_1 {
+    pub fib_nhc: fib_nh_common,
+    pub fib_nh: fib_nh,
+    pub fib6_nh: fib6_nh,
+}
+impl Default for nh_info__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for nh_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct nh_res_bucket {
+    pub nh_entry: *mut nh_grp_entry,
+    pub used_time: atomic_long_t,
+    pub migrated_time: ffi::c_ulong,
+    pub occupied: bool_,
+    pub nh_flags: u8_,
+}
+impl Default for nh_res_bucket {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct nh_res_table {
+    pub net: *mut net,
+    pub nhg_id: u32_,
+    pub upkeep_dw: delayed_work,
+    pub uw_nh_entries: list_head,
+    pub unbalanced_since: ffi::c_ulong,
+    pub idle_timer: u32_,
+    pub unbalanced_timer: u32_,
+    pub num_nh_buckets: u16_,
+    pub nh_buckets: __IncompleteArrayField<nh_res_bucket>,
+}
+impl Default for nh_res_table {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct nh_grp_entry_stats {
+    pub packets: u64_stats_t,
+    pub syncp: u64_stats_sync,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct nh_grp_entry {
+    pub nh: *mut nexthop,
+    pub stats: *mut nh_grp_entry_stats,
+    pub weight: u16_,
+    pub __bindgen_anon_1: nh_grp_entry__bindgen_ty_1,
+    pub nh_list: list_head,
+    pub nh_parent: *mut nexthop,
+    pub packets_hw: u64_,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union nh_grp_entry__bindgen_ty_1 {
+    pub hthr: nh_grp_entry__bindgen_ty_1__bindgen_ty_1,
+    pub res: nh_grp_entry__bindgen_ty_1__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct nh_grp_entry__bindgen_ty_1__bindgen_ty_1 {
+    pub upper_bound: atomic_t,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct nh_grp_entry__bindgen_ty_1__bindgen_ty_2 {
+    pub uw_nh_entry: list_head,
+    pub count_buckets: u16_,
+    pub wants_buckets: u16_,
+}
+impl Default for nh_grp_entry__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for nh_grp_entry__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for nh_grp_entry {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct nh_group {
+    pub spare: *mut nh_group,
+    pub num_nh: u16_,
+    pub is_multipath: bool_,
+    pub hash_threshold: bool_,
+    pub resilient: bool_,
+    pub fdb_nh: bool_,
+    pub has_v4: bool_,
+    pub hw_stats: bool_,
+    pub res_table: *mut nh_res_table,
+    pub nh_entries: __IncompleteArrayField<nh_grp_entry>,
+}
+impl Default for nh_group {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct nexthop {
+    pub rb_node: rb_node,
+    pub fi_list: list_head,
+    pub f6i_list: list_head,
+    pub fdb_list: list_head,
+    pub grp_list: list_head,
+    pub net: *mut net,
+    pub id: u32_,
+    pub protocol: u8_,
+    pub nh_flags: u8_,
+    pub is_group: bool_,
+    pub dead: bool_,
+    pub lock: spinlock_t,
+    pub refcnt: refcount_t,
+    pub rcu: callback_head,
+    pub __bindgen_anon_1: nexthop__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union nexthop__bindgen_ty_1 {
+    pub nh_info: *mut nh_info,
+    pub nh_grp: *mut nh_group,
+}
+impl Default for nexthop__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for nexthop {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn ip6_route_input(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn ip6_route_input_lookup(
+        net: *mut net,
+        dev: *mut net_device,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn ip6_route_output_flags(
+        net: *mut net,
+        sk: *const sock,
+        fl6: *mut flowi6,
+        flags: ffi::c_int,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn ip6_route_lookup(
+        net: *mut net,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn ip6_pol_route(
+        net: *mut net,
+        table: *mut fib6_table,
+        ifindex: ffi::c_int,
+        fl6: *mut flowi6,
+        skb: *const sk_buff,
+        flags: ffi::c_int,
+    ) -> *mut rt6_info;
+}
+unsafe extern "C" {
+    pub fn ip6_route_init_special_entries();
+}
+unsafe extern "C" {
+    pub fn ip6_route_init() -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_route_cleanup();
+}
+unsafe extern "C" {
+    pub fn ipv6_route_ioctl(net: *mut net, cmd: ffi::c_uint, rtmsg: *mut in6_rtmsg) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_route_add(
+        cfg: *mut fib6_config,
+        gfp_flags: gfp_t,
+        extack: *mut netlink_ext_ack,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_ins_rt(net: *mut net, f6i: *mut fib6_info) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_del_rt_reason(
+        net: *mut net,
+        f6i: *mut fib6_info,
+        del_reason: rt_del_reason,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_del_rt(net: *mut net, f6i: *mut fib6_info, skip_notify: bool_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_dst_alloc(net: *mut net, dev: *mut net_device, flags: ffi::c_int) -> *mut rt6_info;
+}
+unsafe extern "C" {
+    pub fn ip6_update_pmtu(
+        skb: *mut sk_buff,
+        net: *mut net,
+        mtu: __be32,
+        oif: ffi::c_int,
+        mark: u32_,
+        uid: kuid_t,
+    );
+}
+unsafe extern "C" {
+    pub fn ip6_sk_update_pmtu(skb: *mut sk_buff, sk: *mut sock, mtu: __be32);
+}
+unsafe extern "C" {
+    pub fn ip6_redirect(skb: *mut sk_buff, net: *mut net, oif: ffi::c_int, mark: u32_, uid: kuid_t);
+}
+unsafe extern "C" {
+    pub fn ip6_redirect_no_header(skb: *mut sk_buff, net: *mut net, oif: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn ip6_sk_redirect(skb: *mut sk_buff, sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn ip6_sk_dst_store_flow(sk: *mut sock, dst: *mut dst_entry, fl6: *const flowi6);
+}
+unsafe extern "C" {
+    pub fn ip6_fragment(
+        net: *mut net,
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        output: ::core::option::Option<
+            unsafe extern "C" fn(arg1: *mut net, arg2: *mut sock, arg3: *mut sk_buff) -> ffi::c_int,
+        >,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip6_mtu_from_fib6(
+        res: *const fib6_result,
+        daddr: *const in6_addr,
+        saddr: *const in6_addr,
+    ) -> u32_;
+}
+unsafe extern "C" {
+    pub fn ip6_neigh_lookup(
+        gw: *const in6_addr,
+        dev: *mut net_device,
+        skb: *mut sk_buff,
+        daddr: *const ffi::c_void,
+    ) -> *mut neighbour;
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct gro_cell {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct gro_cells {
+    pub cells: *mut gro_cell,
+}
+impl Default for gro_cells {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn alloc_etherdev_mqs(
+        sizeof_priv: ffi::c_int,
+        txqs: ffi::c_uint,
+        rxqs: ffi::c_uint,
+    ) -> *mut net_device;
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct net_generic {
+    pub __bindgen_anon_1: net_generic__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct net_generic__bindgen_ty_1 {
+    pub s: __BindgenUnionField<net_generic__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<net_generic__bindgen_ty_1__bindgen_ty_2>,
+    pub bindgen_union_field: __BindgenOpaqueArray8<[u8; 24usize]>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct net_generic__bindgen_ty_1__bindgen_ty_1 {
+    pub len: ffi::c_uint,
+    pub rcu: callback_head,
+}
+impl Default for net_generic__bindgen_ty_1__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct net_generic__bindgen_ty_1__bindgen_ty_2 {
+    pub __empty_ptr: net_generic__bindgen_ty_1__bindgen_ty_2__bindgen_ty_1,
+    pub ptr: __IncompleteArrayField<*mut ffi::c_void>,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct net_generic__bindgen_ty_1__bindgen_ty_2__bindgen_ty_1 {}
+impl Default for net_generic__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for net_generic__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for net_generic {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct dst_cache {
+    pub cache: *mut dst_cache_pcpu,
+    pub reset_ts: ffi::c_ulong,
+}
+impl Default for dst_cache {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn dst_cache_get(dst_cache: *mut dst_cache) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn dst_cache_get_ip4(dst_cache: *mut dst_cache, saddr: *mut __be32) -> *mut rtable;
+}
+unsafe extern "C" {
+    pub fn dst_cache_set_ip4(dst_cache: *mut dst_cache, dst: *mut dst_entry, saddr: __be32);
+}
+unsafe extern "C" {
+    pub fn dst_cache_set_ip6(
+        dst_cache: *mut dst_cache,
+        dst: *mut dst_entry,
+        saddr: *const in6_addr,
+    );
+}
+unsafe extern "C" {
+    pub fn dst_cache_get_ip6(dst_cache: *mut dst_cache, saddr: *mut in6_addr) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn dst_cache_reset_now(dst_cache: *mut dst_cache);
+}
+unsafe extern "C" {
+    pub fn dst_cache_init(dst_cache: *mut dst_cache, gfp: gfp_t) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn dst_cache_destroy(dst_cache: *mut dst_cache);
+}
+unsafe extern "C" {
+    pub fn netdev_debug_event(
+        nb: *mut notifier_block,
+        event: ffi::c_ulong,
+        ptr: *mut ffi::c_void,
+    ) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_key {
+    pub tun_id: __be64,
+    pub u: ip_tunnel_key__bindgen_ty_1,
+    pub tun_flags: [ffi::c_ulong; 1usize],
+    pub label: __be32,
+    pub nhid: u32_,
+    pub tos: u8_,
+    pub ttl: u8_,
+    pub tp_src: __be16,
+    pub tp_dst: __be16,
+    pub flow_flags: __u8,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union ip_tunnel_key__bindgen_ty_1 {
+    pub ipv4: ip_tunnel_key__bindgen_ty_1__bindgen_ty_1,
+    pub ipv6: ip_tunnel_key__bindgen_ty_1__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_key__bindgen_ty_1__bindgen_ty_1 {
+    pub src: __be32,
+    pub dst: __be32,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_key__bindgen_ty_1__bindgen_ty_2 {
+    pub src: in6_addr,
+    pub dst: in6_addr,
+}
+impl Default for ip_tunnel_key__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ip_tunnel_key__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ip_tunnel_key {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_encap {
+    pub type_: u16_,
+    pub flags: u16_,
+    pub sport: __be16,
+    pub dport: __be16,
+}
+#[repr(C)]
+#[repr(align(16))]
+#[derive(MaybeZeroable)]
+pub struct ip_tunnel_info {
+    pub key: ip_tunnel_key,
+    pub encap: ip_tunnel_encap,
+    pub dst_cache: dst_cache,
+    pub options_len: u8_,
+    pub mode: u8_,
+    pub __bindgen_padding_0: [u8; 6usize],
+    pub options: __IncompleteArrayField<ffi::c_uchar>,
+}
+impl Default for ip_tunnel_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_prl_entry {
+    pub next: *mut ip_tunnel_prl_entry,
+    pub addr: __be32,
+    pub flags: u16_,
+    pub callback_head: callback_head,
+}
+impl Default for ip_tunnel_prl_entry {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct metadata_dst {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_parm_kern {
+    pub name: [ffi::c_char; 16usize],
+    pub i_flags: [ffi::c_ulong; 1usize],
+    pub o_flags: [ffi::c_ulong; 1usize],
+    pub i_key: __be32,
+    pub o_key: __be32,
+    pub link: ffi::c_int,
+    pub iph: iphdr,
+}
+impl Default for ip_tunnel_parm_kern {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel {
+    pub next: *mut ip_tunnel,
+    pub hash_node: hlist_node,
+    pub dev: *mut net_device,
+    pub dev_tracker: netdevice_tracker,
+    pub net: *mut net,
+    pub err_time: ffi::c_ulong,
+    pub err_count: ffi::c_int,
+    pub i_seqno: u32_,
+    pub o_seqno: atomic_t,
+    pub tun_hlen: ffi::c_int,
+    pub index: u32_,
+    pub erspan_ver: u8_,
+    pub dir: u8_,
+    pub hwid: u16_,
+    pub dst_cache: dst_cache,
+    pub parms: ip_tunnel_parm_kern,
+    pub mlink: ffi::c_int,
+    pub encap_hlen: ffi::c_int,
+    pub hlen: ffi::c_int,
+    pub encap: ip_tunnel_encap,
+    pub prl: *mut ip_tunnel_prl_entry,
+    pub prl_count: ffi::c_uint,
+    pub ip_tnl_net_id: ffi::c_uint,
+    pub gro_cells: gro_cells,
+    pub fwmark: __u32,
+    pub collect_md: bool_,
+    pub ignore_df: bool_,
+}
+impl Default for ip_tunnel {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct tnl_ptk_info {
+    pub flags: [ffi::c_ulong; 1usize],
+    pub proto: __be16,
+    pub key: __be32,
+    pub seq: __be32,
+    pub hdr_len: ffi::c_int,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_net {
+    pub fb_tunnel_dev: *mut net_device,
+    pub rtnl_link_ops: *mut rtnl_link_ops,
+    pub tunnels: [hlist_head; 128usize],
+    pub collect_md_tun: *mut ip_tunnel,
+    pub type_: ffi::c_int,
+}
+impl Default for ip_tunnel_net {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn __ip_tunnel_init(dev: *mut net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_uninit(dev: *mut net_device);
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_dellink(dev: *mut net_device, head: *mut list_head);
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_get_link_net(dev: *const net_device) -> *mut net;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_get_iflink(dev: *const net_device) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_init_net(
+        net: *mut net,
+        ip_tnl_net_id: ffi::c_uint,
+        ops: *mut rtnl_link_ops,
+        devname: *mut ffi::c_char,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_delete_net(
+        net: *mut net,
+        id: ffi::c_uint,
+        ops: *mut rtnl_link_ops,
+        dev_to_kill: *mut list_head,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_xmit(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        tnl_params: *const iphdr,
+        protocol: u8_,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_md_tunnel_xmit(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        proto: u8_,
+        tunnel_hlen: ffi::c_int,
+    );
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_ctl(
+        dev: *mut net_device,
+        p: *mut ip_tunnel_parm_kern,
+        cmd: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_parm_from_user(
+        kp: *mut ip_tunnel_parm_kern,
+        data: *const ffi::c_void,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_parm_to_user(data: *mut ffi::c_void, kp: *mut ip_tunnel_parm_kern) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_siocdevprivate(
+        dev: *mut net_device,
+        ifr: *mut ifreq,
+        data: *mut ffi::c_void,
+        cmd: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_change_mtu(dev: *mut net_device, new_mtu: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_lookup(
+        itn: *mut ip_tunnel_net,
+        link: ffi::c_int,
+        flags: *const ffi::c_ulong,
+        remote: __be32,
+        local: __be32,
+        key: __be32,
+    ) -> *mut ip_tunnel;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_md_udp_encap(skb: *mut sk_buff, info: *mut ip_tunnel_info);
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_rcv(
+        tunnel: *mut ip_tunnel,
+        skb: *mut sk_buff,
+        tpi: *const tnl_ptk_info,
+        tun_dst: *mut metadata_dst,
+        log_ecn_error: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_changelink(
+        dev: *mut net_device,
+        tb: *mut *mut nlattr,
+        p: *mut ip_tunnel_parm_kern,
+        fwmark: __u32,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_newlink(
+        net: *mut net,
+        dev: *mut net_device,
+        tb: *mut *mut nlattr,
+        p: *mut ip_tunnel_parm_kern,
+        fwmark: __u32,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_setup(dev: *mut net_device, net_id: ffi::c_uint);
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_netlink_encap_parms(
+        data: *mut *mut nlattr,
+        encap: *mut ip_tunnel_encap,
+    ) -> bool_;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_netlink_parms(data: *mut *mut nlattr, parms: *mut ip_tunnel_parm_kern);
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_parse_protocol(skb: *const sk_buff) -> __be16;
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ip_tunnel_encap_ops {
+    pub encap_hlen: ::core::option::Option<unsafe extern "C" fn(e: *mut ip_tunnel_encap) -> usize>,
+    pub build_header: ::core::option::Option<
+        unsafe extern "C" fn(
+            skb: *mut sk_buff,
+            e: *mut ip_tunnel_encap,
+            protocol: *mut u8_,
+            fl4: *mut flowi4,
+        ) -> ffi::c_int,
+    >,
+    pub err_handler:
+        ::core::option::Option<unsafe extern "C" fn(skb: *mut sk_buff, info: u32_) -> ffi::c_int>,
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_encap_add_ops(op: *const ip_tunnel_encap_ops, num: ffi::c_uint) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_encap_del_ops(op: *const ip_tunnel_encap_ops, num: ffi::c_uint) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_encap_setup(t: *mut ip_tunnel, ipencap: *mut ip_tunnel_encap) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn skb_tunnel_check_pmtu(
+        skb: *mut sk_buff,
+        encap_dst: *mut dst_entry,
+        headroom: ffi::c_int,
+        reply: bool_,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_core_init();
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_need_metadata();
+}
+unsafe extern "C" {
+    pub fn ip_tunnel_unneed_metadata();
+}
+unsafe extern "C" {
+    pub fn __skb_gso_segment(
+        skb: *mut sk_buff,
+        features: netdev_features_t,
+        tx_path: bool_,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_eth_gso_segment(
+        skb: *mut sk_buff,
+        features: netdev_features_t,
+        type_: __be16,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_mac_gso_segment(skb: *mut sk_buff, features: netdev_features_t) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn skb_gso_validate_network_len(skb: *const sk_buff, mtu: ffi::c_uint) -> bool_;
+}
+unsafe extern "C" {
+    pub fn skb_gso_validate_mac_len(skb: *const sk_buff, len: ffi::c_uint) -> bool_;
+}
+#[repr(C)]
+#[repr(align(16))]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_hslot {
+    pub __bindgen_anon_1: udp_hslot__bindgen_ty_1,
+    pub count: ffi::c_int,
+    pub lock: spinlock_t,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union udp_hslot__bindgen_ty_1 {
+    pub head: hlist_head,
+    pub nulls_head: hlist_nulls_head,
+}
+impl Default for udp_hslot__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for udp_hslot {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[repr(align(16))]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_hslot_main {
+    pub hslot: udp_hslot,
+    pub hash4_cnt: u32_,
+}
+impl Default for udp_hslot_main {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_table {
+    pub hash: *mut udp_hslot,
+    pub hash2: *mut udp_hslot_main,
+    pub hash4: *mut udp_hslot,
+    pub mask: ffi::c_uint,
+    pub log: ffi::c_uint,
+}
+impl Default for udp_table {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn udp_set_csum(
+        nocheck: bool_,
+        skb: *mut sk_buff,
+        saddr: __be32,
+        daddr: __be32,
+        len: ffi::c_int,
+    );
+}
+unsafe extern "C" {
+    pub fn udp_v6_early_demux(skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __udp_gso_segment(
+        gso_skb: *mut sk_buff,
+        features: netdev_features_t,
+        is_ipv6: bool_,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn udp_lib_unhash(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn udp_lib_rehash(sk: *mut sock, new_hash: u16_, new_hash4: u16_);
+}
+unsafe extern "C" {
+    pub fn udp_ehashfn(
+        net: *const net,
+        laddr: __be32,
+        lport: __u16,
+        faddr: __be32,
+        fport: __be16,
+    ) -> u32_;
+}
+unsafe extern "C" {
+    pub fn udp_lib_hash4(sk: *mut sock, hash: u16_);
+}
+unsafe extern "C" {
+    pub fn udp_lib_get_port(
+        sk: *mut sock,
+        snum: ffi::c_ushort,
+        hash2_nulladdr: ffi::c_uint,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_flow_hashrnd() -> u32_;
+}
+unsafe extern "C" {
+    pub fn udp_destruct_common(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn skb_consume_udp(sk: *mut sock, skb: *mut sk_buff, len: ffi::c_int);
+}
+unsafe extern "C" {
+    pub fn __udp_enqueue_schedule_skb(sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_skb_destructor(sk: *mut sock, skb: *mut sk_buff);
+}
+unsafe extern "C" {
+    pub fn __skb_recv_udp(
+        sk: *mut sock,
+        flags: ffi::c_uint,
+        off: *mut ffi::c_int,
+        err: *mut ffi::c_int,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn udp_v4_early_demux(skb: *mut sk_buff) -> skb_drop_reason;
+}
+unsafe extern "C" {
+    pub fn udp_sk_rx_dst_set(sk: *mut sock, dst: *mut dst_entry) -> bool_;
+}
+unsafe extern "C" {
+    pub fn udp_err(arg1: *mut sk_buff, arg2: u32_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_abort(sk: *mut sock, err: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_sendmsg(sk: *mut sock, msg: *mut msghdr, len: usize) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_recvmsg(
+        sk: *mut sock,
+        msg: *mut msghdr,
+        len: usize,
+        flags: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_splice_eof(sock: *mut socket);
+}
+unsafe extern "C" {
+    pub fn udp_push_pending_frames(sk: *mut sock) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_flush_pending_frames(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn udp_cmsg_send(sk: *mut sock, msg: *mut msghdr, gso_size: *mut u16_) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_rcv(skb: *mut sk_buff) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_ioctl(sk: *mut sock, cmd: ffi::c_int, karg: *mut ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_pre_connect(
+        sk: *mut sock,
+        uaddr: *mut sockaddr_unsized,
+        addr_len: ffi::c_int,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn __udp_disconnect(sk: *mut sock, flags: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_disconnect(sk: *mut sock, flags: ffi::c_int) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_poll(file: *mut file, sock: *mut socket, wait: *mut poll_table) -> __poll_t;
+}
+unsafe extern "C" {
+    pub fn skb_udp_tunnel_segment(
+        skb: *mut sk_buff,
+        features: netdev_features_t,
+        is_ipv6: bool_,
+    ) -> *mut sk_buff;
+}
+unsafe extern "C" {
+    pub fn udp_lib_getsockopt(
+        sk: *mut sock,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        opt: *mut sockopt_t,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_lib_setsockopt(
+        sk: *mut sock,
+        level: ffi::c_int,
+        optname: ffi::c_int,
+        optval: sockptr_t,
+        optlen: ffi::c_uint,
+        push_pending_frames: ::core::option::Option<
+            unsafe extern "C" fn(arg1: *mut sock) -> ffi::c_int,
+        >,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_read_skb(sk: *mut sock, recv_actor: skb_read_actor_t) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_seq_start(seq: *mut seq_file, pos: *mut loff_t) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn udp_seq_next(
+        seq: *mut seq_file,
+        v: *mut ffi::c_void,
+        pos: *mut loff_t,
+    ) -> *mut ffi::c_void;
+}
+unsafe extern "C" {
+    pub fn udp_seq_stop(seq: *mut seq_file, v: *mut ffi::c_void);
+}
+unsafe extern "C" {
+    pub fn udp_init();
+}
+unsafe extern "C" {
+    pub fn udp_encap_enable();
+}
+unsafe extern "C" {
+    pub fn udp_encap_disable();
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_port_cfg {
+    pub family: u8_,
+    pub __bindgen_anon_1: udp_port_cfg__bindgen_ty_1,
+    pub __bindgen_anon_2: udp_port_cfg__bindgen_ty_2,
+    pub local_udp_port: __be16,
+    pub peer_udp_port: __be16,
+    pub bind_ifindex: ffi::c_int,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub __bindgen_padding_0: [u8; 3usize],
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union udp_port_cfg__bindgen_ty_1 {
+    pub local_ip: in_addr,
+    pub local_ip6: in6_addr,
+}
+impl Default for udp_port_cfg__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union udp_port_cfg__bindgen_ty_2 {
+    pub peer_ip: in_addr,
+    pub peer_ip6: in6_addr,
+}
+impl Default for udp_port_cfg__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for udp_port_cfg {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl udp_port_cfg {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn use_udp_checksums(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_use_udp_checksums(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn use_udp_checksums_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_use_udp_checksums_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn use_udp6_tx_checksums(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_use_udp6_tx_checksums(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn use_udp6_tx_checksums_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_use_udp6_tx_checksums_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn use_udp6_rx_checksums(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_use_udp6_rx_checksums(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn use_udp6_rx_checksums_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_use_udp6_rx_checksums_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<2usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn ipv6_v6only(&self) -> ffi::c_uint {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<3usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_ipv6_v6only(&mut self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<3usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn ipv6_v6only_raw(this: *const Self) -> ffi::c_uint {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<3usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_ipv6_v6only_raw(this: *mut Self, val: ffi::c_uint) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<3usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        use_udp_checksums: ffi::c_uint,
+        use_udp6_tx_checksums: ffi::c_uint,
+        use_udp6_rx_checksums: ffi::c_uint,
+        ipv6_v6only: ffi::c_uint,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let use_udp_checksums: u32 = unsafe { ::core::mem::transmute(use_udp_checksums) };
+            use_udp_checksums as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let use_udp6_tx_checksums: u32 =
+                unsafe { ::core::mem::transmute(use_udp6_tx_checksums) };
+            use_udp6_tx_checksums as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let use_udp6_rx_checksums: u32 =
+                unsafe { ::core::mem::transmute(use_udp6_rx_checksums) };
+            use_udp6_rx_checksums as u64
+        });
+        __bindgen_bitfield_unit.set_const::<3usize, 1u8>({
+            let ipv6_v6only: u32 = unsafe { ::core::mem::transmute(ipv6_v6only) };
+            ipv6_v6only as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+unsafe extern "C" {
+    pub fn udp_sock_create4(
+        net: *mut net,
+        cfg: *mut udp_port_cfg,
+        sockp: *mut *mut socket,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn udp_sock_create6(
+        net: *mut net,
+        cfg: *mut udp_port_cfg,
+        sockp: *mut *mut socket,
+    ) -> ffi::c_int;
+}
+pub type udp_tunnel_encap_rcv_t =
+    ::core::option::Option<unsafe extern "C" fn(sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int>;
+pub type udp_tunnel_encap_err_lookup_t =
+    ::core::option::Option<unsafe extern "C" fn(sk: *mut sock, skb: *mut sk_buff) -> ffi::c_int>;
+pub type udp_tunnel_encap_err_rcv_t = ::core::option::Option<
+    unsafe extern "C" fn(
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        err: ffi::c_int,
+        port: __be16,
+        info: u32_,
+        payload: *mut u8_,
+    ),
+>;
+pub type udp_tunnel_encap_destroy_t = ::core::option::Option<unsafe extern "C" fn(sk: *mut sock)>;
+pub type udp_tunnel_gro_receive_t = ::core::option::Option<
+    unsafe extern "C" fn(sk: *mut sock, head: *mut list_head, skb: *mut sk_buff) -> *mut sk_buff,
+>;
+pub type udp_tunnel_gro_complete_t = ::core::option::Option<
+    unsafe extern "C" fn(sk: *mut sock, skb: *mut sk_buff, nhoff: ffi::c_int) -> ffi::c_int,
+>;
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_tunnel_sock_cfg {
+    pub sk_user_data: *mut ffi::c_void,
+    pub encap_type: __u8,
+    pub encap_rcv: udp_tunnel_encap_rcv_t,
+    pub encap_err_lookup: udp_tunnel_encap_err_lookup_t,
+    pub encap_err_rcv: udp_tunnel_encap_err_rcv_t,
+    pub encap_destroy: udp_tunnel_encap_destroy_t,
+    pub gro_receive: udp_tunnel_gro_receive_t,
+    pub gro_complete: udp_tunnel_gro_complete_t,
+}
+impl Default for udp_tunnel_sock_cfg {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct udp_tunnel_info {
+    pub type_: ffi::c_ushort,
+    pub sa_family: sa_family_t,
+    pub port: __be16,
+    pub hw_priv: u8_,
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_push_rx_port(dev: *mut net_device, sk: *mut sock, type_: ffi::c_ushort);
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_drop_rx_port(dev: *mut net_device, sk: *mut sock, type_: ffi::c_ushort);
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_notify_add_rx_port(sk: *mut sock, type_: ffi::c_ushort);
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_notify_del_rx_port(sk: *mut sock, type_: ffi::c_ushort);
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_xmit_skb(
+        rt: *mut rtable,
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        src: __be32,
+        dst: __be32,
+        tos: __u8,
+        ttl: __u8,
+        df: __be16,
+        src_port: __be16,
+        dst_port: __be16,
+        xnet: bool_,
+        nocheck: bool_,
+        ipcb_flags: u16_,
+    );
+}
+unsafe extern "C" {
+    pub fn udp_tunnel6_xmit_skb(
+        dst: *mut dst_entry,
+        sk: *mut sock,
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        saddr: *const in6_addr,
+        daddr: *const in6_addr,
+        prio: __u8,
+        ttl: __u8,
+        label: __be32,
+        src_port: __be16,
+        dst_port: __be16,
+        nocheck: bool_,
+        ip6cb_flags: u16_,
+    );
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_sock_release(sk: *mut sock);
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_dst_lookup(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        net: *mut net,
+        oif: ffi::c_int,
+        saddr: *mut __be32,
+        key: *const ip_tunnel_key,
+        sport: __be16,
+        dport: __be16,
+        tos: u8_,
+        dst_cache: *mut dst_cache,
+    ) -> *mut rtable;
+}
+unsafe extern "C" {
+    pub fn udp_tunnel6_dst_lookup(
+        skb: *mut sk_buff,
+        dev: *mut net_device,
+        net: *mut net,
+        sk: *mut sock,
+        oif: ffi::c_int,
+        saddr: *mut in6_addr,
+        key: *const ip_tunnel_key,
+        sport: __be16,
+        dport: __be16,
+        dsfield: u8_,
+        dst_cache: *mut dst_cache,
+    ) -> *mut dst_entry;
+}
+unsafe extern "C" {
+    pub fn udp_tun_rx_dst(
+        skb: *mut sk_buff,
+        family: ffi::c_ushort,
+        flags: *const ffi::c_ulong,
+        tunnel_id: __be64,
+        md_size: ffi::c_int,
+    ) -> *mut metadata_dst;
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_update_gro_lookup(net: *mut net, sk: *mut sock, add: bool_);
+}
+unsafe extern "C" {
+    pub fn udp_tunnel_update_gro_rcv(sk: *mut sock, add: bool_);
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_tunnel_nic_shared {
+    pub udp_tunnel_nic_info: *mut udp_tunnel_nic,
+    pub devices: list_head,
+}
+impl Default for udp_tunnel_nic_shared {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct udp_tunnel_nic_info {
+    pub set_port: ::core::option::Option<
+        unsafe extern "C" fn(
+            dev: *mut net_device,
+            table: ffi::c_uint,
+            entry: ffi::c_uint,
+            ti: *mut udp_tunnel_info,
+        ) -> ffi::c_int,
+    >,
+    pub unset_port: ::core::option::Option<
+        unsafe extern "C" fn(
+            dev: *mut net_device,
+            table: ffi::c_uint,
+            entry: ffi::c_uint,
+            ti: *mut udp_tunnel_info,
+        ) -> ffi::c_int,
+    >,
+    pub sync_table: ::core::option::Option<
+        unsafe extern "C" fn(dev: *mut net_device, table: ffi::c_uint) -> ffi::c_int,
+    >,
+    pub shared: *mut udp_tunnel_nic_shared,
+    pub flags: ffi::c_uint,
+    pub tables: [udp_tunnel_nic_info_udp_tunnel_nic_table_info; 4usize],
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct udp_tunnel_nic_info_udp_tunnel_nic_table_info {
+    pub n_entries: ffi::c_uint,
+    pub tunnel_types: ffi::c_uint,
+}
+impl Default for udp_tunnel_nic_info {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ib_umem {
+    pub ibdev: *mut ib_device,
+    pub owning_mm: *mut mm_struct,
+    pub iova: u64_,
+    pub length: usize,
+    pub address: ffi::c_ulong,
+    pub dma_attrs: ffi::c_ulong,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub sgt_append: sg_append_table,
+}
+impl Default for ib_umem {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ib_umem {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn writable(&self) -> u32_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_writable(&mut self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn writable_raw(this: *const Self) -> u32_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_writable_raw(this: *mut Self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn is_odp(&self) -> u32_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_is_odp(&mut self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn is_odp_raw(this: *const Self) -> u32_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_is_odp_raw(this: *mut Self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn is_dmabuf(&self) -> u32_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u32) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_is_dmabuf(&mut self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn is_dmabuf_raw(this: *const Self) -> u32_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_is_dmabuf_raw(this: *mut Self, val: u32_) {
+        unsafe {
+            let val: u32 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<2usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        writable: u32_,
+        is_odp: u32_,
+        is_dmabuf: u32_,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let writable: u32 = unsafe { ::core::mem::transmute(writable) };
+            writable as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let is_odp: u32 = unsafe { ::core::mem::transmute(is_odp) };
+            is_odp as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let is_dmabuf: u32 = unsafe { ::core::mem::transmute(is_dmabuf) };
+            is_dmabuf as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ib_umem_dmabuf {
+    pub umem: ib_umem,
+    pub attach: *mut dma_buf_attachment,
+    pub sgt: *mut sg_table,
+    pub first_sg: *mut scatterlist,
+    pub last_sg: *mut scatterlist,
+    pub first_sg_offset: ffi::c_ulong,
+    pub last_sg_trim: ffi::c_ulong,
+    pub pinned_revoke: ::core::option::Option<unsafe extern "C" fn(priv_: *mut ffi::c_void)>,
+    pub private: *mut ffi::c_void,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub __bindgen_padding_0: [u8; 7usize],
+}
+impl Default for ib_umem_dmabuf {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ib_umem_dmabuf {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn pinned(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_pinned(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn pinned_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_pinned_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn revoked(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_revoked(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn revoked_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_revoked_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(pinned: u8_, revoked: u8_) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let pinned: u8 = unsafe { ::core::mem::transmute(pinned) };
+            pinned as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let revoked: u8 = unsafe { ::core::mem::transmute(revoked) };
+            revoked as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+unsafe extern "C" {
+    pub fn ib_umem_get_desc(
+        device: *mut ib_device,
+        desc: *const ib_uverbs_buffer_desc,
+        access: ffi::c_int,
+    ) -> *mut ib_umem;
+}
+unsafe extern "C" {
+    pub fn ib_umem_get_attr(
+        device: *mut ib_device,
+        attrs: *const uverbs_attr_bundle,
+        attr_id: u16_,
+        size: usize,
+        access: ffi::c_int,
+    ) -> *mut ib_umem;
+}
+unsafe extern "C" {
+    pub fn ib_umem_get_attr_or_va(
+        device: *mut ib_device,
+        attrs: *const uverbs_attr_bundle,
+        attr_id: u16_,
+        addr: u64_,
+        size: usize,
+        access: ffi::c_int,
+    ) -> *mut ib_umem;
+}
+unsafe extern "C" {
+    pub fn ib_umem_get_cq_buf(
+        device: *mut ib_device,
+        attrs: *const uverbs_attr_bundle,
+        size: usize,
+        access: ffi::c_int,
+    ) -> *mut ib_umem;
+}
+unsafe extern "C" {
+    pub fn ib_umem_get_cq_buf_or_va(
+        device: *mut ib_device,
+        attrs: *const uverbs_attr_bundle,
+        addr: u64_,
+        size: usize,
+        access: ffi::c_int,
+    ) -> *mut ib_umem;
+}
+unsafe extern "C" {
+    pub fn ib_umem_release(umem: *mut ib_umem);
+}
+unsafe extern "C" {
+    pub fn ib_umem_copy_from(
+        dst: *mut ffi::c_void,
+        umem: *mut ib_umem,
+        offset: usize,
+        length: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ib_umem_find_best_pgsz(
+        umem: *mut ib_umem,
+        pgsz_bitmap: ffi::c_ulong,
+        virt: u64_,
+    ) -> ffi::c_ulong;
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_get(
+        device: *mut ib_device,
+        offset: ffi::c_ulong,
+        size: usize,
+        fd: ffi::c_int,
+        access: ffi::c_int,
+        ops: *const dma_buf_attach_ops,
+    ) -> *mut ib_umem_dmabuf;
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_get_pinned(
+        device: *mut ib_device,
+        offset: ffi::c_ulong,
+        size: usize,
+        fd: ffi::c_int,
+        access: ffi::c_int,
+    ) -> *mut ib_umem_dmabuf;
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_get_pinned_revocable_and_lock(
+        device: *mut ib_device,
+        offset: ffi::c_ulong,
+        size: usize,
+        fd: ffi::c_int,
+        access: ffi::c_int,
+    ) -> *mut ib_umem_dmabuf;
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_set_revoke_locked(
+        umem_dmabuf: *mut ib_umem_dmabuf,
+        revoke: ::core::option::Option<unsafe extern "C" fn(priv_: *mut ffi::c_void)>,
+        priv_: *mut ffi::c_void,
+    );
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_get_pinned_with_dma_device(
+        device: *mut ib_device,
+        dma_device: *mut device,
+        offset: ffi::c_ulong,
+        size: usize,
+        fd: ffi::c_int,
+        access: ffi::c_int,
+    ) -> *mut ib_umem_dmabuf;
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_map_pages(umem_dmabuf: *mut ib_umem_dmabuf) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_unmap_pages(umem_dmabuf: *mut ib_umem_dmabuf);
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_release(umem_dmabuf: *mut ib_umem_dmabuf);
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_revoke_lock(umem_dmabuf: *mut ib_umem_dmabuf);
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_revoke_unlock(umem_dmabuf: *mut ib_umem_dmabuf);
+}
+unsafe extern "C" {
+    pub fn ib_umem_dmabuf_revoke(umem_dmabuf: *mut ib_umem_dmabuf);
+}
+unsafe extern "C" {
+    pub fn ib_umem_check_rereg(
+        umem: *mut ib_umem,
+        flags: ffi::c_int,
+        new_access_flags: ffi::c_int,
+    ) -> ffi::c_int;
+}
+#[repr(C)]
+#[derive(Debug, MaybeZeroable)]
+pub struct uverbs_api_object {
+    _unused: [u8; 0],
+}
+pub const rdma_lookup_mode_UVERBS_LOOKUP_READ: rdma_lookup_mode = 0;
+pub const rdma_lookup_mode_UVERBS_LOOKUP_WRITE: rdma_lookup_mode = 1;
+pub const rdma_lookup_mode_UVERBS_LOOKUP_DESTROY: rdma_lookup_mode = 2;
+pub type rdma_lookup_mode = ffi::c_uint;
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_obj_type_class {
+    pub alloc_begin: ::core::option::Option<
+        unsafe extern "C" fn(
+            obj: *const uverbs_api_object,
+            attrs: *mut uverbs_attr_bundle,
+        ) -> *mut ib_uobject,
+    >,
+    pub alloc_commit: ::core::option::Option<unsafe extern "C" fn(uobj: *mut ib_uobject)>,
+    pub alloc_abort: ::core::option::Option<unsafe extern "C" fn(uobj: *mut ib_uobject)>,
+    pub lookup_get: ::core::option::Option<
+        unsafe extern "C" fn(
+            obj: *const uverbs_api_object,
+            ufile: *mut ib_uverbs_file,
+            id: s64,
+            mode: rdma_lookup_mode,
+        ) -> *mut ib_uobject,
+    >,
+    pub lookup_put:
+        ::core::option::Option<unsafe extern "C" fn(uobj: *mut ib_uobject, mode: rdma_lookup_mode)>,
+    pub destroy_hw: ::core::option::Option<
+        unsafe extern "C" fn(
+            uobj: *mut ib_uobject,
+            why: rdma_remove_reason,
+            attrs: *mut uverbs_attr_bundle,
+        ) -> ffi::c_int,
+    >,
+    pub remove_handle: ::core::option::Option<unsafe extern "C" fn(uobj: *mut ib_uobject)>,
+    pub swap_uobjects: ::core::option::Option<
+        unsafe extern "C" fn(obj_old: *mut ib_uobject, obj_new: *mut ib_uobject),
+    >,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_obj_type {
+    pub type_class: *const uverbs_obj_type_class,
+    pub obj_size: usize,
+}
+impl Default for uverbs_obj_type {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn rdma_lookup_get_uobject(
+        obj: *const uverbs_api_object,
+        ufile: *mut ib_uverbs_file,
+        id: s64,
+        mode: rdma_lookup_mode,
+        attrs: *mut uverbs_attr_bundle,
+    ) -> *mut ib_uobject;
+}
+unsafe extern "C" {
+    pub fn rdma_lookup_put_uobject(uobj: *mut ib_uobject, mode: rdma_lookup_mode);
+}
+unsafe extern "C" {
+    pub fn rdma_alloc_begin_uobject(
+        obj: *const uverbs_api_object,
+        attrs: *mut uverbs_attr_bundle,
+    ) -> *mut ib_uobject;
+}
+unsafe extern "C" {
+    pub fn rdma_alloc_abort_uobject(
+        uobj: *mut ib_uobject,
+        attrs: *mut uverbs_attr_bundle,
+        hw_obj_valid: bool_,
+    );
+}
+unsafe extern "C" {
+    pub fn rdma_alloc_commit_uobject(uobj: *mut ib_uobject, attrs: *mut uverbs_attr_bundle);
+}
+unsafe extern "C" {
+    pub fn rdma_assign_uobject(
+        to_uobj: *mut ib_uobject,
+        new_uobj: *mut ib_uobject,
+        attrs: *mut uverbs_attr_bundle,
+    );
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct ib_uverbs_file {
+    pub ref_: kref,
+    pub device: *mut ib_uverbs_device,
+    pub ucontext_lock: mutex,
+    pub ucontext: *mut ib_ucontext,
+    pub default_async_file: *mut ib_uverbs_async_event_file,
+    pub list: list_head,
+    pub hw_destroy_rwsem: rw_semaphore,
+    pub uobjects_lock: spinlock_t,
+    pub uobjects: list_head,
+    pub umap_lock: mutex,
+    pub umaps: list_head,
+    pub disassociate_page: *mut page,
+    pub idr: xarray,
+}
+impl Default for ib_uverbs_file {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_spec {
+    pub type_: u8_,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub u: uverbs_attr_spec__bindgen_ty_1,
+    pub u2: uverbs_attr_spec__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uverbs_attr_spec__bindgen_ty_1 {
+    pub ptr: uverbs_attr_spec__bindgen_ty_1__bindgen_ty_1,
+    pub obj: uverbs_attr_spec__bindgen_ty_1__bindgen_ty_2,
+    pub enum_def: uverbs_attr_spec__bindgen_ty_1__bindgen_ty_3,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_spec__bindgen_ty_1__bindgen_ty_1 {
+    pub len: u16_,
+    pub min_len: u16_,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_spec__bindgen_ty_1__bindgen_ty_2 {
+    pub obj_type: u16_,
+    pub access: u8_,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_spec__bindgen_ty_1__bindgen_ty_3 {
+    pub num_elems: u8_,
+}
+impl Default for uverbs_attr_spec__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uverbs_attr_spec__bindgen_ty_2 {
+    pub enum_def: uverbs_attr_spec__bindgen_ty_2__bindgen_ty_1,
+    pub objs_arr: uverbs_attr_spec__bindgen_ty_2__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_spec__bindgen_ty_2__bindgen_ty_1 {
+    pub ids: *const uverbs_attr_spec,
+}
+impl Default for uverbs_attr_spec__bindgen_ty_2__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_spec__bindgen_ty_2__bindgen_ty_2 {
+    pub obj_type: u16_,
+    pub min_len: u16_,
+    pub max_len: u16_,
+    pub access: u8_,
+}
+impl Default for uverbs_attr_spec__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for uverbs_attr_spec {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl uverbs_attr_spec {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn zero_trailing(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_zero_trailing(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn zero_trailing_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_zero_trailing_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn alloc_and_copy(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_alloc_and_copy(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn alloc_and_copy_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_alloc_and_copy_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn mandatory(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_mandatory(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn mandatory_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_mandatory_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<2usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn is_udata(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<3usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_is_udata(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<3usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn is_udata_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<3usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_is_udata_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<3usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        zero_trailing: u8_,
+        alloc_and_copy: u8_,
+        mandatory: u8_,
+        is_udata: u8_,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let zero_trailing: u8 = unsafe { ::core::mem::transmute(zero_trailing) };
+            zero_trailing as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let alloc_and_copy: u8 = unsafe { ::core::mem::transmute(alloc_and_copy) };
+            alloc_and_copy as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let mandatory: u8 = unsafe { ::core::mem::transmute(mandatory) };
+            mandatory as u64
+        });
+        __bindgen_bitfield_unit.set_const::<3usize, 1u8>({
+            let is_udata: u8 = unsafe { ::core::mem::transmute(is_udata) };
+            is_udata as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_def {
+    pub id: u16_,
+    pub attr: uverbs_attr_spec,
+}
+impl Default for uverbs_attr_def {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_method_def {
+    pub id: u16_,
+    pub flags: u32_,
+    pub num_attrs: usize,
+    pub attrs: *const [*const uverbs_attr_def; 0usize],
+    pub handler:
+        ::core::option::Option<unsafe extern "C" fn(attrs: *mut uverbs_attr_bundle) -> ffi::c_int>,
+}
+impl Default for uverbs_method_def {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_object_def {
+    pub id: u16_,
+    pub type_attrs: *const uverbs_obj_type,
+    pub num_methods: usize,
+    pub methods: *const [*const uverbs_method_def; 0usize],
+}
+impl Default for uverbs_object_def {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uapi_definition {
+    pub kind: u8_,
+    pub scope: u8_,
+    pub __bindgen_anon_1: uapi_definition__bindgen_ty_1,
+    pub __bindgen_anon_2: uapi_definition__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uapi_definition__bindgen_ty_1 {
+    pub object_start: uapi_definition__bindgen_ty_1__bindgen_ty_1,
+    pub write: uapi_definition__bindgen_ty_1__bindgen_ty_2,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uapi_definition__bindgen_ty_1__bindgen_ty_1 {
+    pub object_id: u16_,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uapi_definition__bindgen_ty_1__bindgen_ty_2 {
+    pub command_num: u16_,
+    pub _bitfield_1: __BindgenBitfieldUnit<[u8; 1usize]>,
+    pub req_size: u8_,
+    pub resp_size: u8_,
+}
+impl uapi_definition__bindgen_ty_1__bindgen_ty_2 {
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn is_ex(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_is_ex(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<0usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn is_ex_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_is_ex_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<0usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn has_udata(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_has_udata(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<1usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn has_udata_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_has_udata_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<1usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn has_resp(&self) -> u8_ {
+        unsafe { ::core::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u8) }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn set_has_resp(&mut self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            self._bitfield_1.set_const::<2usize, 1u8>(val as u64)
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn has_resp_raw(this: *const Self) -> u8_ {
+        unsafe {
+            ::core::mem::transmute(
+                <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::core::ptr::addr_of!((*this)._bitfield_1),
+                ) as u8,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub unsafe fn set_has_resp_raw(this: *mut Self, val: u8_) {
+        unsafe {
+            let val: u8 = ::core::mem::transmute(val);
+            <__BindgenBitfieldUnit<[u8; 1usize]>>::raw_set_const::<2usize, 1u8>(
+                ::core::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
+        }
+    }
+    #[inline]
+    #[allow(unnecessary_transmutes)]
+    pub fn new_bitfield_1(
+        is_ex: u8_,
+        has_udata: u8_,
+        has_resp: u8_,
+    ) -> __BindgenBitfieldUnit<[u8; 1usize]> {
+        let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 1usize]> = Default::default();
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let is_ex: u8 = unsafe { ::core::mem::transmute(is_ex) };
+            is_ex as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let has_udata: u8 = unsafe { ::core::mem::transmute(has_udata) };
+            has_udata as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let has_resp: u8 = unsafe { ::core::mem::transmute(has_resp) };
+            has_resp as u64
+        });
+        __bindgen_bitfield_unit
+    }
+}
+impl Default for uapi_definition__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uapi_definition__bindgen_ty_2 {
+    pub func_is_supported:
+        ::core::option::Option<unsafe extern "C" fn(device: *mut ib_device) -> bool_>,
+    pub func_write:
+        ::core::option::Option<unsafe extern "C" fn(attrs: *mut uverbs_attr_bundle) -> ffi::c_int>,
+    pub chain: *const uapi_definition,
+    pub chain_obj_tree: *const uverbs_object_def,
+    pub needs_fn_offset: usize,
+}
+impl Default for uapi_definition__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for uapi_definition {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_ptr_attr {
+    pub __bindgen_anon_1: uverbs_ptr_attr__bindgen_ty_1,
+    pub len: u16_,
+    pub uattr_idx: u16_,
+    pub enum_id: u8_,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uverbs_ptr_attr__bindgen_ty_1 {
+    pub ptr: *mut ffi::c_void,
+    pub data: u64_,
+}
+impl Default for uverbs_ptr_attr__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for uverbs_ptr_attr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_obj_attr {
+    pub uobject: *mut ib_uobject,
+    pub attr_elm: *const uverbs_api_attr,
+}
+impl Default for uverbs_obj_attr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_objs_arr_attr {
+    pub uobjects: *mut *mut ib_uobject,
+    pub len: u16_,
+}
+impl Default for uverbs_objs_arr_attr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr {
+    pub __bindgen_anon_1: uverbs_attr__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uverbs_attr__bindgen_ty_1 {
+    pub ptr_attr: uverbs_ptr_attr,
+    pub obj_attr: uverbs_obj_attr,
+    pub objs_arr_attr: uverbs_objs_arr_attr,
+}
+impl Default for uverbs_attr__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for uverbs_attr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(MaybeZeroable)]
+pub struct uverbs_attr_bundle {
+    pub __bindgen_anon_1: uverbs_attr_bundle__bindgen_ty_1,
+    pub attrs: __IncompleteArrayField<uverbs_attr>,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub union uverbs_attr_bundle__bindgen_ty_1 {
+    pub __bindgen_anon_1: uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1,
+    pub hdr: uverbs_attr_bundle__bindgen_ty_1_uverbs_attr_bundle_hdr,
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1 {
+    pub driver_udata: ib_udata,
+    pub ucore: ib_udata,
+    pub ufile: *mut ib_uverbs_file,
+    pub context: *mut ib_ucontext,
+    pub uobject: *mut ib_uobject,
+    pub method_elm: *const uverbs_api_ioctl_method,
+    pub attr_present: [ffi::c_ulong; 1usize],
+}
+impl Default for uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct uverbs_attr_bundle__bindgen_ty_1_uverbs_attr_bundle_hdr {
+    pub driver_udata: ib_udata,
+    pub ucore: ib_udata,
+    pub ufile: *mut ib_uverbs_file,
+    pub context: *mut ib_ucontext,
+    pub uobject: *mut ib_uobject,
+    pub method_elm: *const uverbs_api_ioctl_method,
+    pub attr_present: [ffi::c_ulong; 1usize],
+}
+impl Default for uverbs_attr_bundle__bindgen_ty_1_uverbs_attr_bundle_hdr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for uverbs_attr_bundle__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for uverbs_attr_bundle {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn _ib_copy_validate_udata_in(
+        udata: *mut ib_udata,
+        req: *mut ffi::c_void,
+        kernel_size: usize,
+        minimum_size: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn _ib_respond_udata(
+        udata: *mut ib_udata,
+        src: *const ffi::c_void,
+        len: usize,
+    ) -> ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn _ib_copy_validate_udata_cm_fail(
+        udata: *mut ib_udata,
+        req_cm: u64_,
+        valid_cm: u64_,
+    ) -> ffi::c_int;
+}
 unsafe extern "C" {
     pub fn metaroce_glue_dev_net(ndev: *const net_device) -> *mut net;
 }
@@ -37796,6 +47373,24 @@ pub struct metaroce_create_qp_resp {
     pub max_inline_data: __u32,
     pub reserved: __u32,
 }
+pub type __builtin_va_list = [__va_list_tag; 1usize];
+#[repr(C)]
+#[derive(Copy, Clone, MaybeZeroable)]
+pub struct __va_list_tag {
+    pub gp_offset: ffi::c_uint,
+    pub fp_offset: ffi::c_uint,
+    pub overflow_arg_area: *mut ffi::c_void,
+    pub reg_save_area: *mut ffi::c_void,
+}
+impl Default for __va_list_tag {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct kernel_symbol {
@@ -37853,32 +47448,7 @@ pub struct gendisk {
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct udp_table {
-    pub _address: u8,
-}
-#[repr(C)]
-#[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct mr_table {
-    pub _address: u8,
-}
-#[repr(C)]
-#[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct fib6_info {
-    pub _address: u8,
-}
-#[repr(C)]
-#[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct rt6_info {
-    pub _address: u8,
-}
-#[repr(C)]
-#[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct rt6_statistics {
-    pub _address: u8,
-}
-#[repr(C)]
-#[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct fib6_table {
     pub _address: u8,
 }
 #[repr(C)]
@@ -38068,17 +47638,22 @@ pub struct devlink_port {
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct netdev_notifier_offload_xstats_rd {
+    pub _address: u8,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct netdev_notifier_offload_xstats_ru {
+    pub _address: u8,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
 pub struct sock_reuseport {
     pub _address: u8,
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct ib_uverbs_file {
-    pub _address: u8,
-}
-#[repr(C)]
-#[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct uverbs_api_object {
+pub struct dma_resv {
     pub _address: u8,
 }
 #[repr(C)]
@@ -38098,11 +47673,31 @@ pub struct ib_gid_table {
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct uapi_definition {
+pub struct ib_frmr_pools {
     pub _address: u8,
 }
 #[repr(C)]
 #[derive(Default, Copy, Clone, MaybeZeroable)]
-pub struct ib_frmr_pools {
+pub struct dst_cache_pcpu {
+    pub _address: u8,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ib_uverbs_device {
+    pub _address: u8,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct ib_uverbs_async_event_file {
+    pub _address: u8,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_api_attr {
+    pub _address: u8,
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone, MaybeZeroable)]
+pub struct uverbs_api_ioctl_method {
     pub _address: u8,
 }
