@@ -36,6 +36,8 @@ setup_failed() {
 }
 mount9p() { mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 "$@"; }
 
+read -r up _ </proc/uptime
+say "setting up the guest (uptime ${up}s)"
 mkdir -p /dev/pts /dev/shm
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm

@@ -83,8 +83,8 @@ fi
 	echo "MODE=$MODE"
 	if [ "$MODE" = interactive ]; then
 		printf 'HOST_TERM=%q\n' "${TERM:-vt100}"
-		read -r rows cols < <(stty size 2>/dev/null || echo "24 80")
-		echo "ROWS=$rows COLS=$cols"
+		read -r rows cols < <(stty size 2>/dev/null || true)
+		echo "ROWS=${rows:-24} COLS=${cols:-80}"
 	fi
 } >"$SHARE/env"
 # Hard links: the modules are read-only for the guest's purposes and can be large.
