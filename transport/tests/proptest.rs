@@ -317,7 +317,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(12), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Several streams (QPs) on one connection, concurrently, over a lossy, reordering,
-    /// duplicating link: each stream's messages complete exactly once, in its own order.
+    /// duplicating link, with receives posted late (RNR): each stream's messages complete
+    /// exactly once, in its own order.
     #[test]
     fn many_streams_exactly_once_in_order(
         seed in any::<u64>(),
@@ -325,6 +326,7 @@ proptest! {
         reorder_pct in 0u32..40,
         dup_pct_x100 in 0u32..500,
         jobs in prop::collection::vec(prop::collection::vec(arb_msg(), 1..24), 1..4),
+        recv_delay_us in prop::collection::vec(prop_oneof![Just(0u64), 0u64..3000], 4),
     ) {
         let link = LinkConfig::clean().loss(loss_pct_x100).reorder(reorder_pct, 30_000).dup(dup_pct_x100);
         let mut sim = Sim::new(link, seed);
@@ -338,7 +340,14 @@ proptest! {
                 sim.open_pair(0x100 + k as u32, 0x200 + k as u32)
             };
             let n = msgs.len() as u64;
-            specs.push(Job { a, b, msgs, slot0, counter: COUNTER + 16 * k as u64 });
+            specs.push(Job {
+                a,
+                b,
+                msgs,
+                slot0,
+                counter: COUNTER + 16 * k as u64,
+                recv_delay_ns: recv_delay_us[k] * 1000,
+            });
             slot0 += n;
         }
         let r = run_jobs(&mut sim, &specs, 60_000_000_000);

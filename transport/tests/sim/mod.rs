@@ -523,6 +523,8 @@ pub struct Job {
     pub msgs: Vec<Msg>,
     pub slot0: u64,
     pub counter: u64,
+    /// Receive WQEs are posted only from this long after the start (exercises RNR).
+    pub recv_delay_ns: u64,
 }
 
 struct JobState {
@@ -541,6 +543,7 @@ pub fn run_workload(sim: &mut Sim, msgs: &[Msg], deadline: u64) -> WorkloadResul
         msgs: msgs.to_vec(),
         slot0: 0,
         counter: COUNTER,
+        recv_delay_ns: 0,
     };
     run_jobs(sim, &[job], deadline)
 }
@@ -599,7 +602,7 @@ pub fn run_jobs(sim: &mut Sim, jobs: &[Job], deadline: u64) -> WorkloadResult {
     loop {
         // Keep the queues topped up.
         for (j, s) in jobs.iter().zip(st.iter_mut()) {
-            while s.next_recv < s.consumers.len() {
+            while s.next_recv < s.consumers.len() && sim.now >= start + j.recv_delay_ns {
                 let i = s.consumers[s.next_recv];
                 let slot = (j.slot0 + i as u64) * SLOT;
                 let w = RecvWqe {
