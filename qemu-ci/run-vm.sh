@@ -53,6 +53,7 @@ if [ -z "$PAYLOAD" ] && [ -d "$REPO_DIR/build/guest" ]; then PAYLOAD="$REPO_DIR/
 
 KDIR="${KDIR:-$("$QEMU_CI_DIR/build-kernel.sh")}"
 [ -f "$KDIR/arch/x86/boot/bzImage" ] || die "no bzImage in $KDIR"
+[ -d "$KDIR/modules-install/lib/modules" ] || die "no modules-install/lib/modules in $KDIR"
 IMAGE="$("$QEMU_CI_DIR/build-image.sh")"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/metaroce-vm.XXXXXX")
@@ -133,7 +134,7 @@ fi
 [ "$OUT" = "$TMP/out" ] || log "results in $OUT"
 if [ ! -f "$SHARE/exit-status" ]; then
 	log "run-vm: the guest reported no exit status after $((SECONDS - start)) s" \
-		"(kernel panic or oops, or guest setup failed: see the console output above)"
+		"(kernel panic or oops, guest setup failure or QEMU quit: see the console output above)"
 	exit 125
 fi
 rc=$(cat "$SHARE/exit-status")
