@@ -353,9 +353,11 @@ fn peer_disappears_retry_exceeded_and_flush() {
 
 #[test]
 fn psn_and_msn_wrap() {
+    // PSNs, MSNs and RSNs all cross 2^32 during the run, with loss.
     let mut sim = Sim::with_config(LinkConfig::clean().loss(300), 9, |c| {
         c.path.initial_psn = u32::MAX - 40
     });
+    sim.set_initial_msn(u32::MAX - 30);
     let r = run_workload(&mut sim, &mixed(120), 2_000_000_000);
     assert!(r.completed);
 }

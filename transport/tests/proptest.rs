@@ -35,14 +35,21 @@ proptest! {
         reorder_max_us in 0u64..80,
         dup_pct_x100 in 0u32..1000,
         msgs in prop::collection::vec(arb_msg(), 1..48),
+        msn_start in prop_oneof![Just(0u32), (u32::MAX - 64)..=u32::MAX],
+        psn_start in prop_oneof![Just(0u32), (u32::MAX - 300)..=u32::MAX],
     ) {
         let link = LinkConfig::clean()
             .loss(loss_pct_x100)
             .reorder(reorder_pct, reorder_max_us * 1000)
             .dup(dup_pct_x100);
-        let mut sim = Sim::new(link, seed);
+        let mut sim = Sim::with_config(link, seed, |c| c.path.initial_psn = psn_start);
         // Under extreme loss a finite retry count can legitimately run out: use a large one.
-        sim.set_retry_cnt(255);
+        // Sequence numbers may start just before they wrap.
+        sim.reconfigure_streams(|c| {
+            c.retry_cnt = 255;
+            c.send_msn = msn_start;
+            c.recv_msn = msn_start;
+        });
         let r = run_workload(&mut sim, &msgs, 60_000_000_000);
         prop_assert!(r.completed, "not completed: {:?}", r);
     }

@@ -29,6 +29,11 @@ pub const MAX_RD_ATOMIC: u32 = 8;
 /// `rnr_retry` value meaning "retry forever".
 pub const RNR_RETRY_INFINITE: u8 = 7;
 
+// Ring indices are sequence numbers modulo the depth: the depths must divide 2^32 so that
+// indices stay consistent when the 32-bit MSN/RSN wrap.
+const _: () = assert!(SQ_DEPTH.is_power_of_two() && RQ_DEPTH.is_power_of_two());
+const _: () = assert!(MSG_WINDOW.is_power_of_two() && MSG_WINDOW as usize <= SQ_DEPTH);
+
 /// A stream's index in its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub u16);
@@ -46,6 +51,10 @@ pub struct StreamConfig {
     pub rnr_retry: u8,
     /// The RNR back-off this side's responder asks of the peer, in microseconds.
     pub rnr_timer_us: u32,
+    /// First MSN (and RSN) this side's requester uses; the peer's `recv_msn` must match.
+    pub send_msn: u32,
+    /// First MSN (and RSN) this side's responder expects: the peer's `send_msn`.
+    pub recv_msn: u32,
 }
 
 impl StreamConfig {
@@ -58,6 +67,8 @@ impl StreamConfig {
             retry_cnt: 7,
             rnr_retry: 7,
             rnr_timer_us: 100,
+            send_msn: 0,
+            recv_msn: 0,
         }
     }
 }
@@ -311,8 +322,8 @@ impl Stream {
         self.in_error = false;
         self.error_status = CqStatus::Success;
         self.error_reported = false;
-        self.req.reset();
-        self.resp.reset();
+        self.req.reset(self.cfg.send_msn);
+        self.resp.reset(self.cfg.recv_msn);
         self.ack_dirty = false;
     }
 

@@ -166,15 +166,15 @@ impl Requester {
         }
     }
 
-    /// Re-initialises in place.
-    pub fn reset(&mut self) {
+    /// Re-initialises in place; the first message gets MSN and RSN `start`.
+    pub fn reset(&mut self, start: u32) {
         for e in self.sq.iter_mut() {
             *e = Entry::empty();
         }
-        self.head = 0;
-        self.tail = 0;
-        self.next_rsn = 0;
-        self.peer_completed = 0;
+        self.head = start;
+        self.tail = start;
+        self.next_rsn = start;
+        self.peer_completed = start;
         self.last_progress = 0;
         self.stats = RequesterStats::default();
     }

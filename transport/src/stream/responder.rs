@@ -223,18 +223,18 @@ impl Responder {
         NakCode::from_code(self.error_code).map(|c| (self.error_msn, c))
     }
 
-    /// Re-initialises in place.
-    pub fn reset(&mut self) {
+    /// Re-initialises in place; the first message expected has MSN and RSN `start`.
+    pub fn reset(&mut self, start: u32) {
         for e in self.rq.iter_mut() {
             e.state = RqState::Posted;
             e.wqe = RecvWqe::default();
         }
-        self.rq_head = 0;
-        self.rq_tail = 0;
+        self.rq_head = start;
+        self.rq_tail = start;
         for s in self.slots.iter_mut() {
             *s = Slot::free();
         }
-        self.completed = 0;
+        self.completed = start;
         for r in self.resps.iter_mut() {
             r.used = false;
         }

@@ -743,6 +743,29 @@ pub fn run_jobs(sim: &mut Sim, jobs: &[Job], deadline: u64) -> WorkloadResult {
 }
 
 impl Sim {
+    /// Reopens the default stream pair with settings changed by `f` (applied to both ends).
+    pub fn reconfigure_streams(&mut self, f: impl Fn(&mut StreamConfig)) {
+        for (i, (l, r)) in [(0x11, 0x22), (0x22, 0x11)].into_iter().enumerate() {
+            let ep = &mut self.ep[i];
+            ep.conn.close_stream(ep.stream);
+            let mut cfg = StreamConfig::new(l, r);
+            f(&mut cfg);
+            ep.stream = ep.conn.open_stream(cfg).unwrap();
+        }
+    }
+
+    /// Reopens both streams with their MSNs (and RSNs) starting at `start` in both directions.
+    pub fn set_initial_msn(&mut self, start: u32) {
+        for (i, (l, r)) in [(0x11, 0x22), (0x22, 0x11)].into_iter().enumerate() {
+            let ep = &mut self.ep[i];
+            ep.conn.close_stream(ep.stream);
+            let mut cfg = StreamConfig::new(l, r);
+            cfg.send_msn = start;
+            cfg.recv_msn = start;
+            ep.stream = ep.conn.open_stream(cfg).unwrap();
+        }
+    }
+
     /// Reopens both streams with another retry count (property tests at extreme loss).
     pub fn set_retry_cnt(&mut self, retry_cnt: u8) {
         for (i, (l, r)) in [(0x11, 0x22), (0x22, 0x11)].into_iter().enumerate() {
