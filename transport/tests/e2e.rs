@@ -642,3 +642,30 @@ fn config_is_validated() {
         .open_stream(metaroce_transport::stream::StreamConfig::new(8, 7))
         .is_ok());
 }
+
+#[test]
+fn caller_can_move_a_stream_to_error_and_flush() {
+    let mut sim = Sim::new(LinkConfig::clean(), 16);
+    let (sa, sb) = (sim.ep[0].stream, sim.ep[1].stream);
+    recv(&mut sim, 1, B_BUF, 100);
+    recv(&mut sim, 2, B_BUF, 100);
+    post(&mut sim, SendWqe::new(7, WrOpcode::Send, sge(1, A_BUF, 10)));
+    assert!(sim.run_until(sim.now + 10_000_000, |s| s.ep[1].recv_cqes.len() == 1));
+    sim.ep[1].conn.fail_stream(sb).unwrap();
+    sim.pump();
+    let r: Vec<_> = sim.ep[1]
+        .recv_cqes
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(r, vec![(1, CqStatus::Success), (2, CqStatus::WrFlushErr)]);
+    assert!(
+        sim.ep[1].stream_errors.is_empty(),
+        "no event for a requested transition"
+    );
+    // The peer's next message is refused.
+    post(&mut sim, SendWqe::new(8, WrOpcode::Send, sge(1, A_BUF, 10)));
+    assert!(sim.run_until(sim.now + 10_000_000, |s| s.ep[0].send_cqes.len() == 2));
+    assert_eq!(sim.ep[0].send_cqes[1].status, CqStatus::RemOpErr);
+    assert!(sim.ep[0].conn.stream_error(sa).is_some());
+}

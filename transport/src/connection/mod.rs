@@ -381,6 +381,18 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
     }
 
+    /// Moves a stream (QP) to the error state on the caller's request (`ib_modify_qp` to
+    /// ERR): its outstanding send and receive WQEs complete with `WrFlushErr` through
+    /// `poll_event`, and its packets are answered with NAKs. No `StreamError` event follows.
+    pub fn fail_stream(&mut self, id: StreamId) -> Result<(), PostError> {
+        let s = self.open_stream_mut(id)?;
+        if s.error().is_none() {
+            s.set_error(CqStatus::WrFlushErr);
+            s.error_reported = true;
+        }
+        Ok(())
+    }
+
     /// Requester and responder counters of a stream.
     pub fn stream_stats(&self, id: StreamId) -> Option<(RequesterStats, ResponderStats)> {
         self.streams
