@@ -5,7 +5,10 @@
 //! Everything here is safe code working on plain data; `sys::ibdev` calls it from the ops the
 //! RDMA core invokes.
 
-use crate::sys::{bindings, netdev::NetDev};
+use crate::{
+    sys::{bindings, netdev::NetDev},
+    verbs::limits,
+};
 
 /// Bytes a MetaRoCE packet adds on top of the payload, at most: IPv6 (40) + UDP (8) + the
 /// largest MetaRoCE header (64). The active MTU reported to verbs is what fits under it.
@@ -53,6 +56,23 @@ impl Device {
         attr.page_size_cap = 0xffff_f000;
         attr.max_pd = MAX_PD;
         attr.max_pkeys = 1;
+        attr.max_qp = limits::MAX_QP;
+        attr.max_qp_wr = limits::MAX_QP_WR;
+        attr.max_send_sge = limits::MAX_SGE;
+        attr.max_recv_sge = limits::MAX_SGE;
+        attr.max_sge_rd = limits::MAX_SGE;
+        attr.max_cq = limits::MAX_CQ;
+        attr.max_cqe = limits::MAX_CQE;
+        attr.max_mr = limits::MAX_MR;
+        attr.max_srq = limits::MAX_SRQ;
+        attr.max_srq_wr = limits::MAX_SRQ_WR;
+        attr.max_srq_sge = limits::MAX_SGE;
+        attr.max_qp_rd_atom = limits::MAX_RD_ATOM;
+        attr.max_qp_init_rd_atom = limits::MAX_RD_ATOM;
+        attr.max_res_rd_atom = limits::MAX_RD_ATOM * limits::MAX_QP;
+        attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
+        attr.max_fast_reg_page_list_len = 0;
+        attr.device_cap_flags = bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN as u64;
         // `rdma link delete` may remove the device, as it may any soft device's.
         attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG);
     }

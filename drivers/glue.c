@@ -4,6 +4,8 @@
  * single expression: the driver's logic belongs to the Rust side.
  */
 #include <linux/cpumask.h>
+#include <linux/highmem.h>
+#include <linux/scatterlist.h>
 #include "glue.h"
 
 struct net *metaroce_glue_dev_net(const struct net_device *ndev)
@@ -34,4 +36,24 @@ int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len)
 void metaroce_glue_dev_put(struct net_device *ndev)
 {
 	dev_put(ndev);
+}
+
+struct page *metaroce_glue_sg_page_iter_page(struct sg_page_iter *piter)
+{
+	return sg_page_iter_page(piter);
+}
+
+void *metaroce_glue_kmap_local_page(struct page *page)
+{
+	return kmap_local_page(page);
+}
+
+void metaroce_glue_kunmap_local(void *addr)
+{
+	kunmap_local(addr);
+}
+
+u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry)
+{
+	return rdma_user_mmap_get_offset(entry);
 }

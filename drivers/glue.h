@@ -15,5 +15,9 @@ enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev);
 unsigned int metaroce_glue_num_possible_cpus(void);
 int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len);
 void metaroce_glue_dev_put(struct net_device *ndev);
+struct page *metaroce_glue_sg_page_iter_page(struct sg_page_iter *piter);
+void *metaroce_glue_kmap_local_page(struct page *page);
+void metaroce_glue_kunmap_local(void *addr);
+u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry);
 
 #endif /* METAROCE_GLUE_H */

@@ -25,12 +25,13 @@ for t in "${tests[@]}"; do
 	fi
 done
 n=$(cat "$TAP_DIR/n")
-passed=$(wc -l <"$TAP_DIR/passed" 2>/dev/null || echo 0)
-failed=$(wc -l <"$TAP_DIR/failed" 2>/dev/null || echo 0)
+count() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+passed=$(count "$TAP_DIR/passed")
+failed=$(count "$TAP_DIR/failed")
 echo "1..$n"
 if [ -n "${METAROCE_OUT:-}" ]; then
 	echo "$passed $failed" >"$METAROCE_OUT/summary"
-	cp "$TAP_DIR"/failed "$METAROCE_OUT/failed" 2>/dev/null || true
+	if [ -f "$TAP_DIR/failed" ]; then cp "$TAP_DIR/failed" "$METAROCE_OUT/failed"; fi
 fi
 echo "guest: $passed passed, $failed failed"
 [ "$failed" = 0 ] && [ "$n" -gt 0 ]

@@ -5,8 +5,8 @@
 //! Each trampoline checks nothing the core already guarantees, turns the raw pointers it is
 //! given into references and hands them to safe code in [`crate::device`].
 
-use super::{bindings, netdev::HeldNetDev, netdev::NetDev, to_errno, DRIVER_ID};
-use crate::device::Device;
+use super::{bindings, netdev::HeldNetDev, netdev::NetDev, ring, to_errno, verbs, DRIVER_ID};
+use crate::{device::Device, verbs::Verbs};
 use core::{
     mem::{offset_of, size_of, ManuallyDrop},
     ptr::{self, NonNull},
@@ -21,6 +21,8 @@ struct MetaDev {
     ibdev: bindings::ib_device,
     /// Written right after allocation, before the ops (and so `dealloc_driver`) are set.
     state: ManuallyDrop<Device>,
+    /// The verbs objects (MRs, QPs, SRQs by number); written with `state`.
+    verbs: ManuallyDrop<Pin<KBox<Verbs>>>,
 }
 
 /// A user context (`ibv_open_device`); ours will hold the mmap entries of the rings.
@@ -65,6 +67,25 @@ fn device_ops() -> bindings::ib_device_ops {
         dealloc_pd: Some(dealloc_pd),
         size_ib_ucontext: size_of::<MetaUcontext>(),
         size_ib_pd: size_of::<MetaPd>(),
+        mmap: Some(ring::mmap),
+        mmap_free: Some(ring::mmap_free),
+        create_cq: Some(verbs::create_cq),
+        destroy_cq: Some(verbs::destroy_cq),
+        req_notify_cq: Some(verbs::req_notify_cq),
+        size_ib_cq: verbs::SIZE_CQ,
+        create_srq: Some(verbs::create_srq),
+        modify_srq: Some(verbs::modify_srq),
+        query_srq: Some(verbs::query_srq),
+        destroy_srq: Some(verbs::destroy_srq),
+        size_ib_srq: verbs::SIZE_SRQ,
+        reg_user_mr: Some(verbs::reg_user_mr),
+        dereg_mr: Some(verbs::dereg_mr),
+        create_qp: Some(verbs::create_qp),
+        modify_qp: Some(verbs::modify_qp),
+        query_qp: Some(verbs::query_qp),
+        destroy_qp: Some(verbs::destroy_qp),
+        post_send: Some(verbs::post_send),
+        size_ib_qp: verbs::SIZE_QP,
         ..Default::default()
     }
 }
@@ -79,6 +100,16 @@ unsafe fn state<'a>(ibdev: *const bindings::ib_device) -> &'a Device {
     // SAFETY: per the contract `ibdev` is the first field of a live `MetaDev` (offset 0,
     // checked above), whose `state` was written before the ops were installed.
     unsafe { &(*ibdev.cast::<MetaDev>()).state }
+}
+
+/// The verbs objects of the device behind `ibdev`.
+///
+/// # Safety
+///
+/// As for [`state`].
+pub(super) unsafe fn verbs_of<'a>(ibdev: *const bindings::ib_device) -> &'a Verbs {
+    // SAFETY: as in `state`; `verbs` is written together with `state`.
+    unsafe { &(*ibdev.cast::<MetaDev>()).verbs }
 }
 
 /// The netdev of port 1, with a reference held until the result is dropped.
@@ -112,10 +143,19 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     let dev = ibdev.cast::<MetaDev>();
     let state = Device::new(ndev);
     let node_guid = state.node_guid();
+    let verbs = match KBox::pin_init(Verbs::new(), GFP_KERNEL) {
+        Ok(v) => v,
+        Err(e) => {
+            // SAFETY: no ops are set yet, so this only frees the memory.
+            unsafe { bindings::ib_dealloc_device(ibdev) };
+            return Err(e);
+        }
+    };
     // SAFETY: `dev` is our fresh, exclusively owned allocation; writing `state` before the
     // ops are set means `dealloc_driver` only ever sees it initialised.
     unsafe {
         ptr::addr_of_mut!((*dev).state).write(ManuallyDrop::new(state));
+        ptr::addr_of_mut!((*dev).verbs).write(ManuallyDrop::new(verbs));
         let ib = &mut *ibdev;
         ib.node_type = bindings::RDMA_NODE_IB_CA as u8;
         ib.phys_port_cnt = 1;
@@ -127,6 +167,9 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         ib.link_ops = super::registration::link_ops();
         let ops = device_ops();
         bindings::ib_set_device_ops(ibdev, &ops);
+        // The SQ doorbell is an empty POST_SEND; CQ arming is a command too.
+        ib.uverbs_cmd_mask |= (1u64 << bindings::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_POST_SEND)
+            | (1u64 << bindings::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_REQ_NOTIFY_CQ);
     }
 
     // SAFETY: `ibdev` is ours and not yet registered; `ndev` is alive for the call and the
@@ -170,7 +213,11 @@ pub(super) fn remove_all_devices() {
 /// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
 unsafe extern "C" fn dealloc_driver(ibdev: *mut bindings::ib_device) {
     // SAFETY: the core calls this once, last, for a device we allocated and initialised.
-    unsafe { ManuallyDrop::drop(&mut (*ibdev.cast::<MetaDev>()).state) }
+    unsafe {
+        let dev = ibdev.cast::<MetaDev>();
+        ManuallyDrop::drop(&mut (*dev).verbs);
+        ManuallyDrop::drop(&mut (*dev).state);
+    }
 }
 
 /// # Safety

@@ -12,13 +12,26 @@ pub(crate) mod bindings;
 pub(crate) mod ibdev;
 pub(crate) mod netdev;
 mod registration;
+#[allow(dead_code)]
+pub(crate) mod ring;
+#[allow(dead_code)]
+pub(crate) mod umem;
+mod verbs;
 
 pub(crate) use registration::Registration;
+pub(crate) use verbs::CqNotifier;
 
 /// `ib_device_ops.uverbs_abi_ver`, from the ABI header the provider shares.
 pub(crate) const UVERBS_ABI_VERSION: u32 = bindings::METAROCE_UVERBS_ABI_VERSION;
 /// Our private `ib_device_ops.driver_id`, from the ABI header the provider shares.
 pub(crate) const DRIVER_ID: u32 = bindings::METAROCE_DRIVER_ID;
+
+/// The 16 bytes of a GID.
+pub(crate) fn gid_bytes(gid: &bindings::ib_gid) -> [u8; 16] {
+    // SAFETY: both views of the union are plain bytes of the same size; any bit pattern is a
+    // valid `[u8; 16]`.
+    unsafe { gid.raw }
+}
 
 /// Turns a driver result into the errno convention of the RDMA core's ops.
 pub(crate) fn to_errno(result: kernel::error::Result) -> kernel::ffi::c_int {

@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Rings shared with userspace (SQ, RQ, SRQ, CQ; layout in `uapi/metaroce-abi.h`).
+//!
+//! The memory comes from `vmalloc_user` and is mapped by the provider through an
+//! `rdma_user_mmap_entry`. The entry owns the memory: dropping the [`UserRing`] removes the
+//! entry, and the RDMA core calls `mmap_free` (which frees both) once the last user mapping
+//! is gone, so neither side ever sees freed memory.
+//!
+//! Userspace can write anything into the ring at any time. The kernel reads each index once,
+//! bounds it against the ring size, and copies each entry out whole before looking at it.
+
+use super::bindings;
+use core::{
+    mem::size_of,
+    ptr::{self, NonNull},
+    sync::atomic::{AtomicU32, Ordering},
+};
+use kernel::prelude::*;
+
+const HDR: usize = bindings::METAROCE_RING_HDR_SIZE as usize;
+const PAGE_SIZE: usize = 4096;
+const PRODUCER: usize = 0;
+const CONSUMER: usize = 64;
+
+/// The mmap entry; `rdma` first so the core's pointer is ours.
+#[repr(C)]
+struct MmapEntry {
+    rdma: bindings::rdma_user_mmap_entry,
+    memory: *mut u8,
+}
+
+/// A ring of `T` entries shared with userspace.
+pub(crate) struct UserRing<T> {
+    memory: NonNull<u8>,
+    entry: NonNull<MmapEntry>,
+    num_entries: u32,
+    length: usize,
+    _entries: core::marker::PhantomData<T>,
+}
+
+// SAFETY: the ring memory lives until `mmap_free`, after we are gone; all access goes through
+// atomics and whole-entry volatile copies.
+unsafe impl<T> Send for UserRing<T> {}
+// SAFETY: as above; callers serialise producer-side and consumer-side use with their locks.
+unsafe impl<T> Sync for UserRing<T> {}
+
+/// What the provider needs to map a ring.
+#[derive(Clone, Copy)]
+pub(crate) struct RingInfo {
+    pub(crate) offset: u64,
+    pub(crate) length: u64,
+    pub(crate) num_entries: u32,
+    pub(crate) entry_size: u32,
+}
+
+impl From<RingInfo> for bindings::metaroce_mmap_info {
+    fn from(r: RingInfo) -> Self {
+        bindings::metaroce_mmap_info {
+            offset: r.offset,
+            length: r.length,
+            num_entries: r.num_entries,
+            entry_size: r.entry_size,
+        }
+    }
+}
+
+impl<T: Copy> UserRing<T> {
+    /// A ring of at least `min_entries` entries (rounded up to a power of two), mappable in
+    /// `uctx`.
+    ///
+    /// # Safety
+    ///
+    /// `uctx` must be a live user context of one of our devices.
+    pub(super) unsafe fn new(uctx: *mut bindings::ib_ucontext, min_entries: u32) -> Result<Self> {
+        let num_entries = min_entries.max(1).checked_next_power_of_two().ok_or(EINVAL)?;
+        let bytes = (num_entries as usize)
+            .checked_mul(size_of::<T>())
+            .and_then(|b| b.checked_add(HDR))
+            .ok_or(EINVAL)?;
+        let length = bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        // SAFETY: plain allocation; zeroed, so both indices start at 0.
+        let memory = NonNull::new(unsafe { bindings::vmalloc_user_noprof(length) }.cast::<u8>())
+            .ok_or(ENOMEM)?;
+        let entry = KBox::new(
+            MmapEntry {
+                rdma: bindings::rdma_user_mmap_entry::default(),
+                memory: memory.as_ptr(),
+            },
+            GFP_KERNEL,
+        );
+        let entry = match entry {
+            Ok(e) => NonNull::from(KBox::leak(e)),
+            Err(e) => {
+                // SAFETY: allocated above, never shared.
+                unsafe { bindings::vfree(memory.as_ptr().cast()) };
+                return Err(e.into());
+            }
+        };
+        // SAFETY: `uctx` is live; on success the core owns a reference to the entry until it
+        // calls `mmap_free`.
+        let err = unsafe {
+            bindings::rdma_user_mmap_entry_insert(uctx, ptr::addr_of_mut!((*entry.as_ptr()).rdma), length)
+        };
+        if err != 0 {
+            // SAFETY: the insert failed, so the entry and memory are still only ours.
+            unsafe {
+                bindings::vfree(memory.as_ptr().cast());
+                drop(KBox::from_raw(entry.as_ptr()));
+            }
+            return Err(Error::from_errno(err));
+        }
+        Ok(UserRing {
+            memory,
+            entry,
+            num_entries,
+            length,
+            _entries: core::marker::PhantomData,
+        })
+    }
+
+    pub(crate) fn info(&self) -> RingInfo {
+        // SAFETY: the entry is inserted and alive while we are.
+        let offset = unsafe { bindings::metaroce_glue_mmap_get_offset(&(*self.entry.as_ptr()).rdma) };
+        RingInfo {
+            offset,
+            length: self.length as u64,
+            num_entries: self.num_entries,
+            entry_size: size_of::<T>() as u32,
+        }
+    }
+
+    pub(crate) fn num_entries(&self) -> u32 {
+        self.num_entries
+    }
+
+    fn index(&self, at: usize) -> &AtomicU32 {
+        // SAFETY: `at` is 0 or 64, inside the header page, 4-byte aligned; an `AtomicU32` may
+        // alias memory that userspace writes concurrently.
+        unsafe { &*self.memory.as_ptr().add(at).cast::<AtomicU32>() }
+    }
+
+    fn slot(&self, index: u32) -> *mut T {
+        let slot = (index & (self.num_entries - 1)) as usize;
+        // SAFETY: `slot < num_entries`, and the memory holds HDR + num_entries entries.
+        unsafe { self.memory.as_ptr().add(HDR + slot * size_of::<T>()).cast::<T>() }
+    }
+
+    /// Consumer side (SQ/RQ/SRQ): the next entry userspace has posted, copied out, or None.
+    /// Err(EOVERFLOW) if userspace's producer index claims more than the ring holds.
+    pub(crate) fn peek(&self) -> Result<Option<T>> {
+        let consumer = self.index(CONSUMER).load(Ordering::Relaxed);
+        let producer = self.index(PRODUCER).load(Ordering::Acquire);
+        let avail = producer.wrapping_sub(consumer);
+        if avail == 0 {
+            return Ok(None);
+        }
+        if avail > self.num_entries {
+            return Err(EOVERFLOW);
+        }
+        // SAFETY: a valid slot; one volatile whole-entry copy (userspace may be rewriting it,
+        // which only yields a garbage entry that validation rejects).
+        Ok(Some(unsafe { self.slot(consumer).read_volatile() }))
+    }
+
+    /// Consumer side: the entry returned by `peek` is done with.
+    pub(crate) fn pop(&self) {
+        let c = self.index(CONSUMER).load(Ordering::Relaxed);
+        self.index(CONSUMER).store(c.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Producer side (CQ): appends `entry`, or Err(ENOSPC) if userspace has not made room.
+    pub(crate) fn push(&self, entry: &T) -> Result {
+        let producer = self.index(PRODUCER).load(Ordering::Relaxed);
+        let consumer = self.index(CONSUMER).load(Ordering::Acquire);
+        if producer.wrapping_sub(consumer) >= self.num_entries {
+            return Err(ENOSPC);
+        }
+        // SAFETY: a valid slot that userspace has consumed.
+        unsafe { self.slot(producer).write_volatile(*entry) };
+        self.index(PRODUCER).store(producer.wrapping_add(1), Ordering::Release);
+        Ok(())
+    }
+
+    /// Producer side: entries posted and not yet consumed.
+    pub(crate) fn pending(&self) -> u32 {
+        let producer = self.index(PRODUCER).load(Ordering::Relaxed);
+        let consumer = self.index(CONSUMER).load(Ordering::Acquire);
+        producer.wrapping_sub(consumer).min(self.num_entries)
+    }
+}
+
+impl<T> Drop for UserRing<T> {
+    fn drop(&mut self) {
+        // SAFETY: inserted in `new`; after this the core frees the entry and the memory
+        // through `mmap_free` once no mapping is left.
+        unsafe { bindings::rdma_user_mmap_entry_remove(ptr::addr_of_mut!((*self.entry.as_ptr()).rdma)) }
+    }
+}
+
+/// `ib_device_ops.mmap`: maps the ring whose entry `vma`'s offset names.
+///
+/// # Safety
+///
+/// Called only by the RDMA core with a live context of ours and the VMA being mapped.
+pub(super) unsafe extern "C" fn mmap(
+    uctx: *mut bindings::ib_ucontext,
+    vma: *mut bindings::vm_area_struct,
+) -> kernel::ffi::c_int {
+    // SAFETY: per the contract; a found entry is referenced until `put`.
+    unsafe {
+        let rdma = bindings::rdma_user_mmap_entry_get(uctx, vma);
+        if rdma.is_null() {
+            return EINVAL.to_errno();
+        }
+        let entry = rdma.cast::<MmapEntry>();
+        let err = bindings::remap_vmalloc_range(vma, (*entry).memory.cast(), 0);
+        bindings::rdma_user_mmap_entry_put(rdma);
+        err
+    }
+}
+
+/// `ib_device_ops.mmap_free`: the last reference to a ring's entry is gone.
+///
+/// # Safety
+///
+/// Called only by the RDMA core, once per entry we inserted.
+pub(super) unsafe extern "C" fn mmap_free(rdma: *mut bindings::rdma_user_mmap_entry) {
+    // SAFETY: every entry we insert is a leaked `KBox<MmapEntry>` owning its vmalloc memory.
+    unsafe {
+        let entry = KBox::from_raw(rdma.cast::<MmapEntry>());
+        bindings::vfree(entry.memory.cast());
+    }
+}

@@ -1,0 +1,690 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Trampolines for the verbs objects: MR, CQ, SRQ, QP. Each object the RDMA core allocates
+//! (`ib_cq`, `ib_qp`, `ib_srq`, with the sizes set in the ops) is followed by an
+//! `Option<Arc<...>>` to our safe object, set on create and taken on destroy; MRs we allocate
+//! ourselves. The objects live in `crate::verbs`.
+
+use super::{
+    bindings,
+    ibdev::verbs_of,
+    ring::UserRing,
+    to_errno,
+    umem::UserMemory,
+};
+use crate::verbs::{self, limits, Caps, Cq, Mr, Qp, QpParts, QpQueues, QpState, Srq};
+use core::{
+    mem::{offset_of, size_of},
+    ptr::{self, NonNull},
+};
+use kernel::{ffi::c_int, prelude::*, sync::Arc};
+
+#[repr(C)]
+pub(super) struct MetaCq {
+    ibcq: bindings::ib_cq,
+    cq: Option<Arc<Cq>>,
+}
+
+#[repr(C)]
+pub(super) struct MetaQp {
+    ibqp: bindings::ib_qp,
+    qp: Option<Arc<Qp>>,
+}
+
+#[repr(C)]
+pub(super) struct MetaSrq {
+    ibsrq: bindings::ib_srq,
+    srq: Option<Arc<Srq>>,
+}
+
+#[repr(C)]
+struct MetaMr {
+    ibmr: bindings::ib_mr,
+    mr: Option<Arc<Mr>>,
+}
+
+const _: () = assert!(offset_of!(MetaCq, ibcq) == 0);
+const _: () = assert!(offset_of!(MetaQp, ibqp) == 0);
+const _: () = assert!(offset_of!(MetaSrq, ibsrq) == 0);
+const _: () = assert!(offset_of!(MetaMr, ibmr) == 0);
+
+pub(super) const SIZE_CQ: usize = size_of::<MetaCq>();
+pub(super) const SIZE_QP: usize = size_of::<MetaQp>();
+pub(super) const SIZE_SRQ: usize = size_of::<MetaSrq>();
+
+/// Raises a CQ's completion and error events (the core's `comp_handler`/`event_handler`).
+pub(crate) struct CqNotifier(NonNull<bindings::ib_cq>);
+
+// SAFETY: the `ib_cq` outlives the `Cq` holding this (destroy_cq drops the `Cq` before the
+// core frees the `ib_cq`), and the core's handlers may run on any CPU.
+unsafe impl Send for CqNotifier {}
+// SAFETY: as above; the handlers do their own locking.
+unsafe impl Sync for CqNotifier {}
+
+impl CqNotifier {
+    /// A completion event (`ibv_get_cq_event` wakes up).
+    pub(crate) fn notify(&self) {
+        let cq = self.0.as_ptr();
+        // SAFETY: the `ib_cq` is alive (see the `Send` impl); the core set the handler and
+        // its context at creation and never changes them.
+        unsafe {
+            if let Some(handler) = (*cq).comp_handler {
+                handler(cq, (*cq).cq_context);
+            }
+        }
+    }
+
+    /// The CQ overflowed: an asynchronous `IBV_EVENT_CQ_ERR`.
+    pub(crate) fn overflow(&self) {
+        let cq = self.0.as_ptr();
+        // SAFETY: as in `notify`.
+        unsafe {
+            if let Some(handler) = (*cq).event_handler {
+                let mut event = bindings::ib_event {
+                    device: (*cq).device,
+                    event: bindings::ib_event_type_IB_EVENT_CQ_ERR,
+                    ..Default::default()
+                };
+                event.element.cq = cq;
+                handler(&mut event, (*cq).cq_context);
+            }
+        }
+    }
+}
+
+/// An `ERR_PTR`.
+fn err_ptr<T>(e: Error) -> *mut T {
+    e.to_errno() as isize as *mut T
+}
+
+/// The user context of a uverbs call, from its driver udata.
+///
+/// # Safety
+///
+/// `udata` must be null or the `driver_udata` of a live `uverbs_attr_bundle`.
+unsafe fn ucontext_of(udata: *mut bindings::ib_udata) -> Result<*mut bindings::ib_ucontext> {
+    if udata.is_null() {
+        // Kernel consumers (no udata) are not supported yet.
+        return Err(EOPNOTSUPP);
+    }
+    let offset = offset_of!(bindings::uverbs_attr_bundle, __bindgen_anon_1)
+        + offset_of!(bindings::uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1, driver_udata);
+    // SAFETY: per the contract `udata` sits `offset` bytes into a bundle
+    // (`rdma_udata_to_drv_context` does the same `container_of`).
+    let ctx = unsafe {
+        let bundle = udata.cast::<u8>().sub(offset).cast::<bindings::uverbs_attr_bundle>();
+        (*bundle).__bindgen_anon_1.__bindgen_anon_1.context
+    };
+    if ctx.is_null() {
+        return Err(EINVAL);
+    }
+    Ok(ctx)
+}
+
+/// Copies a driver response to userspace (as much of it as the caller's buffer takes).
+///
+/// # Safety
+///
+/// `udata` must be the live udata of the current uverbs call.
+unsafe fn respond<T>(udata: *mut bindings::ib_udata, resp: &mut T) -> Result {
+    // SAFETY: per the contract.
+    let outlen = unsafe { (*udata).outlen };
+    let len = size_of::<T>().min(outlen);
+    // SAFETY: `resp` is `len` or more readable bytes; the helper checks the user buffer.
+    let err = unsafe { bindings::metaroce_glue_copy_to_udata(udata, ptr::from_mut(resp).cast(), len) };
+    if err == 0 {
+        Ok(())
+    } else {
+        Err(Error::from_errno(err))
+    }
+}
+
+// ---- CQ ----
+
+/// # Safety
+///
+/// Called only by the RDMA core with a CQ it allocated (`size_ib_cq`, zeroed).
+pub(super) unsafe extern "C" fn create_cq(
+    ibcq: *mut bindings::ib_cq,
+    attr: *const bindings::ib_cq_init_attr,
+    attrs: *mut bindings::uverbs_attr_bundle,
+) -> c_int {
+    // SAFETY: per the contract; `attrs` is null for kernel consumers.
+    to_errno(unsafe { create_cq_inner(ibcq, &*attr, attrs) })
+}
+
+/// # Safety
+///
+/// As `create_cq`.
+unsafe fn create_cq_inner(
+    ibcq: *mut bindings::ib_cq,
+    attr: &bindings::ib_cq_init_attr,
+    attrs: *mut bindings::uverbs_attr_bundle,
+) -> Result {
+    if attrs.is_null() {
+        return Err(EOPNOTSUPP);
+    }
+    if attr.flags != 0 || attr.cqe < 1 || attr.cqe > limits::MAX_CQE {
+        return Err(EINVAL);
+    }
+    // SAFETY: `ibcq` is live and `device` set by the core.
+    if unsafe { verbs_of((*ibcq).device) }.cqs.load(core::sync::atomic::Ordering::Relaxed)
+        >= limits::MAX_CQ
+    {
+        return Err(ENOMEM);
+    }
+    // SAFETY: `attrs` is the live bundle of this uverbs call.
+    let (udata, uctx) = unsafe {
+        let b = &mut (*attrs).__bindgen_anon_1.__bindgen_anon_1;
+        (ptr::addr_of_mut!(b.driver_udata), b.context)
+    };
+    if uctx.is_null() {
+        return Err(EINVAL);
+    }
+    // SAFETY: `ibcq` is live and `device` set by the core.
+    let verbs = unsafe { verbs_of((*ibcq).device) };
+    // One slot more than asked for, so a full CQ of `cqe` entries fits.
+    // SAFETY: `uctx` is a live context of our device.
+    let ring = unsafe { UserRing::new(uctx, attr.cqe + 1) }?;
+    let notifier = CqNotifier(NonNull::new(ibcq).ok_or(EINVAL)?);
+    let cq = Arc::pin_init(Cq::new(ring, notifier), GFP_KERNEL)?;
+    let mut resp = bindings::metaroce_create_cq_resp {
+        ring: cq.ring_info().into(),
+    };
+    // SAFETY: `udata` is this call's.
+    unsafe { respond(udata, &mut resp) }?;
+    // SAFETY: `ibcq` is the core's zeroed allocation of our size; nothing else sees it yet.
+    unsafe {
+        (*ibcq).cqe = (cq.capacity() - 1) as c_int;
+        ptr::addr_of_mut!((*ibcq.cast::<MetaCq>()).cq).write(Some(cq));
+    }
+    verbs.cqs.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a CQ we created, with no QP using it any more.
+pub(super) unsafe extern "C" fn destroy_cq(
+    ibcq: *mut bindings::ib_cq,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract; QPs hold their own `Arc`s, so in-flight completions finish.
+    unsafe {
+        let verbs = verbs_of((*ibcq).device);
+        if (*ibcq.cast::<MetaCq>()).cq.take().is_some() {
+            verbs.cqs.fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a CQ we created.
+pub(super) unsafe extern "C" fn req_notify_cq(
+    ibcq: *mut bindings::ib_cq,
+    flags: bindings::ib_cq_notify_flags,
+) -> c_int {
+    // SAFETY: per the contract.
+    if let Some(cq) = unsafe { &(*ibcq.cast::<MetaCq>()).cq } {
+        let solicited = flags & bindings::ib_cq_notify_flags_IB_CQ_SOLICITED_MASK
+            == bindings::ib_cq_notify_flags_IB_CQ_SOLICITED;
+        cq.arm(solicited);
+    }
+    0
+}
+
+/// Our CQ behind an `ib_cq` the core hands us.
+///
+/// # Safety
+///
+/// `ibcq` must be null or a live CQ of our device.
+unsafe fn cq_of(ibcq: *mut bindings::ib_cq) -> Result<Arc<Cq>> {
+    if ibcq.is_null() {
+        return Err(EINVAL);
+    }
+    // SAFETY: per the contract.
+    unsafe { (*ibcq.cast::<MetaCq>()).cq.clone() }.ok_or(EINVAL)
+}
+
+// ---- SRQ ----
+
+/// # Safety
+///
+/// Called only by the RDMA core with an SRQ it allocated (`size_ib_srq`, zeroed).
+pub(super) unsafe extern "C" fn create_srq(
+    ibsrq: *mut bindings::ib_srq,
+    init: *mut bindings::ib_srq_init_attr,
+    udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract.
+    to_errno(unsafe { create_srq_inner(ibsrq, &mut *init, udata) })
+}
+
+/// # Safety
+///
+/// As `create_srq`.
+unsafe fn create_srq_inner(
+    ibsrq: *mut bindings::ib_srq,
+    init: &mut bindings::ib_srq_init_attr,
+    udata: *mut bindings::ib_udata,
+) -> Result {
+    // SAFETY: `udata` is this call's (or null).
+    let uctx = unsafe { ucontext_of(udata) }?;
+    if init.srq_type != bindings::ib_srq_type_IB_SRQT_BASIC
+        || init.attr.max_wr < 1
+        || init.attr.max_wr > limits::MAX_SRQ_WR
+        || init.attr.max_sge > limits::MAX_SGE
+    {
+        return Err(EINVAL);
+    }
+    // SAFETY: `ibsrq` is live with `device` set by the core.
+    let verbs = unsafe { verbs_of((*ibsrq).device) };
+    // SAFETY: `uctx` is a live context of our device.
+    let ring = unsafe { UserRing::new(uctx, init.attr.max_wr) }?;
+    let srqn = verbs.srqs.lock().reserve(1)?;
+    let srq = match Arc::pin_init(Srq::new(srqn, ring), GFP_KERNEL) {
+        Ok(srq) => srq,
+        Err(e) => {
+            verbs.srqs.lock().remove(srqn);
+            return Err(e);
+        }
+    };
+    srq.limit.store(init.attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
+    let mut resp = bindings::metaroce_create_srq_resp {
+        ring: srq.ring_info().into(),
+        srq_num: srqn,
+        reserved: 0,
+    };
+    // SAFETY: `udata` is this call's.
+    if let Err(e) = unsafe { respond(udata, &mut resp) } {
+        verbs.srqs.lock().remove(srqn);
+        return Err(e);
+    }
+    init.attr.max_wr = srq.capacity();
+    init.attr.max_sge = limits::MAX_SGE;
+    verbs.srqs.lock().insert(srqn, srq.clone());
+    // SAFETY: the core's zeroed allocation of our size; not yet visible to anyone else.
+    unsafe { ptr::addr_of_mut!((*ibsrq.cast::<MetaSrq>()).srq).write(Some(srq)) };
+    Ok(())
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for an SRQ we created.
+pub(super) unsafe extern "C" fn modify_srq(
+    ibsrq: *mut bindings::ib_srq,
+    attr: *mut bindings::ib_srq_attr,
+    mask: bindings::ib_srq_attr_mask,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract.
+    let (srq, attr) = unsafe { (&(*ibsrq.cast::<MetaSrq>()).srq, &*attr) };
+    let Some(srq) = srq else {
+        return EINVAL.to_errno();
+    };
+    if mask & bindings::ib_srq_attr_mask_IB_SRQ_MAX_WR != 0 {
+        // Resizing would move the ring under the provider's mapping.
+        return EOPNOTSUPP.to_errno();
+    }
+    if mask & bindings::ib_srq_attr_mask_IB_SRQ_LIMIT != 0 {
+        if attr.srq_limit > srq.capacity() {
+            return EINVAL.to_errno();
+        }
+        srq.limit.store(attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
+    }
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for an SRQ we created.
+pub(super) unsafe extern "C" fn query_srq(
+    ibsrq: *mut bindings::ib_srq,
+    attr: *mut bindings::ib_srq_attr,
+) -> c_int {
+    // SAFETY: per the contract.
+    let (srq, attr) = unsafe { (&(*ibsrq.cast::<MetaSrq>()).srq, &mut *attr) };
+    let Some(srq) = srq else {
+        return EINVAL.to_errno();
+    };
+    attr.max_wr = srq.capacity();
+    attr.max_sge = limits::MAX_SGE;
+    attr.srq_limit = srq.limit.load(core::sync::atomic::Ordering::Relaxed);
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for an SRQ we created, with no QP using it any more.
+pub(super) unsafe extern "C" fn destroy_srq(
+    ibsrq: *mut bindings::ib_srq,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        if let Some(srq) = (*ibsrq.cast::<MetaSrq>()).srq.take() {
+            verbs_of((*ibsrq).device).srqs.lock().remove(srq.srqn);
+        }
+    }
+    0
+}
+
+// ---- MR ----
+
+/// # Safety
+///
+/// Called only by the RDMA core (`ibv_reg_mr`) with a live PD and this call's udata.
+pub(super) unsafe extern "C" fn reg_user_mr(
+    ibpd: *mut bindings::ib_pd,
+    start: u64,
+    length: u64,
+    iova: u64,
+    access: c_int,
+    _dmah: *mut bindings::ib_dmah,
+    _udata: *mut bindings::ib_udata,
+) -> *mut bindings::ib_mr {
+    // SAFETY: per the contract.
+    match unsafe { reg_user_mr_inner(ibpd, start, length, iova, access) } {
+        Ok(ibmr) => ibmr,
+        Err(e) => err_ptr(e),
+    }
+}
+
+/// # Safety
+///
+/// As `reg_user_mr`.
+unsafe fn reg_user_mr_inner(
+    ibpd: *mut bindings::ib_pd,
+    start: u64,
+    length: u64,
+    iova: u64,
+    access: c_int,
+) -> Result<*mut bindings::ib_mr> {
+    if length == 0 || iova.checked_add(length).is_none() {
+        return Err(EINVAL);
+    }
+    // SAFETY: the PD is live with `device` set.
+    let ibdev = unsafe { (*ibpd).device };
+    // SAFETY: as above.
+    let verbs = unsafe { verbs_of(ibdev) };
+    // SAFETY: `ibdev` is live; we run in the registering process.
+    let mem = unsafe { UserMemory::pin(ibdev, start, length, access) }?;
+    let key = verbs.mrs.lock().reserve(1)?;
+    let mr = Mr::new(key, iova, length, access as u32, ibpd as usize, mem);
+    let mr = match Arc::new(mr, GFP_KERNEL) {
+        Ok(mr) => mr,
+        Err(e) => {
+            verbs.mrs.lock().remove(key);
+            return Err(e.into());
+        }
+    };
+    let meta = KBox::new(
+        MetaMr {
+            ibmr: bindings::ib_mr::default(),
+            mr: Some(mr.clone()),
+        },
+        GFP_KERNEL,
+    );
+    let mut meta = match meta {
+        Ok(m) => m,
+        Err(e) => {
+            verbs.mrs.lock().remove(key);
+            return Err(e.into());
+        }
+    };
+    meta.ibmr.lkey = key;
+    meta.ibmr.rkey = key;
+    meta.ibmr.iova = iova;
+    meta.ibmr.length = length;
+    verbs.mrs.lock().insert(key, mr);
+    Ok(ptr::addr_of_mut!(KBox::leak(meta).ibmr))
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for an MR we registered.
+pub(super) unsafe extern "C" fn dereg_mr(
+    ibmr: *mut bindings::ib_mr,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: every MR we hand out is a leaked `KBox<MetaMr>`; the core calls this once.
+    unsafe {
+        let verbs = verbs_of((*ibmr).device);
+        let meta = KBox::from_raw(ibmr.cast::<MetaMr>());
+        verbs.mrs.lock().remove(meta.ibmr.lkey);
+        drop(meta);
+    }
+    0
+}
+
+// ---- QP ----
+
+/// # Safety
+///
+/// Called only by the RDMA core with a QP it allocated (`size_ib_qp`, zeroed).
+pub(super) unsafe extern "C" fn create_qp(
+    ibqp: *mut bindings::ib_qp,
+    init: *mut bindings::ib_qp_init_attr,
+    udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract.
+    to_errno(unsafe { create_qp_inner(ibqp, &mut *init, udata) })
+}
+
+/// # Safety
+///
+/// As `create_qp`.
+unsafe fn create_qp_inner(
+    ibqp: *mut bindings::ib_qp,
+    init: &mut bindings::ib_qp_init_attr,
+    udata: *mut bindings::ib_udata,
+) -> Result {
+    // SAFETY: `udata` is this call's (or null).
+    let uctx = unsafe { ucontext_of(udata) }?;
+    if init.qp_type != bindings::ib_qp_type_IB_QPT_RC {
+        return Err(EOPNOTSUPP);
+    }
+    if init.create_flags != 0 {
+        return Err(EINVAL);
+    }
+    // SAFETY: `ibqp` is live with `device` and `pd` set by the core; the CQs and SRQ are
+    // live objects of ours (the core resolved them from user handles).
+    let (verbs, pd, send_cq, recv_cq, srq) = unsafe {
+        let srq = if init.srq.is_null() {
+            None
+        } else {
+            Some((*init.srq.cast::<MetaSrq>()).srq.clone().ok_or(EINVAL)?)
+        };
+        (
+            verbs_of((*ibqp).device),
+            (*ibqp).pd as usize,
+            cq_of(init.send_cq)?,
+            cq_of(init.recv_cq)?,
+            srq,
+        )
+    };
+    let cap: Caps = Qp::check_caps(&init.cap, srq.is_some())?;
+    // SAFETY: `uctx` is a live context of our device.
+    let sq = unsafe { UserRing::new(uctx, cap.max_send_wr) }?;
+    let rq = if srq.is_none() {
+        // SAFETY: as above.
+        Some(unsafe { UserRing::new(uctx, cap.max_recv_wr) }?)
+    } else {
+        None
+    };
+    let mut resp = bindings::metaroce_create_qp_resp {
+        sq: sq.info().into(),
+        rq: rq.as_ref().map(|r| r.info().into()).unwrap_or_default(),
+        max_inline_data: cap.max_inline_data,
+        reserved: 0,
+    };
+    let qpn = verbs.qps.lock().reserve(1)?;
+    let parts = QpParts {
+        qpn,
+        pd,
+        send_cq,
+        recv_cq,
+        srq,
+        sq_sig_all: init.sq_sig_type == bindings::ib_sig_type_IB_SIGNAL_ALL_WR,
+        cap,
+        queues: QpQueues { sq, rq },
+    };
+    let qp = match Arc::pin_init(Qp::new(parts), GFP_KERNEL) {
+        Ok(qp) => qp,
+        Err(e) => {
+            verbs.qps.lock().remove(qpn);
+            return Err(e);
+        }
+    };
+    // SAFETY: `udata` is this call's.
+    if let Err(e) = unsafe { respond(udata, &mut resp) } {
+        verbs.qps.lock().remove(qpn);
+        return Err(e);
+    }
+    init.cap.max_send_wr = cap.max_send_wr;
+    init.cap.max_recv_wr = cap.max_recv_wr;
+    init.cap.max_send_sge = cap.max_send_sge;
+    init.cap.max_recv_sge = cap.max_recv_sge;
+    init.cap.max_inline_data = cap.max_inline_data;
+    verbs.qps.lock().insert(qpn, qp.clone());
+    // SAFETY: the core's zeroed allocation of our size; not yet visible to anyone else.
+    unsafe {
+        (*ibqp).qp_num = qpn;
+        ptr::addr_of_mut!((*ibqp.cast::<MetaQp>()).qp).write(Some(qp));
+    }
+    Ok(())
+}
+
+/// Our QP behind an `ib_qp`.
+///
+/// # Safety
+///
+/// `ibqp` must be a live QP of ours.
+unsafe fn qp_of<'a>(ibqp: *mut bindings::ib_qp) -> Option<&'a Arc<Qp>> {
+    // SAFETY: per the contract.
+    unsafe { (*ibqp.cast::<MetaQp>()).qp.as_ref() }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a QP we created.
+pub(super) unsafe extern "C" fn modify_qp(
+    ibqp: *mut bindings::ib_qp,
+    attr: *mut bindings::ib_qp_attr,
+    mask: c_int,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract.
+    let (qp, attr, qp_type) = unsafe { (qp_of(ibqp), &*attr, (*ibqp).qp_type) };
+    let Some(qp) = qp else {
+        return EINVAL.to_errno();
+    };
+    let mask = mask as u32;
+    let cur = qp.state();
+    let next = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
+        attr.qp_state
+    } else {
+        cur.to_ib()
+    };
+    // SAFETY: a pure function of its arguments.
+    if !unsafe { bindings::ib_modify_qp_is_ok(cur.to_ib(), next, qp_type, mask) } {
+        return EINVAL.to_errno();
+    }
+    if mask & bindings::ib_qp_attr_mask_IB_QP_PATH_MTU != 0
+        && attr.path_mtu > bindings::ib_mtu_IB_MTU_4096
+    {
+        return EINVAL.to_errno();
+    }
+    if mask & bindings::ib_qp_attr_mask_IB_QP_MAX_QP_RD_ATOMIC != 0
+        && u32::from(attr.max_rd_atomic) > limits::MAX_RD_ATOM
+        || mask & bindings::ib_qp_attr_mask_IB_QP_MAX_DEST_RD_ATOMIC != 0
+            && u32::from(attr.max_dest_rd_atomic) > limits::MAX_RD_ATOM
+    {
+        return EINVAL.to_errno();
+    }
+    let result = qp.modify(attr, mask);
+    if result.is_ok() && qp.state() == QpState::Err {
+        qp.flush();
+    }
+    to_errno(result)
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a QP we created.
+pub(super) unsafe extern "C" fn query_qp(
+    ibqp: *mut bindings::ib_qp,
+    attr: *mut bindings::ib_qp_attr,
+    _mask: c_int,
+    init: *mut bindings::ib_qp_init_attr,
+) -> c_int {
+    // SAFETY: per the contract.
+    let (qp, attr, init) = unsafe { (qp_of(ibqp), &mut *attr, &mut *init) };
+    let Some(qp) = qp else {
+        return EINVAL.to_errno();
+    };
+    let inner = qp.inner.lock();
+    *attr = bindings::ib_qp_attr::default();
+    attr.qp_state = inner.state.to_ib();
+    attr.cur_qp_state = attr.qp_state;
+    inner.attrs.fill(attr);
+    let cap = bindings::ib_qp_cap {
+        max_send_wr: qp.cap.max_send_wr,
+        max_recv_wr: qp.cap.max_recv_wr,
+        max_send_sge: qp.cap.max_send_sge,
+        max_recv_sge: qp.cap.max_recv_sge,
+        max_inline_data: qp.cap.max_inline_data,
+        max_rdma_ctxs: 0,
+    };
+    attr.cap = cap;
+    init.cap = cap;
+    init.qp_type = bindings::ib_qp_type_IB_QPT_RC;
+    init.sq_sig_type = if qp.sq_sig_all {
+        bindings::ib_sig_type_IB_SIGNAL_ALL_WR
+    } else {
+        bindings::ib_sig_type_IB_SIGNAL_REQ_WR
+    };
+    0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a QP we created.
+pub(super) unsafe extern "C" fn destroy_qp(
+    ibqp: *mut bindings::ib_qp,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract; after this the core frees the `ib_qp`.
+    unsafe {
+        if let Some(qp) = (*ibqp.cast::<MetaQp>()).qp.take() {
+            verbs_of((*ibqp).device).qps.lock().remove(qp.qpn);
+        }
+    }
+    0
+}
+
+/// The doorbell: uverbs `POST_SEND` with no work requests (user QPs post into the SQ ring).
+///
+/// # Safety
+///
+/// Called only by the RDMA core for a QP we created.
+pub(super) unsafe extern "C" fn post_send(
+    ibqp: *mut bindings::ib_qp,
+    wr: *const bindings::ib_send_wr,
+    bad_wr: *mut *const bindings::ib_send_wr,
+) -> c_int {
+    if !wr.is_null() {
+        // Kernel consumers are not supported yet.
+        // SAFETY: the core passes a valid out pointer.
+        unsafe { *bad_wr = wr };
+        return EOPNOTSUPP.to_errno();
+    }
+    // SAFETY: per the contract.
+    let Some(qp) = (unsafe { qp_of(ibqp) }) else {
+        return EINVAL.to_errno();
+    };
+    verbs::doorbell(qp);
+    0
+}

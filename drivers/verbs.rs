@@ -1,0 +1,666 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The verbs objects: memory regions, completion queues, shared receive queues and queue
+//! pairs, with their tables per device. Safe code; the rings and pinned memory they own come
+//! from `crate::sys` and have safe interfaces.
+//!
+//! Names follow the InfiniBand spec: QP, WQE, CQE, PSN, rkey/lkey, SGE.
+
+use crate::sys::{
+    bindings,
+    ring::{RingInfo, UserRing},
+    umem::UserMemory,
+    CqNotifier,
+};
+use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use kernel::{
+    new_mutex, new_spinlock,
+    prelude::*,
+    sync::{Arc, Mutex, SpinLock},
+};
+
+pub(crate) type SendWqe = bindings::metaroce_send_wqe;
+pub(crate) type RecvWqe = bindings::metaroce_recv_wqe;
+pub(crate) type Cqe = bindings::metaroce_cqe;
+
+/// Limits this device reports and enforces.
+pub(crate) mod limits {
+    /// QPs, CQs, SRQs, MRs per device.
+    pub(crate) const MAX_QP: u32 = 1 << 14;
+    pub(crate) const MAX_CQ: u32 = 1 << 14;
+    pub(crate) const MAX_SRQ: u32 = 1 << 12;
+    pub(crate) const MAX_MR: u32 = 1 << 16;
+    /// Work requests per queue, CQEs per CQ.
+    pub(crate) const MAX_QP_WR: u32 = 1 << 14;
+    pub(crate) const MAX_CQE: u32 = (1 << 16) - 1;
+    pub(crate) const MAX_SRQ_WR: u32 = 1 << 14;
+    /// SGEs per WQE: what the transport core carries.
+    pub(crate) const MAX_SGE: u32 = 4;
+    pub(crate) const MAX_INLINE: u32 = crate::sys::bindings::METAROCE_MAX_INLINE;
+    /// Outstanding RDMA READ / atomic operations per QP, each way.
+    pub(crate) const MAX_RD_ATOM: u32 = 16;
+}
+
+/// A memory region.
+pub(crate) struct Mr {
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    /// The address the application names the region by (`ibv_reg_mr_iova`'s iova).
+    pub(crate) iova: u64,
+    pub(crate) length: u64,
+    /// `IB_ACCESS_*` flags.
+    pub(crate) access: u32,
+    /// The protection domain, by identity.
+    pub(crate) pd: usize,
+    mem: UserMemory,
+}
+
+/// Why a memory access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MrError {
+    Key,
+    Bounds,
+    Permission,
+}
+
+impl Mr {
+    pub(crate) fn new(
+        key: u32,
+        iova: u64,
+        length: u64,
+        access: u32,
+        pd: usize,
+        mem: UserMemory,
+    ) -> Self {
+        Mr {
+            lkey: key,
+            rkey: key,
+            iova,
+            length,
+            access,
+            pd,
+            mem,
+        }
+    }
+
+    /// The offset of `[va, va + len)` in the region, if it is inside.
+    fn offset(&self, va: u64, len: u64) -> Result<u64, MrError> {
+        let off = va.checked_sub(self.iova).ok_or(MrError::Bounds)?;
+        let end = off.checked_add(len).ok_or(MrError::Bounds)?;
+        if end > self.length || end > self.mem.len() {
+            return Err(MrError::Bounds);
+        }
+        Ok(off)
+    }
+
+    fn allow(&self, needed: u32) -> Result<(), MrError> {
+        if self.access & needed == needed {
+            Ok(())
+        } else {
+            Err(MrError::Permission)
+        }
+    }
+
+    /// Writes `data` at `va` (local receive, or remote WRITE with `needed` the remote right).
+    pub(crate) fn write(&self, va: u64, data: &[u8], needed: u32) -> Result<(), MrError> {
+        self.allow(needed)?;
+        let off = self.offset(va, data.len() as u64)?;
+        self.mem.write(off, data).map_err(|_| MrError::Bounds)
+    }
+
+    /// Reads into `out` from `va`.
+    pub(crate) fn read(&self, va: u64, out: &mut [u8], needed: u32) -> Result<(), MrError> {
+        self.allow(needed)?;
+        let off = self.offset(va, out.len() as u64)?;
+        self.mem.read(off, out).map_err(|_| MrError::Bounds)
+    }
+
+    /// An atomic on the 8-byte word at `va`; returns the old value.
+    pub(crate) fn atomic(&self, va: u64, op: impl FnOnce(u64) -> u64) -> Result<u64, MrError> {
+        self.allow(bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC)?;
+        let off = self.offset(va, 8)?;
+        self.mem.atomic(off, op).map_err(|_| MrError::Bounds)
+    }
+}
+
+/// A table of objects by a 24-bit index; keys and numbers carry the index in their upper bits
+/// and a generation byte below, so a stale key does not find a new object.
+pub(crate) struct Table<T> {
+    slots: KVec<Option<Arc<T>>>,
+    generation: u8,
+    max: u32,
+    live: u32,
+}
+
+impl<T> Table<T> {
+    pub(crate) const fn new(max: u32) -> Self {
+        Table {
+            slots: KVec::new(),
+            generation: 0,
+            max,
+            live: 0,
+        }
+    }
+
+    /// Reserves a slot, returning its number (index << 8 | generation), starting at `first`.
+    pub(crate) fn reserve(&mut self, first: u32) -> Result<u32> {
+        if self.live >= self.max {
+            return Err(ENOMEM);
+        }
+        let first = first as usize;
+        let index = match self.slots.iter().skip(first).position(|s| s.is_none()) {
+            Some(i) => i + first,
+            None => {
+                while self.slots.len() < first {
+                    self.slots.push(None, GFP_KERNEL)?;
+                }
+                self.slots.push(None, GFP_KERNEL)?;
+                self.slots.len() - 1
+            }
+        };
+        self.generation = self.generation.wrapping_add(1);
+        Ok(((index as u32) << 8) | u32::from(self.generation))
+    }
+
+    pub(crate) fn insert(&mut self, number: u32, obj: Arc<T>) {
+        if let Some(slot) = self.slots.get_mut((number >> 8) as usize) {
+            if slot.is_none() {
+                self.live += 1;
+            }
+            *slot = Some(obj);
+        }
+    }
+
+    pub(crate) fn remove(&mut self, number: u32) -> Option<Arc<T>> {
+        let obj = self.slots.get_mut((number >> 8) as usize)?.take();
+        if obj.is_some() {
+            self.live -= 1;
+        }
+        obj
+    }
+
+    pub(crate) fn get(&self, number: u32, matches: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        let obj = self.slots.get((number >> 8) as usize)?.as_ref()?;
+        matches(obj).then(|| obj.clone())
+    }
+
+    pub(crate) fn live(&self) -> u32 {
+        self.live
+    }
+}
+
+/// Completion notification requested with `ibv_req_notify_cq`.
+const ARM_NONE: u8 = 0;
+const ARM_SOLICITED: u8 = 1;
+const ARM_NEXT: u8 = 2;
+
+/// A completion queue: a ring the kernel fills and userspace polls.
+#[pin_data]
+pub(crate) struct Cq {
+    #[pin]
+    ring: SpinLock<UserRing<Cqe>>,
+    armed: AtomicU8,
+    overflows: AtomicU32,
+    notifier: CqNotifier,
+}
+
+impl Cq {
+    pub(crate) fn new(ring: UserRing<Cqe>, notifier: CqNotifier) -> impl PinInit<Self> {
+        pin_init!(Cq {
+            ring <- new_spinlock!(ring, "metaroce_cq"),
+            armed: AtomicU8::new(ARM_NONE),
+            overflows: AtomicU32::new(0),
+            notifier,
+        })
+    }
+
+    pub(crate) fn ring_info(&self) -> RingInfo {
+        self.ring.lock().info()
+    }
+
+    /// Entries the ring holds (what `ibv_create_cq` reports as `cqe`).
+    pub(crate) fn capacity(&self) -> u32 {
+        self.ring.lock().num_entries()
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or the next solicited one) raises an event.
+    pub(crate) fn arm(&self, solicited_only: bool) {
+        let want = if solicited_only { ARM_SOLICITED } else { ARM_NEXT };
+        // Arming for "next" overrides "solicited"; never downgrade.
+        self.armed.fetch_max(want, Ordering::AcqRel);
+    }
+
+    /// Adds a completion; raises the completion event if the CQ is armed for it. A full ring
+    /// is an overflow: the CQE is lost and the CQ reports an error event.
+    pub(crate) fn complete(&self, cqe: &Cqe, solicited: bool) {
+        let pushed = self.ring.lock().push(cqe);
+        if pushed.is_err() {
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            self.notifier.overflow();
+            return;
+        }
+        let armed = self.armed.load(Ordering::Acquire);
+        if armed == ARM_NEXT || (armed == ARM_SOLICITED && solicited) {
+            self.armed.store(ARM_NONE, Ordering::Release);
+            self.notifier.notify();
+        }
+    }
+}
+
+/// A shared receive queue.
+#[pin_data]
+pub(crate) struct Srq {
+    pub(crate) srqn: u32,
+    #[pin]
+    ring: SpinLock<UserRing<RecvWqe>>,
+    pub(crate) limit: AtomicU32,
+}
+
+impl Srq {
+    pub(crate) fn new(srqn: u32, ring: UserRing<RecvWqe>) -> impl PinInit<Self> {
+        pin_init!(Srq {
+            srqn,
+            ring <- new_spinlock!(ring, "metaroce_srq"),
+            limit: AtomicU32::new(0),
+        })
+    }
+
+    pub(crate) fn ring_info(&self) -> RingInfo {
+        self.ring.lock().info()
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.ring.lock().num_entries()
+    }
+
+    /// Takes the next posted receive WQE, copied out of the ring.
+    pub(crate) fn take(&self) -> Result<Option<RecvWqe>> {
+        let ring = self.ring.lock();
+        let wqe = ring.peek()?;
+        if wqe.is_some() {
+            ring.pop();
+        }
+        Ok(wqe)
+    }
+}
+
+/// QP states, as `enum ib_qp_state` numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+}
+
+impl QpState {
+    pub(crate) fn from_ib(s: u32) -> Option<Self> {
+        Some(match s {
+            bindings::ib_qp_state_IB_QPS_RESET => QpState::Reset,
+            bindings::ib_qp_state_IB_QPS_INIT => QpState::Init,
+            bindings::ib_qp_state_IB_QPS_RTR => QpState::Rtr,
+            bindings::ib_qp_state_IB_QPS_RTS => QpState::Rts,
+            bindings::ib_qp_state_IB_QPS_SQD => QpState::Sqd,
+            bindings::ib_qp_state_IB_QPS_SQE => QpState::Sqe,
+            bindings::ib_qp_state_IB_QPS_ERR => QpState::Err,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn to_ib(self) -> u32 {
+        match self {
+            QpState::Reset => bindings::ib_qp_state_IB_QPS_RESET,
+            QpState::Init => bindings::ib_qp_state_IB_QPS_INIT,
+            QpState::Rtr => bindings::ib_qp_state_IB_QPS_RTR,
+            QpState::Rts => bindings::ib_qp_state_IB_QPS_RTS,
+            QpState::Sqd => bindings::ib_qp_state_IB_QPS_SQD,
+            QpState::Sqe => bindings::ib_qp_state_IB_QPS_SQE,
+            QpState::Err => bindings::ib_qp_state_IB_QPS_ERR,
+        }
+    }
+}
+
+/// The connection attributes `modify_qp` sets, kept as plain values.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct QpAttrs {
+    pub(crate) path_mtu: u32,
+    pub(crate) qkey: u32,
+    pub(crate) rq_psn: u32,
+    pub(crate) sq_psn: u32,
+    pub(crate) dest_qp_num: u32,
+    pub(crate) access_flags: i32,
+    pub(crate) pkey_index: u16,
+    pub(crate) port_num: u32,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) sq_draining: u8,
+    /// Destination GID (an IPv4-mapped or IPv6 address), from the AH.
+    pub(crate) dgid: [u8; 16],
+    pub(crate) sgid_index: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) traffic_class: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) sl: u8,
+    pub(crate) ah_set: bool,
+}
+
+impl QpAttrs {
+    /// Takes the fields `mask` names from `attr`.
+    pub(crate) fn apply(&mut self, attr: &bindings::ib_qp_attr, mask: u32) {
+        use bindings::*;
+        let has = |bit: u32| mask & bit != 0;
+        if has(ib_qp_attr_mask_IB_QP_PATH_MTU) {
+            self.path_mtu = attr.path_mtu;
+        }
+        if has(ib_qp_attr_mask_IB_QP_QKEY) {
+            self.qkey = attr.qkey;
+        }
+        if has(ib_qp_attr_mask_IB_QP_RQ_PSN) {
+            self.rq_psn = attr.rq_psn & 0x00ff_ffff;
+        }
+        if has(ib_qp_attr_mask_IB_QP_SQ_PSN) {
+            self.sq_psn = attr.sq_psn & 0x00ff_ffff;
+        }
+        if has(ib_qp_attr_mask_IB_QP_DEST_QPN) {
+            self.dest_qp_num = attr.dest_qp_num;
+        }
+        if has(ib_qp_attr_mask_IB_QP_ACCESS_FLAGS) {
+            self.access_flags = attr.qp_access_flags;
+        }
+        if has(ib_qp_attr_mask_IB_QP_PKEY_INDEX) {
+            self.pkey_index = attr.pkey_index;
+        }
+        if has(ib_qp_attr_mask_IB_QP_PORT) {
+            self.port_num = attr.port_num;
+        }
+        if has(ib_qp_attr_mask_IB_QP_MAX_QP_RD_ATOMIC) {
+            self.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if has(ib_qp_attr_mask_IB_QP_MAX_DEST_RD_ATOMIC) {
+            self.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if has(ib_qp_attr_mask_IB_QP_MIN_RNR_TIMER) {
+            self.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if has(ib_qp_attr_mask_IB_QP_TIMEOUT) {
+            self.timeout = attr.timeout;
+        }
+        if has(ib_qp_attr_mask_IB_QP_RETRY_CNT) {
+            self.retry_cnt = attr.retry_cnt;
+        }
+        if has(ib_qp_attr_mask_IB_QP_RNR_RETRY) {
+            self.rnr_retry = attr.rnr_retry;
+        }
+        if has(ib_qp_attr_mask_IB_QP_AV) {
+            let grh = &attr.ah_attr.grh;
+            self.dgid = crate::sys::gid_bytes(&grh.dgid);
+            self.sgid_index = grh.sgid_index;
+            self.hop_limit = grh.hop_limit;
+            self.traffic_class = grh.traffic_class;
+            self.flow_label = grh.flow_label;
+            self.sl = attr.ah_attr.sl;
+            self.ah_set = true;
+        }
+    }
+
+    /// Fills what `query_qp` reports.
+    pub(crate) fn fill(&self, attr: &mut bindings::ib_qp_attr) {
+        attr.path_mtu = self.path_mtu;
+        attr.qkey = self.qkey;
+        attr.rq_psn = self.rq_psn;
+        attr.sq_psn = self.sq_psn;
+        attr.dest_qp_num = self.dest_qp_num;
+        attr.qp_access_flags = self.access_flags;
+        attr.pkey_index = self.pkey_index;
+        attr.port_num = self.port_num;
+        attr.max_rd_atomic = self.max_rd_atomic;
+        attr.max_dest_rd_atomic = self.max_dest_rd_atomic;
+        attr.min_rnr_timer = self.min_rnr_timer;
+        attr.timeout = self.timeout;
+        attr.retry_cnt = self.retry_cnt;
+        attr.rnr_retry = self.rnr_retry;
+        attr.sq_draining = self.sq_draining;
+        attr.ah_attr.grh.dgid.raw = self.dgid;
+        attr.ah_attr.grh.sgid_index = self.sgid_index;
+        attr.ah_attr.grh.hop_limit = self.hop_limit;
+        attr.ah_attr.grh.traffic_class = self.traffic_class;
+        attr.ah_attr.grh.flow_label = self.flow_label;
+        attr.ah_attr.sl = self.sl;
+        attr.ah_attr.port_num = self.port_num;
+        attr.ah_attr.type_ = bindings::rdma_ah_attr_type_RDMA_AH_ATTR_TYPE_ROCE;
+        attr.ah_attr.ah_flags = bindings::ib_ah_flags_IB_AH_GRH as u8;
+    }
+
+    /// The destination as an IPv4 address, if the GID is IPv4-mapped.
+    pub(crate) fn dest_ipv4(&self) -> Option<[u8; 4]> {
+        let g = &self.dgid;
+        if g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff {
+            Some([g[12], g[13], g[14], g[15]])
+        } else {
+            None
+        }
+    }
+}
+
+/// What a QP's queues are made of.
+pub(crate) struct QpQueues {
+    pub(crate) sq: UserRing<SendWqe>,
+    pub(crate) rq: Option<UserRing<RecvWqe>>,
+}
+
+/// Everything about a QP that changes, under one lock.
+pub(crate) struct QpInner {
+    pub(crate) state: QpState,
+    pub(crate) attrs: QpAttrs,
+    pub(crate) queues: QpQueues,
+}
+
+/// A queue pair (RC): an ordered stream of messages on the connection to its peer.
+#[pin_data]
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) pd: usize,
+    pub(crate) send_cq: Arc<Cq>,
+    pub(crate) recv_cq: Arc<Cq>,
+    pub(crate) srq: Option<Arc<Srq>>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: Caps,
+    #[pin]
+    pub(crate) inner: Mutex<QpInner>,
+}
+
+/// The capacities a QP was created with (after rounding up).
+#[derive(Clone, Copy)]
+pub(crate) struct Caps {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
+    pub(crate) max_inline_data: u32,
+}
+
+/// The parts `Qp::new` takes.
+pub(crate) struct QpParts {
+    pub(crate) qpn: u32,
+    pub(crate) pd: usize,
+    pub(crate) send_cq: Arc<Cq>,
+    pub(crate) recv_cq: Arc<Cq>,
+    pub(crate) srq: Option<Arc<Srq>>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: Caps,
+    pub(crate) queues: QpQueues,
+}
+
+impl Qp {
+    pub(crate) fn new(p: QpParts) -> impl PinInit<Self> {
+        pin_init!(Qp {
+            qpn: p.qpn,
+            pd: p.pd,
+            send_cq: p.send_cq,
+            recv_cq: p.recv_cq,
+            srq: p.srq,
+            sq_sig_all: p.sq_sig_all,
+            cap: p.cap,
+            inner <- new_mutex!(
+                QpInner {
+                    state: QpState::Reset,
+                    attrs: QpAttrs::default(),
+                    queues: p.queues,
+                },
+                "metaroce_qp"
+            ),
+        })
+    }
+
+    /// Validates the requested capacities against the device limits (verbs semantics: a
+    /// request beyond them fails the create) and rounds the queue sizes up to the rings'.
+    pub(crate) fn check_caps(cap: &bindings::ib_qp_cap, has_srq: bool) -> Result<Caps> {
+        if cap.max_send_wr > limits::MAX_QP_WR
+            || cap.max_recv_wr > limits::MAX_QP_WR
+            || cap.max_send_sge > limits::MAX_SGE
+            || cap.max_recv_sge > limits::MAX_SGE
+            || cap.max_inline_data > limits::MAX_INLINE
+        {
+            return Err(EINVAL);
+        }
+        Ok(Caps {
+            max_send_wr: cap.max_send_wr.max(1).next_power_of_two(),
+            max_recv_wr: if has_srq {
+                0
+            } else {
+                cap.max_recv_wr.max(1).next_power_of_two()
+            },
+            max_send_sge: cap.max_send_sge.max(1),
+            max_recv_sge: if has_srq { 0 } else { cap.max_recv_sge.max(1) },
+            max_inline_data: limits::MAX_INLINE,
+        })
+    }
+
+    /// `modify_qp` after the core checked the transition (`ib_modify_qp_is_ok`).
+    pub(crate) fn modify(&self, attr: &bindings::ib_qp_attr, mask: u32) -> Result {
+        let mut inner = self.inner.lock();
+        if mask & bindings::ib_qp_attr_mask_IB_QP_AV != 0 && crate::sys::gid_bytes(&attr.ah_attr.grh.dgid) == [0; 16] {
+            return Err(EINVAL);
+        }
+        inner.attrs.apply(attr, mask);
+        if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
+            let next = QpState::from_ib(attr.qp_state).ok_or(EINVAL)?;
+            if next == QpState::Rtr && !inner.attrs.ah_set {
+                return Err(EINVAL);
+            }
+            inner.state = next;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        self.inner.lock().state
+    }
+
+    /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`.
+    pub(crate) fn flush(&self) {
+        let inner = self.inner.lock();
+        if inner.state != QpState::Err {
+            return;
+        }
+        while let Ok(Some(wqe)) = inner.queues.sq.peek() {
+            inner.queues.sq.pop();
+            let cqe = cqe(
+                wqe.wr_id,
+                bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR,
+                wc_opcode_for_send(wqe.opcode),
+                self.qpn,
+            );
+            self.send_cq.complete(&cqe, false);
+        }
+        if let Some(rq) = &inner.queues.rq {
+            while let Ok(Some(wqe)) = rq.peek() {
+                rq.pop();
+                let cqe = cqe(
+                    wqe.wr_id,
+                    bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR,
+                    bindings::ib_wc_opcode_IB_WC_RECV,
+                    self.qpn,
+                );
+                self.recv_cq.complete(&cqe, false);
+            }
+        }
+    }
+}
+
+/// A completion with no data (errors, flushes).
+pub(crate) fn cqe(wr_id: u64, status: u32, opcode: u32, qpn: u32) -> Cqe {
+    Cqe {
+        wr_id,
+        status,
+        opcode,
+        qp_num: qpn,
+        ..Default::default()
+    }
+}
+
+/// The completion opcode (`ib_wc_opcode`) of a send-queue work request (`ib_wr_opcode`).
+pub(crate) fn wc_opcode_for_send(wr_opcode: u32) -> u32 {
+    use bindings as b;
+    match wr_opcode {
+        b::ib_wr_opcode_IB_WR_RDMA_WRITE | b::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM => {
+            b::ib_wc_opcode_IB_WC_RDMA_WRITE
+        }
+        b::ib_wr_opcode_IB_WR_RDMA_READ => b::ib_wc_opcode_IB_WC_RDMA_READ,
+        b::ib_wr_opcode_IB_WR_ATOMIC_CMP_AND_SWP => b::ib_wc_opcode_IB_WC_COMP_SWAP,
+        b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD => b::ib_wc_opcode_IB_WC_FETCH_ADD,
+        _ => b::ib_wc_opcode_IB_WC_SEND,
+    }
+}
+
+/// The doorbell: userspace posted to the SQ of `qp`.
+pub(crate) fn doorbell(qp: &Arc<Qp>) {
+    if qp.state() == QpState::Err {
+        qp.flush();
+    }
+    // The MetaRoCE data path (the transport core driving the SQ) plugs in here.
+}
+
+/// The verbs objects of one device.
+#[pin_data]
+pub(crate) struct Verbs {
+    #[pin]
+    pub(crate) mrs: Mutex<Table<Mr>>,
+    #[pin]
+    pub(crate) qps: Mutex<Table<Qp>>,
+    #[pin]
+    pub(crate) srqs: Mutex<Table<Srq>>,
+    pub(crate) cqs: AtomicU32,
+    pub(crate) pds: AtomicU32,
+}
+
+impl Verbs {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Verbs {
+            mrs <- new_mutex!(Table::new(limits::MAX_MR), "metaroce_mrs"),
+            qps <- new_mutex!(Table::new(limits::MAX_QP), "metaroce_qps"),
+            srqs <- new_mutex!(Table::new(limits::MAX_SRQ), "metaroce_srqs"),
+            cqs: AtomicU32::new(0),
+            pds: AtomicU32::new(0),
+        })
+    }
+
+    /// The MR that `key` names, if it belongs to `pd` (or any PD when `pd` is None).
+    pub(crate) fn mr(&self, key: u32, pd: Option<usize>) -> Option<Arc<Mr>> {
+        self.mrs
+            .lock()
+            .get(key, |mr| mr.lkey == key && pd.is_none_or(|pd| mr.pd == pd))
+    }
+
+    /// The QP numbered `qpn`.
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
+        self.qps.lock().get(qpn, |qp| qp.qpn == qpn)
+    }
+}
