@@ -24,10 +24,16 @@ MODE=batch
 [ -f $CI/env ] && . $CI/env
 
 say() { echo "metaroce-ci: $*"; }
+HALT_FIFO=/run/metaroce-ci-halt
+mkfifo $HALT_FIFO
 power_off() {
 	sync
 	echo o >/proc/sysrq-trigger
-	sleep 30 # the power-off is asynchronous; PID 1 must not exit (that panics)
+	# The power-off is asynchronous and soon takes the disk away, so wait with builtins only:
+	# no data ever comes through the FIFO. Should it not happen, exiting PID 1 panics, which
+	# ends QEMU too (panic=-1, -no-reboot).
+	read -rt 60 <>$HALT_FIFO
+	exit 1
 }
 # A setup failure must not look like a test result: no exit-status, the runner reports it.
 setup_failed() {
