@@ -7,7 +7,7 @@
 #   qemu-ci/run-vm.sh [options] --cmd-file FILE
 #   qemu-ci/run-vm.sh [options] --interactive [[--] COMMAND...]
 #
-#   --timeout S      kill the guest after S seconds, exit 124 (default 1800; none if interactive)
+#   --timeout S      kill the guest after S seconds, exit 124 (default 1800, none if interactive)
 #   --memory MB      guest memory (default 2048)          --cpus N   guest CPUs (default 2)
 #   --payload DIR    copied to /mnt/ci/payload (default: $REPO/build/guest if it exists)
 #   --out DIR        result directory, the command's cwd (/mnt/ci/out) in the guest; also taken
@@ -109,8 +109,14 @@ qemu=(
 start=$SECONDS
 if [ "$MODE" = interactive ]; then
 	# Ctrl-C goes to the guest; Ctrl-A X quits, Ctrl-A C is the QEMU monitor.
-	"${qemu[@]}" -chardev stdio,id=con,mux=on,signal=off -serial chardev:con \
-		-mon chardev=con,mode=readline || true
+	rc=0
+	${TIMEOUT:+timeout --foreground "$TIMEOUT"} "${qemu[@]}" \
+		-chardev stdio,id=con,mux=on,signal=off -serial chardev:con \
+		-mon chardev=con,mode=readline || rc=$?
+	if [ -n "$TIMEOUT" ] && [ "$rc" = 124 ]; then
+		log "run-vm: TIMEOUT after $TIMEOUT s"
+		exit 124
+	fi
 else
 	# stdin is /dev/null so that QEMU never touches the terminal; it runs in the background
 	# so that the timeout and Ctrl-C (trap above) can end it.
