@@ -81,7 +81,9 @@ if [ -d $P/selftests ]; then
 fi
 # Anything else the build wants in the guest (tools, libraries) goes under payload/rootfs/.
 if [ -d $P/rootfs ]; then
-	cp -a $P/rootfs/. / || setup_failed "cannot copy payload/rootfs"
+	# tar, not cp: /lib, /bin, /sbin are symlinks into /usr and must stay so.
+	tar -C $P/rootfs -c . | tar -C / -x --keep-directory-symlink --no-same-owner ||
+		setup_failed "cannot copy payload/rootfs"
 	ldconfig
 fi
 
