@@ -112,6 +112,18 @@ impl Device {
     }
 }
 
+/// Payload bytes per MetaRoCE packet on a link of `link_mtu`: the IB MTU that fits, which
+/// both ends of a connection derive alike.
+pub(crate) fn payload_mtu(link_mtu: u32) -> u32 {
+    match ib_mtu_for(link_mtu.saturating_sub(WIRE_OVERHEAD)) {
+        bindings::ib_mtu_IB_MTU_4096 => 4096,
+        bindings::ib_mtu_IB_MTU_2048 => 2048,
+        bindings::ib_mtu_IB_MTU_1024 => 1024,
+        bindings::ib_mtu_IB_MTU_512 => 512,
+        _ => 256,
+    }
+}
+
 /// The largest IB MTU that fits in `bytes` of payload (at least 256).
 pub(crate) fn ib_mtu_for(bytes: u32) -> bindings::ib_mtu {
     match bytes {

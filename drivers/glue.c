@@ -6,6 +6,8 @@
 #include <linux/cpumask.h>
 #include <linux/highmem.h>
 #include <linux/scatterlist.h>
+#include <linux/timekeeping.h>
+#include <linux/workqueue.h>
 #include "glue.h"
 
 struct net *metaroce_glue_dev_net(const struct net_device *ndev)
@@ -56,4 +58,14 @@ void metaroce_glue_kunmap_local(void *addr)
 u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry)
 {
 	return rdma_user_mmap_get_offset(entry);
+}
+
+struct workqueue_struct *metaroce_glue_alloc_wq(void)
+{
+	return alloc_workqueue("metaroce", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+}
+
+u64 metaroce_glue_ktime_get_ns(void)
+{
+	return ktime_get_ns();
 }

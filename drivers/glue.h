@@ -19,5 +19,7 @@ struct page *metaroce_glue_sg_page_iter_page(struct sg_page_iter *piter);
 void *metaroce_glue_kmap_local_page(struct page *page);
 void metaroce_glue_kunmap_local(void *addr);
 u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry);
+struct workqueue_struct *metaroce_glue_alloc_wq(void);
+u64 metaroce_glue_ktime_get_ns(void);
 
 #endif /* METAROCE_GLUE_H */

@@ -8,8 +8,23 @@
 
 use kernel::prelude::*;
 
+mod datapath;
 mod device;
 mod sys;
+
+/// The MetaRoCE transport core: the same `no_std`, sans-IO source the host tests drive.
+#[path = "../transport/src/lib.rs"]
+#[allow(
+    unused_attributes,
+    unused_imports,
+    unreachable_pub,
+    missing_docs,
+    dead_code,
+    clippy::all,
+    clippy::pedantic,
+    clippy::undocumented_unsafe_blocks
+)]
+mod transport;
 // The MetaRoCE data path, which uses the rest of these APIs, is being wired in.
 #[allow(dead_code)]
 mod verbs;

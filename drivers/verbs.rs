@@ -36,7 +36,8 @@ pub(crate) mod limits {
     pub(crate) const MAX_SRQ_WR: u32 = 1 << 14;
     /// SGEs per WQE: what the transport core carries.
     pub(crate) const MAX_SGE: u32 = 4;
-    pub(crate) const MAX_INLINE: u32 = crate::sys::bindings::METAROCE_MAX_INLINE;
+    /// Inline data is not carried yet (the transport takes SGEs only).
+    pub(crate) const MAX_INLINE: u32 = 0;
     /// Outstanding RDMA READ / atomic operations per QP, each way.
     pub(crate) const MAX_RD_ATOM: u32 = 16;
 }
@@ -91,6 +92,12 @@ impl Mr {
             return Err(MrError::Bounds);
         }
         Ok(off)
+    }
+
+    /// Checks that `[va, va + len)` is inside and `needed` is granted, touching nothing.
+    pub(crate) fn check(&self, va: u64, len: u64, needed: u32) -> Result<(), MrError> {
+        self.allow(needed)?;
+        self.offset(va, len).map(|_| ())
     }
 
     fn allow(&self, needed: u32) -> Result<(), MrError> {
@@ -460,6 +467,8 @@ pub(crate) struct QpInner {
     pub(crate) state: QpState,
     pub(crate) attrs: QpAttrs,
     pub(crate) queues: QpQueues,
+    /// Its stream on the connection to its peer, from RTS on.
+    pub(crate) binding: Option<crate::datapath::Binding>,
 }
 
 /// A queue pair (RC): an ordered stream of messages on the connection to its peer.
@@ -513,6 +522,7 @@ impl Qp {
                     state: QpState::Reset,
                     attrs: QpAttrs::default(),
                     queues: p.queues,
+                    binding: None,
                 },
                 "metaroce_qp"
             ),
@@ -562,6 +572,13 @@ impl Qp {
 
     pub(crate) fn state(&self) -> QpState {
         self.inner.lock().state
+    }
+
+    /// The transport failed the QP's stream (retries exhausted, remote error): the QP is in
+    /// the error state; what is left in its rings is flushed.
+    pub(crate) fn set_error(&self) {
+        self.inner.lock().state = QpState::Err;
+        self.flush();
     }
 
     /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`.
@@ -618,14 +635,6 @@ pub(crate) fn wc_opcode_for_send(wr_opcode: u32) -> u32 {
         b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD => b::ib_wc_opcode_IB_WC_FETCH_ADD,
         _ => b::ib_wc_opcode_IB_WC_SEND,
     }
-}
-
-/// The doorbell: userspace posted to the SQ of `qp`.
-pub(crate) fn doorbell(qp: &Arc<Qp>) {
-    if qp.state() == QpState::Err {
-        qp.flush();
-    }
-    // The MetaRoCE data path (the transport core driving the SQ) plugs in here.
 }
 
 /// The verbs objects of one device.

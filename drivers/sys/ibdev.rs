@@ -6,7 +6,8 @@
 //! given into references and hands them to safe code in [`crate::device`].
 
 use super::{bindings, netdev::HeldNetDev, netdev::NetDev, ring, to_errno, verbs, DRIVER_ID};
-use crate::{device::Device, verbs::Verbs};
+use crate::{datapath::Engine, device::Device, verbs::Verbs};
+use kernel::sync::Arc;
 use core::{
     mem::{offset_of, size_of, ManuallyDrop},
     ptr::{self, NonNull},
@@ -22,7 +23,9 @@ struct MetaDev {
     /// Written right after allocation, before the ops (and so `dealloc_driver`) are set.
     state: ManuallyDrop<Device>,
     /// The verbs objects (MRs, QPs, SRQs by number); written with `state`.
-    verbs: ManuallyDrop<Pin<KBox<Verbs>>>,
+    verbs: ManuallyDrop<Arc<Verbs>>,
+    /// The data path, once the device has a socket to send on; written with `state`.
+    engine: ManuallyDrop<Option<Arc<Engine>>>,
 }
 
 /// A user context (`ibv_open_device`); ours will hold the mmap entries of the rings.
@@ -112,6 +115,16 @@ pub(super) unsafe fn verbs_of<'a>(ibdev: *const bindings::ib_device) -> &'a Verb
     unsafe { &(*ibdev.cast::<MetaDev>()).verbs }
 }
 
+/// The data path of the device behind `ibdev`, if it has one.
+///
+/// # Safety
+///
+/// As for [`state`].
+pub(super) unsafe fn engine_of<'a>(ibdev: *const bindings::ib_device) -> Option<&'a Arc<Engine>> {
+    // SAFETY: as in `state`; `engine` is written together with `state`.
+    unsafe { (*ibdev.cast::<MetaDev>()).engine.as_ref() }
+}
+
 /// The netdev of port 1, with a reference held until the result is dropped.
 ///
 /// # Safety
@@ -143,8 +156,11 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     let dev = ibdev.cast::<MetaDev>();
     let state = Device::new(ndev);
     let node_guid = state.node_guid();
-    let verbs = match KBox::pin_init(Verbs::new(), GFP_KERNEL) {
-        Ok(v) => v,
+    let mtu = crate::device::payload_mtu(ndev.mtu());
+    let parts = Arc::pin_init(Verbs::new(), GFP_KERNEL)
+        .and_then(|verbs| Ok((verbs.clone(), Engine::new(verbs, mtu, ndev)?)));
+    let (verbs, engine) = match parts {
+        Ok((verbs, engine)) => (verbs, Some(engine)),
         Err(e) => {
             // SAFETY: no ops are set yet, so this only frees the memory.
             unsafe { bindings::ib_dealloc_device(ibdev) };
@@ -156,6 +172,7 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     unsafe {
         ptr::addr_of_mut!((*dev).state).write(ManuallyDrop::new(state));
         ptr::addr_of_mut!((*dev).verbs).write(ManuallyDrop::new(verbs));
+        ptr::addr_of_mut!((*dev).engine).write(ManuallyDrop::new(engine));
         let ib = &mut *ibdev;
         ib.node_type = bindings::RDMA_NODE_IB_CA as u8;
         ib.phys_port_cnt = 1;
@@ -215,6 +232,10 @@ unsafe extern "C" fn dealloc_driver(ibdev: *mut bindings::ib_device) {
     // SAFETY: the core calls this once, last, for a device we allocated and initialised.
     unsafe {
         let dev = ibdev.cast::<MetaDev>();
+        if let Some(engine) = (*dev).engine.as_ref() {
+            engine.shutdown();
+        }
+        ManuallyDrop::drop(&mut (*dev).engine);
         ManuallyDrop::drop(&mut (*dev).verbs);
         ManuallyDrop::drop(&mut (*dev).state);
     }

@@ -17,6 +17,8 @@ pub(crate) mod ring;
 #[allow(dead_code)]
 pub(crate) mod umem;
 mod verbs;
+pub(crate) mod socket;
+pub(crate) mod work;
 
 pub(crate) use registration::Registration;
 pub(crate) use verbs::CqNotifier;
@@ -31,6 +33,30 @@ pub(crate) fn gid_bytes(gid: &bindings::ib_gid) -> [u8; 16] {
     // SAFETY: both views of the union are plain bytes of the same size; any bit pattern is a
     // valid `[u8; 16]`.
     unsafe { gid.raw }
+}
+
+/// A heap allocation of `T` with every byte zero (vmalloc-backed for large `T`).
+pub(crate) fn zeroed_box<T: pin_init::Zeroable>() -> kernel::error::Result<kernel::alloc::KVBox<T>> {
+    use kernel::init::InPlaceInit;
+    kernel::alloc::KVBox::init(pin_init::init_zeroed(), kernel::alloc::flags::GFP_KERNEL)
+}
+
+// SAFETY: the transport core documents (transport/README.md) that every type a `Connection`
+// stores is valid as all-zero bytes: integers, bools, arrays, and `#[repr(u8)]` enums whose
+// variant 0 is the empty state; no references, no `Option` of a pointer-like type.
+unsafe impl pin_init::Zeroable for crate::datapath::Conn {}
+
+/// The SGEs of a send WQE (the `data.sge` view of its union).
+pub(crate) fn send_wqe_sges(
+    w: &bindings::metaroce_send_wqe,
+) -> [crate::transport::memory::Sge; bindings::METAROCE_MAX_SEND_SGE as usize] {
+    // SAFETY: both views of the union are plain bytes; any bit pattern is a valid SGE array.
+    let raw = unsafe { w.data.sge };
+    raw.map(|s| crate::transport::memory::Sge {
+        addr: s.addr,
+        len: s.length,
+        lkey: s.lkey,
+    })
 }
 
 /// Turns a driver result into the errno convention of the RDMA core's ops.

@@ -7,12 +7,12 @@
 
 use super::{
     bindings,
-    ibdev::verbs_of,
+    ibdev::{engine_of, verbs_of},
     ring::UserRing,
     to_errno,
     umem::UserMemory,
 };
-use crate::verbs::{self, limits, Caps, Cq, Mr, Qp, QpParts, QpQueues, QpState, Srq};
+use crate::verbs::{limits, Caps, Cq, Mr, Qp, QpParts, QpQueues, QpState, Srq};
 use core::{
     mem::{offset_of, size_of},
     ptr::{self, NonNull},
@@ -604,10 +604,23 @@ pub(super) unsafe extern "C" fn modify_qp(
     {
         return EINVAL.to_errno();
     }
-    let result = qp.modify(attr, mask);
-    if result.is_ok() && qp.state() == QpState::Err {
-        qp.flush();
-    }
+    let prev = qp.state();
+    let result = qp.modify(attr, mask).and_then(|()| {
+        // SAFETY: the QP's device is live while the core calls us for it.
+        let engine = unsafe { engine_of((*ibqp).device) };
+        match (prev, qp.state(), engine) {
+            (QpState::Rtr, QpState::Rts, Some(engine)) => engine.attach(qp),
+            (_, QpState::Err, Some(engine)) => {
+                engine.fail(qp);
+                Ok(())
+            }
+            (_, QpState::Err, None) => {
+                qp.flush();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    });
     to_errno(result)
 }
 
@@ -659,6 +672,9 @@ pub(super) unsafe extern "C" fn destroy_qp(
     // SAFETY: per the contract; after this the core frees the `ib_qp`.
     unsafe {
         if let Some(qp) = (*ibqp.cast::<MetaQp>()).qp.take() {
+            if let Some(engine) = engine_of((*ibqp).device) {
+                engine.detach(&qp);
+            }
             verbs_of((*ibqp).device).qps.lock().remove(qp.qpn);
         }
     }
@@ -685,6 +701,14 @@ pub(super) unsafe extern "C" fn post_send(
     let Some(qp) = (unsafe { qp_of(ibqp) }) else {
         return EINVAL.to_errno();
     };
-    verbs::doorbell(qp);
+    // SAFETY: the QP's device is live while the core calls us for it.
+    match unsafe { engine_of((*ibqp).device) } {
+        Some(engine) => engine.doorbell(qp),
+        None => {
+            if qp.state() == QpState::Err {
+                qp.flush();
+            }
+        }
+    }
     0
 }

@@ -1,0 +1,711 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The MetaRoCE data path of a device: the transport core (`crate::transport`, the same
+//! sans-IO source the host tests drive) fed with the QPs' rings, arriving datagrams and time.
+//!
+//! - One [`Peer`] per remote device address: it owns the unified [`Conn`] (paths, their
+//!   sequence spaces and congestion state) on which every QP to that peer is a stream.
+//! - Everything runs in process context: the doorbell syscall drives its QP's peer directly;
+//!   arriving datagrams are copied into a small queue in softirq and processed by a work item
+//!   on the module's workqueue; timers are a delayed work item. So one mutex per peer is all
+//!   the locking the transport needs, and transmitting needs no special context.
+//! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way.
+
+use crate::{
+    sys::{bindings, netdev::NetDev, socket::UdpSocket, work},
+    transport::{
+        connection::{Config, Connection, Event},
+        memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
+        stream::{self, CqOpcode, CqStatus, StreamConfig, StreamId, WrOpcode},
+        wire::MAX_HEADER_LEN,
+    },
+    verbs::{self, Cqe, Qp, QpState, RecvWqe, SendWqe, Verbs},
+};
+use kernel::{
+    alloc::KVBox,
+    impl_has_delayed_work, impl_has_work, new_delayed_work, new_mutex, new_spinlock_irq,
+    new_work,
+    prelude::*,
+    sync::{Arc, Mutex, SpinLockIrq},
+    workqueue::{DelayedWork, Work, WorkItem},
+};
+
+/// Logical paths per connection, and streams (QPs) per connection.
+pub(crate) const PATHS: usize = 8;
+pub(crate) const STREAMS: usize = 16;
+
+/// The unified connection to one peer device.
+pub(crate) type Conn = Connection<PATHS, STREAMS>;
+
+/// Largest datagram we send or queue.
+const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
+/// Datagrams queued between softirq and the receive work item.
+const RX_SLOTS: usize = 256;
+
+/// Where the data path sends its datagrams (the device's UDP socket).
+pub(crate) trait Transmitter: Send + Sync {
+    /// Sends `payload` to `dst`:4793 from UDP source port `src_port` (the path's entropy).
+    fn send(&self, dst: [u8; 4], src_port: u16, ecn_capable: bool, payload: &[u8]) -> Result;
+}
+
+/// Counters of the data path (`rdma statistic` shows them with the device's).
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) rx_queued: core::sync::atomic::AtomicU64,
+    pub(crate) rx_queue_full: core::sync::atomic::AtomicU64,
+    pub(crate) rx_no_peer: core::sync::atomic::AtomicU64,
+    pub(crate) rx_dropped: core::sync::atomic::AtomicU64,
+    pub(crate) tx_packets: core::sync::atomic::AtomicU64,
+    pub(crate) tx_errors: core::sync::atomic::AtomicU64,
+}
+
+fn bump(c: &core::sync::atomic::AtomicU64) {
+    c.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Datagrams waiting for the receive work item.
+struct RxQueue {
+    data: KVVec<u8>,
+    meta: KVec<RxMeta>,
+    head: usize,
+    len: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+struct RxMeta {
+    src: [u8; 4],
+    ce: bool,
+    bytes: u16,
+}
+
+impl RxQueue {
+    fn new() -> Result<Self> {
+        let mut data = KVVec::new();
+        data.extend_with(RX_SLOTS * MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
+        let mut meta = KVec::new();
+        meta.extend_with(RX_SLOTS, RxMeta::default(), GFP_KERNEL)?;
+        Ok(RxQueue {
+            data,
+            meta,
+            head: 0,
+            len: 0,
+        })
+    }
+
+    fn push(&mut self, src: [u8; 4], ce: bool, payload: &[u8]) -> bool {
+        if self.len == RX_SLOTS || payload.len() > MAX_DATAGRAM {
+            return false;
+        }
+        let slot = (self.head + self.len) % RX_SLOTS;
+        let start = slot * MAX_DATAGRAM;
+        if let Some(dst) = self.data.get_mut(start..start + payload.len()) {
+            dst.copy_from_slice(payload);
+        }
+        if let Some(m) = self.meta.get_mut(slot) {
+            *m = RxMeta {
+                src,
+                ce,
+                bytes: payload.len() as u16,
+            };
+        }
+        self.len += 1;
+        true
+    }
+
+    /// Copies the oldest datagram into `out`; returns its metadata.
+    fn pop(&mut self, out: &mut [u8]) -> Option<(RxMeta, usize)> {
+        if self.len == 0 {
+            return None;
+        }
+        let slot = self.head;
+        let m = *self.meta.get(slot)?;
+        let n = usize::from(m.bytes).min(out.len());
+        let start = slot * MAX_DATAGRAM;
+        if let (Some(dst), Some(src)) = (out.get_mut(..n), self.data.get(start..start + n)) {
+            dst.copy_from_slice(src);
+        }
+        self.head = (self.head + 1) % RX_SLOTS;
+        self.len -= 1;
+        Some((m, n))
+    }
+}
+
+/// The data path of one device.
+#[pin_data]
+pub(crate) struct Engine {
+    verbs: Arc<Verbs>,
+    /// Payload bytes per packet, the same on both ends (derived from the netdev MTU).
+    mtu: u32,
+    /// The device's socket; taken out (and released) when the device goes away.
+    #[pin]
+    tx: Mutex<Option<UdpSocket>>,
+    pub(crate) stats: Stats,
+    #[pin]
+    peers: Mutex<KVec<Arc<Peer>>>,
+    #[pin]
+    rxq: SpinLockIrq<RxQueue>,
+    #[pin]
+    rx_work: Work<Engine, 1>,
+    #[pin]
+    tick: DelayedWork<Engine, 2>,
+}
+
+impl_has_work! {
+    impl HasWork<Self, 1> for Engine { self.rx_work }
+}
+impl_has_delayed_work! {
+    impl HasDelayedWork<Self, 2> for Engine { self.tick }
+}
+
+/// One peer device and the connection to it.
+#[pin_data]
+pub(crate) struct Peer {
+    addr: [u8; 4],
+    #[pin]
+    inner: Mutex<PeerInner>,
+}
+
+struct PeerInner {
+    conn: KVBox<Conn>,
+    /// The QP of each stream.
+    qps: [Option<Arc<Qp>>; STREAMS],
+    /// Transmit and receive scratch buffers.
+    buf: KVec<u8>,
+}
+
+/// Where a QP sits on the data path: its peer and its stream there.
+#[derive(Clone)]
+pub(crate) struct Binding {
+    peer: Arc<Peer>,
+    stream: StreamId,
+}
+
+impl Engine {
+    /// The data path of a device on `ndev`, with its socket open.
+    pub(crate) fn new(verbs: Arc<Verbs>, mtu: u32, ndev: &NetDev<'_>) -> Result<Arc<Self>> {
+        let rxq = RxQueue::new()?;
+        let engine = Arc::pin_init(
+            pin_init!(Engine {
+                verbs,
+                mtu,
+                tx <- new_mutex!(None, "metaroce_tx"),
+                stats: Stats::default(),
+                peers <- new_mutex!(KVec::new(), "metaroce_peers"),
+                rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
+                rx_work <- new_work!("metaroce_rx"),
+                tick <- new_delayed_work!("metaroce_tick"),
+            }),
+            GFP_KERNEL,
+        )?;
+        let socket = UdpSocket::open(ndev, &engine)?;
+        *engine.tx.lock() = Some(socket);
+        Ok(engine)
+    }
+
+    /// The device is going away: release the socket (after which nothing arrives and
+    /// nothing is sent); work items still queued find nothing to do.
+    pub(crate) fn shutdown(&self) {
+        let socket = self.tx.lock().take();
+        drop(socket);
+        self.peers.lock().clear();
+    }
+
+    /// A datagram arrived (softirq): queue it for the receive work item.
+    pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, payload: &[u8]) {
+        let queued = self.rxq.lock().push(src, ce, payload);
+        if queued {
+            bump(&self.stats.rx_queued);
+            let _ = work::queue().enqueue::<Arc<Engine>, 1>(self.clone());
+        } else {
+            bump(&self.stats.rx_queue_full);
+        }
+    }
+
+    fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
+        self.peers.lock().iter().find(|p| p.addr == addr).cloned()
+    }
+
+    fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.iter().find(|p| p.addr == addr) {
+            return Ok(p.clone());
+        }
+        let mut cfg = Config::new(0, 0);
+        cfg.mtu = self.mtu;
+        cfg.num_paths = PATHS as u16;
+        cfg.seed = work::random_u64() | 1;
+        let mut conn = crate::sys::zeroed_box::<Conn>()?;
+        conn.reset(cfg).map_err(|_| EINVAL)?;
+        let mut buf = KVec::new();
+        buf.extend_with(MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
+        let peer = Arc::pin_init(
+            pin_init!(Peer {
+                addr,
+                inner <- new_mutex!(PeerInner {
+                    conn,
+                    qps: [const { None }; STREAMS],
+                    buf,
+                }, "metaroce_peer"),
+            }),
+            GFP_KERNEL,
+        )?;
+        peers.push(peer.clone(), GFP_KERNEL)?;
+        Ok(peer)
+    }
+
+    /// The QP reached RTS: open its stream on the connection to its destination.
+    pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
+        let (dest, cfg) = {
+            let inner = qp.inner.lock();
+            if inner.binding.is_some() {
+                return Ok(());
+            }
+            let a = &inner.attrs;
+            let dest = a.dest_ipv4().ok_or(EAFNOSUPPORT)?;
+            let cfg = StreamConfig {
+                local_qp: qp.qpn,
+                remote_qp: a.dest_qp_num,
+                retry_cnt: a.retry_cnt.min(7),
+                rnr_retry: a.rnr_retry.min(7),
+                rnr_timer_us: rnr_timer_us(a.min_rnr_timer),
+                send_msn: a.sq_psn,
+                recv_msn: a.rq_psn,
+            };
+            (dest, cfg)
+        };
+        let peer = self.peer_or_new(dest)?;
+        let mut p = peer.inner.lock();
+        let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
+        if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
+            *slot = Some(qp.clone());
+        }
+        qp.inner.lock().binding = Some(Binding {
+            peer: peer.clone(),
+            stream,
+        });
+        self.run(&peer, &mut p);
+        Ok(())
+    }
+
+    /// The QP moved to the error state: the transport flushes what it holds.
+    pub(crate) fn fail(self: &Arc<Self>, qp: &Qp) {
+        let binding = qp.inner.lock().binding.clone();
+        if let Some(b) = binding {
+            let mut p = b.peer.inner.lock();
+            let _ = p.conn.fail_stream(b.stream);
+            self.run(&b.peer, &mut p);
+        }
+        qp.flush();
+    }
+
+    /// The QP is being destroyed: close its stream; nothing completes for it afterwards.
+    pub(crate) fn detach(&self, qp: &Qp) {
+        let binding = qp.inner.lock().binding.take();
+        if let Some(b) = binding {
+            let mut p = b.peer.inner.lock();
+            p.conn.close_stream(b.stream);
+            if let Some(slot) = p.qps.get_mut(usize::from(b.stream.0)) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// The doorbell: userspace posted to the QP's SQ.
+    pub(crate) fn doorbell(self: &Arc<Self>, qp: &Arc<Qp>) {
+        let binding = qp.inner.lock().binding.clone();
+        match binding {
+            Some(b) => {
+                let mut p = b.peer.inner.lock();
+                self.run(&b.peer, &mut p);
+            }
+            None => {
+                if qp.state() == QpState::Err {
+                    qp.flush();
+                }
+            }
+        }
+    }
+
+    /// Moves posted work into the connection, sends what it has to send, delivers its
+    /// completions and arms the timer.
+    fn run(self: &Arc<Self>, peer: &Peer, p: &mut PeerInner) {
+        let now = work::now_ns();
+        self.post_from_rings(p, now);
+        let PeerInner { conn, qps, buf } = p;
+        let mut mem = Mem { verbs: &self.verbs };
+        while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
+            let payload = buf.get(..t.len).unwrap_or(&[]);
+            let sent = match &*self.tx.lock() {
+                Some(socket) => socket.send(peer.addr, t.src_port, t.ecn_capable, payload),
+                None => Err(ENOTCONN),
+            };
+            match sent {
+                Ok(()) => bump(&self.stats.tx_packets),
+                Err(_) => bump(&self.stats.tx_errors),
+            }
+        }
+        while let Some(ev) = conn.poll_event() {
+            deliver(qps, ev);
+        }
+        if let Some(deadline) = conn.poll_timeout() {
+            let ms = deadline.saturating_sub(now).div_ceil(1_000_000).clamp(1, 10);
+            let _ = work::queue().enqueue_delayed::<Arc<Engine>, 2>(
+                self.clone(),
+                kernel::time::msecs_to_jiffies(ms as u32),
+            );
+        }
+    }
+
+    /// Copies posted WQEs out of the QPs' rings into their streams while there is room.
+    fn post_from_rings(&self, p: &mut PeerInner, now: u64) {
+        let PeerInner { conn, qps, .. } = p;
+        for (i, qp) in qps.iter().enumerate() {
+            let Some(qp) = qp else { continue };
+            let sid = StreamId(i as u16);
+            let inner = qp.inner.lock();
+            if inner.state != QpState::Rts && inner.state != QpState::Err {
+                continue;
+            }
+            let rq = inner.queues.rq.as_ref();
+            while let Some(Ok(Some(wqe))) = rq.map(|r| r.peek()) {
+                let Some(local) = recv_sgl(&wqe) else {
+                    // Unusable SGEs: the WQE completes in error, like a bad post would.
+                    if let Some(r) = rq {
+                        r.pop();
+                    }
+                    let cqe = verbs::cqe(
+                        wqe.wr_id,
+                        bindings::ib_wc_status_IB_WC_LOC_LEN_ERR,
+                        bindings::ib_wc_opcode_IB_WC_RECV,
+                        qp.qpn,
+                    );
+                    qp.recv_cq.complete(&cqe, false);
+                    continue;
+                };
+                let posted = conn.post_recv(
+                    sid,
+                    stream::RecvWqe {
+                        wr_id: wqe.wr_id,
+                        local,
+                    },
+                );
+                match posted {
+                    Ok(()) => {
+                        if let Some(r) = rq {
+                            r.pop();
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            while let Ok(Some(wqe)) = inner.queues.sq.peek() {
+                let Some(twqe) = send_wqe(&wqe, qp.sq_sig_all) else {
+                    inner.queues.sq.pop();
+                    let cqe = verbs::cqe(
+                        wqe.wr_id,
+                        bindings::ib_wc_status_IB_WC_LOC_QP_OP_ERR,
+                        verbs::wc_opcode_for_send(wqe.opcode),
+                        qp.qpn,
+                    );
+                    qp.send_cq.complete(&cqe, false);
+                    continue;
+                };
+                match conn.post_send(now, sid, twqe) {
+                    Ok(()) => inner.queues.sq.pop(),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    fn process_rx(self: &Arc<Self>) {
+        loop {
+            // Only this work item pops, so the datagram at the head stays the one whose
+            // peer `next_rx_peer` found; take it into that peer's buffer.
+            let Some(peer) = self.next_rx_peer() else {
+                return;
+            };
+            let mut p = peer.inner.lock();
+            let Some((meta, n)) = self.rxq.lock().pop(&mut p.buf) else {
+                return;
+            };
+            if meta.src != peer.addr {
+                bump(&self.stats.rx_dropped);
+                continue;
+            }
+            let now = work::now_ns();
+            // Receive WQEs posted since the last run must be in the stream before the data
+            // that consumes them.
+            self.post_from_rings(&mut p, now);
+            let PeerInner { conn, buf, .. } = &mut *p;
+            let data = buf.get(..n).unwrap_or(&[]);
+            let mut mem = Mem { verbs: &self.verbs };
+            if conn.handle_packet(now, data, meta.ce, &mut mem).is_err() {
+                bump(&self.stats.rx_dropped);
+            }
+            self.run(&peer, &mut p);
+        }
+    }
+
+    /// The peer of the oldest queued datagram; datagrams from unknown peers are dropped.
+    fn next_rx_peer(&self) -> Option<Arc<Peer>> {
+        loop {
+            let src = {
+                let q = self.rxq.lock();
+                if q.len == 0 {
+                    return None;
+                }
+                q.meta.get(q.head)?.src
+            };
+            if let Some(peer) = self.peer(src) {
+                return Some(peer);
+            }
+            let mut scratch = [0u8; 1];
+            let _ = self.rxq.lock().pop(&mut scratch);
+            bump(&self.stats.rx_no_peer);
+        }
+    }
+
+    fn process_timers(self: &Arc<Self>) {
+        let peers: KVec<Arc<Peer>> = {
+            let peers = self.peers.lock();
+            let mut v = KVec::new();
+            for p in peers.iter() {
+                if v.push(p.clone(), GFP_KERNEL).is_err() {
+                    break;
+                }
+            }
+            v
+        };
+        for peer in peers.iter() {
+            let mut p = peer.inner.lock();
+            p.conn.handle_timeout(work::now_ns());
+            self.run(peer, &mut p);
+        }
+    }
+}
+
+impl WorkItem<1> for Engine {
+    type Pointer = Arc<Engine>;
+
+    fn run(this: Arc<Engine>) {
+        this.process_rx();
+    }
+}
+
+impl WorkItem<2> for Engine {
+    type Pointer = Arc<Engine>;
+
+    fn run(this: Arc<Engine>) {
+        this.process_timers();
+    }
+}
+
+/// The transport's view of our MR table.
+struct Mem<'a> {
+    verbs: &'a Verbs,
+}
+
+fn access_error(e: verbs::MrError) -> AccessError {
+    match e {
+        verbs::MrError::Key => AccessError::Key,
+        verbs::MrError::Bounds => AccessError::Bounds,
+        verbs::MrError::Permission => AccessError::Permission,
+    }
+}
+
+impl Memory for Mem<'_> {
+    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
+        let mr = self.verbs.mr(sge.lkey, None).ok_or(AccessError::Key)?;
+        let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
+        mr.read(va, out, 0).map_err(access_error)
+    }
+
+    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+        let mr = self.verbs.mr(sge.lkey, None).ok_or(AccessError::Key)?;
+        let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
+        mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE)
+            .map_err(access_error)
+    }
+
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u32,
+        access: Access,
+    ) -> Result<(), AccessError> {
+        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
+        mr.check(va, u64::from(len), remote_right(access))
+            .map_err(access_error)
+    }
+
+    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
+        mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE)
+            .map_err(access_error)
+    }
+
+    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
+        mr.read(va, out, bindings::ib_access_flags_IB_ACCESS_REMOTE_READ)
+            .map_err(access_error)
+    }
+
+    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        if va % 8 != 0 {
+            return Err(AccessError::Alignment);
+        }
+        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
+        mr.atomic(va, |old| match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+        })
+        .map_err(access_error)
+    }
+}
+
+fn remote_right(access: Access) -> u32 {
+    match access {
+        Access::Read => bindings::ib_access_flags_IB_ACCESS_REMOTE_READ,
+        Access::Write => bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE,
+        Access::Atomic => bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC,
+    }
+}
+
+/// The SGEs of a receive WQE as the transport takes them.
+fn recv_sgl(wqe: &RecvWqe) -> Option<SgList> {
+    let n = wqe.num_sge as usize;
+    let sges = wqe.sge.get(..n)?;
+    let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
+    for (d, s) in list.iter_mut().zip(sges) {
+        *d = Sge {
+            addr: s.addr,
+            len: s.length,
+            lkey: s.lkey,
+        };
+    }
+    SgList::new(list.get(..n)?)
+}
+
+/// A send WQE copied out of the ring, validated and translated; None if it is unusable.
+fn send_wqe(w: &SendWqe, sq_sig_all: bool) -> Option<stream::SendWqe> {
+    use bindings as b;
+    let opcode = match w.opcode {
+        b::ib_wr_opcode_IB_WR_SEND => WrOpcode::Send,
+        b::ib_wr_opcode_IB_WR_SEND_WITH_IMM => WrOpcode::SendWithImm,
+        b::ib_wr_opcode_IB_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
+        b::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
+        b::ib_wr_opcode_IB_WR_RDMA_READ => WrOpcode::RdmaRead,
+        b::ib_wr_opcode_IB_WR_ATOMIC_CMP_AND_SWP => WrOpcode::CmpSwap,
+        b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::FetchAdd,
+        _ => return None,
+    };
+    if w.send_flags & b::ib_send_flags_IB_SEND_INLINE as u32 != 0 {
+        // The device reports max_inline_data 0.
+        return None;
+    }
+    let n = w.num_sge as usize;
+    if n > crate::transport::memory::MAX_SGE {
+        return None;
+    }
+    let sges = crate::sys::send_wqe_sges(w);
+    let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
+    for (d, s) in list.iter_mut().zip(sges.iter().take(n)) {
+        *d = *s;
+    }
+    let local = SgList::new(list.get(..n)?)?;
+    let mut t = stream::SendWqe::new(w.wr_id, opcode, local).remote(w.remote_addr, w.rkey);
+    if matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {
+        t = t.imm(w.imm_data);
+    }
+    if matches!(opcode, WrOpcode::CmpSwap | WrOpcode::FetchAdd) {
+        t = t.atomic(w.compare_add, w.swap);
+        if opcode == WrOpcode::FetchAdd {
+            t = t.atomic(0, w.compare_add);
+        }
+    }
+    t.signaled = sq_sig_all || w.send_flags & b::ib_send_flags_IB_SEND_SIGNALED as u32 != 0;
+    t.solicited = w.send_flags & b::ib_send_flags_IB_SEND_SOLICITED as u32 != 0;
+    Some(t)
+}
+
+fn wc_status(s: CqStatus) -> u32 {
+    use bindings as b;
+    match s {
+        CqStatus::Success => b::ib_wc_status_IB_WC_SUCCESS,
+        CqStatus::LocLenErr => b::ib_wc_status_IB_WC_LOC_LEN_ERR,
+        CqStatus::LocProtErr => b::ib_wc_status_IB_WC_LOC_PROT_ERR,
+        CqStatus::WrFlushErr => b::ib_wc_status_IB_WC_WR_FLUSH_ERR,
+        CqStatus::RemAccessErr => b::ib_wc_status_IB_WC_REM_ACCESS_ERR,
+        CqStatus::RemInvReqErr => b::ib_wc_status_IB_WC_REM_INV_REQ_ERR,
+        CqStatus::RemOpErr => b::ib_wc_status_IB_WC_REM_OP_ERR,
+        CqStatus::RetryExcErr => b::ib_wc_status_IB_WC_RETRY_EXC_ERR,
+        CqStatus::RnrRetryExcErr => b::ib_wc_status_IB_WC_RNR_RETRY_EXC_ERR,
+    }
+}
+
+fn wc_opcode(o: CqOpcode) -> u32 {
+    use bindings as b;
+    match o {
+        CqOpcode::Send => b::ib_wc_opcode_IB_WC_SEND,
+        CqOpcode::RdmaWrite => b::ib_wc_opcode_IB_WC_RDMA_WRITE,
+        CqOpcode::RdmaRead => b::ib_wc_opcode_IB_WC_RDMA_READ,
+        CqOpcode::CmpSwap => b::ib_wc_opcode_IB_WC_COMP_SWAP,
+        CqOpcode::FetchAdd => b::ib_wc_opcode_IB_WC_FETCH_ADD,
+        CqOpcode::Recv => b::ib_wc_opcode_IB_WC_RECV,
+        CqOpcode::RecvRdmaWithImm => b::ib_wc_opcode_IB_WC_RECV_RDMA_WITH_IMM,
+    }
+}
+
+/// `IBV_WC_WITH_IMM` (libibverbs' bit, which the provider passes through).
+const WC_WITH_IMM: u32 = 1 << 1;
+
+/// Hands a transport event to the QP's CQs.
+fn deliver(qps: &[Option<Arc<Qp>>; STREAMS], ev: Event) {
+    match ev {
+        Event::SendCompletion(c) | Event::RecvCompletion(c) => {
+            let Some(Some(qp)) = qps.get(usize::from(c.stream.0)) else {
+                return;
+            };
+            let recv = matches!(ev, Event::RecvCompletion(_));
+            let cqe = Cqe {
+                wr_id: c.wr_id,
+                status: wc_status(c.status),
+                opcode: wc_opcode(c.opcode),
+                byte_len: c.byte_len,
+                imm_data: c.imm.unwrap_or(0),
+                wc_flags: if c.imm.is_some() { WC_WITH_IMM } else { 0 },
+                qp_num: qp.qpn,
+                src_qp: c.src_qp,
+                ..Default::default()
+            };
+            if recv {
+                qp.recv_cq.complete(&cqe, c.solicited);
+            } else {
+                qp.send_cq.complete(&cqe, false);
+            }
+        }
+        Event::StreamError { stream, .. } => {
+            if let Some(Some(qp)) = qps.get(usize::from(stream.0)) {
+                qp.set_error();
+            }
+        }
+    }
+}
+
+/// The IB RNR timer code (5 bits) in microseconds.
+fn rnr_timer_us(code: u8) -> u32 {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560,
+        3840, 5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    US.get(usize::from(code & 31)).copied().unwrap_or(655_360)
+}
