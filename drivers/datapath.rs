@@ -234,6 +234,9 @@ impl Engine {
         cfg.mtu = self.mtu;
         cfg.num_paths = PATHS as u16;
         cfg.seed = work::random_u64() | 1;
+        // ACK as soon as a batch of arrivals is processed: the timer only has jiffy
+        // resolution, and a delayed ACK would cost a millisecond of latency.
+        cfg.path.ack_delay = 0;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         conn.reset(cfg).map_err(|_| EINVAL)?;
         let mut buf = KVec::new();
@@ -253,7 +256,22 @@ impl Engine {
         Ok(peer)
     }
 
-    /// The QP reached RTS: open its stream on the connection to its destination.
+    /// The QP reached RTS: its requester gets its first MSN and retry limits.
+    pub(crate) fn start_sending(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
+        let (binding, a) = {
+            let inner = qp.inner.lock();
+            (inner.binding.clone(), inner.attrs)
+        };
+        let b = binding.ok_or(EINVAL)?;
+        let mut p = b.peer.inner.lock();
+        p.conn
+            .start_requester(b.stream, a.sq_psn, a.retry_cnt.min(7), a.rnr_retry.min(7))
+            .map_err(|_| EINVAL)?;
+        self.run(&b.peer, &mut p);
+        Ok(())
+    }
+
+    /// The QP reached RTR: open its stream on the connection to its destination.
     pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
         let (dest, cfg) = {
             let inner = qp.inner.lock();

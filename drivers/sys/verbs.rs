@@ -609,7 +609,8 @@ pub(super) unsafe extern "C" fn modify_qp(
         // SAFETY: the QP's device is live while the core calls us for it.
         let engine = unsafe { engine_of((*ibqp).device) };
         match (prev, qp.state(), engine) {
-            (QpState::Rtr, QpState::Rts, Some(engine)) => engine.attach(qp),
+            (QpState::Init, QpState::Rtr, Some(engine)) => engine.attach(qp),
+            (QpState::Rtr, QpState::Rts, Some(engine)) => engine.start_sending(qp),
             (_, QpState::Err, Some(engine)) => {
                 engine.fail(qp);
                 Ok(())

@@ -393,6 +393,27 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         Ok(())
     }
 
+    /// Configures the stream's requester: its first MSN and retry limits (the QP's send
+    /// PSN, `retry_cnt` and `rnr_retry`, which verbs set at RTS). Possible until the first WQE
+    /// is posted: a QP receives in RTR, before its own sending side is configured.
+    pub fn start_requester(
+        &mut self,
+        id: StreamId,
+        send_msn: u32,
+        retry_cnt: u8,
+        rnr_retry: u8,
+    ) -> Result<(), PostError> {
+        let s = self.open_stream_mut(id)?;
+        if s.req.stats.posted != 0 {
+            return Err(PostError::InvalidWqe);
+        }
+        s.cfg.send_msn = send_msn;
+        s.cfg.retry_cnt = retry_cnt;
+        s.cfg.rnr_retry = rnr_retry;
+        s.req.reset(send_msn);
+        Ok(())
+    }
+
     /// Requester and responder counters of a stream.
     pub fn stream_stats(&self, id: StreamId) -> Option<(RequesterStats, ResponderStats)> {
         self.streams
