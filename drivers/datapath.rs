@@ -12,7 +12,10 @@
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way.
 
 use crate::{
-    sys::{bindings, netdev::NetDev, socket::UdpSocket, work},
+    counters::Counters,
+    device::DeviceRx,
+    net::{IpAddr, RxHandler},
+    sys::{bindings, netdev::NetDev, udp::PlaneSocket, work},
     transport::{
         connection::{Config, Connection, Event},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
@@ -41,12 +44,6 @@ pub(crate) type Conn = Connection<PATHS, STREAMS>;
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 /// Datagrams queued between softirq and the receive work item.
 const RX_SLOTS: usize = 256;
-
-/// Where the data path sends its datagrams (the device's UDP socket).
-pub(crate) trait Transmitter: Send + Sync {
-    /// Sends `payload` to `dst`:4793 from UDP source port `src_port` (the path's entropy).
-    fn send(&self, dst: [u8; 4], src_port: u16, ecn_capable: bool, payload: &[u8]) -> Result;
-}
 
 /// Counters of the data path (`rdma statistic` shows them with the device's).
 #[derive(Default)]
@@ -138,7 +135,7 @@ pub(crate) struct Engine {
     mtu: u32,
     /// The device's socket; taken out (and released) when the device goes away.
     #[pin]
-    tx: Mutex<Option<UdpSocket>>,
+    tx: Mutex<Option<PlaneSocket>>,
     pub(crate) stats: Stats,
     #[pin]
     peers: Mutex<KVec<Arc<Peer>>>,
@@ -182,7 +179,12 @@ pub(crate) struct Binding {
 
 impl Engine {
     /// The data path of a device on `ndev`, with its socket open.
-    pub(crate) fn new(verbs: Arc<Verbs>, mtu: u32, ndev: &NetDev<'_>) -> Result<Arc<Self>> {
+    pub(crate) fn new(
+        verbs: Arc<Verbs>,
+        mtu: u32,
+        ndev: &NetDev<'_>,
+        counters: Arc<Counters>,
+    ) -> Result<Arc<Self>> {
         let rxq = RxQueue::new()?;
         let engine = Arc::pin_init(
             pin_init!(Engine {
@@ -197,7 +199,10 @@ impl Engine {
             }),
             GFP_KERNEL,
         )?;
-        let socket = UdpSocket::open(ndev, &engine)?;
+        // The socket's handler holds the engine: `shutdown` breaks that cycle.
+        let rx: Arc<dyn RxHandler> =
+            Arc::new(DeviceRx::new(counters.clone(), engine.clone()), GFP_KERNEL)?;
+        let socket = PlaneSocket::open(ndev, rx, counters)?;
         *engine.tx.lock() = Some(socket);
         Ok(engine)
     }
@@ -354,7 +359,9 @@ impl Engine {
         while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
             let payload = buf.get(..t.len).unwrap_or(&[]);
             let sent = match &*self.tx.lock() {
-                Some(socket) => socket.send(peer.addr, t.src_port, t.ecn_capable, payload),
+                Some(socket) => {
+                    socket.send(&IpAddr::V4(peer.addr), t.src_port, t.ecn_capable, payload)
+                }
                 None => Err(ENOTCONN),
             };
             match sent {

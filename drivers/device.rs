@@ -6,9 +6,13 @@
 //! RDMA core invokes.
 
 use crate::{
+    counters::{Counter, Counters},
+    datapath::Engine,
+    net::{IpAddr, RxDrop, RxHandler, RxPacket},
     sys::{bindings, netdev::NetDev},
     verbs::limits,
 };
+use kernel::{prelude::*, sync::Arc};
 
 /// Bytes a MetaRoCE packet adds on top of the payload, at most: IPv6 (40) + UDP (8) + the
 /// largest MetaRoCE header (64). The active MTU reported to verbs is what fits under it.
@@ -28,15 +32,28 @@ pub(crate) const MAX_PD: u32 = 1 << 16;
 
 /// The driver's state for one device, kept beside the `ib_device` it belongs to.
 pub(crate) struct Device {
+    /// The hardware counters (`rdma statistic`), shared with the UDP layer and the data path.
+    counters: Arc<Counters>,
     node_guid: u64,
 }
 
 impl Device {
     /// A device on the netdev `ndev`, named after its hardware address.
-    pub(crate) fn new(ndev: &NetDev<'_>) -> Self {
-        Device {
+    pub(crate) fn new(ndev: &NetDev<'_>) -> Result<Self> {
+        Ok(Device {
+            counters: Arc::new(Counters::new(), GFP_KERNEL)?,
             node_guid: node_guid_from_mac(ndev.mac()),
-        }
+        })
+    }
+
+    /// The device's hardware counters.
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The device's hardware counters, to share.
+    pub(crate) fn counters_arc(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     /// The node GUID, in the byte order `ib_device.node_guid` (`__be64`) stores.
@@ -110,6 +127,65 @@ impl Device {
             reserved: [0; 2],
         }
     }
+}
+
+/// What the device's UDP socket receives goes here: the base header is checked and counted,
+/// then the packet goes to the data path.
+pub(crate) struct DeviceRx {
+    counters: Arc<Counters>,
+    engine: Arc<Engine>,
+}
+
+impl DeviceRx {
+    pub(crate) fn new(counters: Arc<Counters>, engine: Arc<Engine>) -> Self {
+        DeviceRx { counters, engine }
+    }
+}
+
+impl RxHandler for DeviceRx {
+    fn receive(&self, pkt: &RxPacket<'_>) {
+        if !base_header_ok(pkt.payload) {
+            self.counters.inc(Counter::RxMalformed);
+            return;
+        }
+        self.counters.inc(Counter::RxPackets);
+        self.counters
+            .add(Counter::RxBytes, pkt.payload.len() as u64);
+        if pkt.ecn_ce {
+            self.counters.inc(Counter::RxEcnCe);
+        }
+        match pkt.src {
+            IpAddr::V4(src) => self.engine.receive(src, pkt.ecn_ce, pkt.payload),
+            // The data path has IPv4 peers only, so far.
+            IpAddr::V6(_) => self.counters.inc(Counter::RxNoConnection),
+        }
+    }
+
+    fn dropped(&self, why: RxDrop) {
+        self.counters.inc(match why {
+            RxDrop::NoMemory => Counter::RxNoMem,
+            RxDrop::BadHeaders => Counter::RxMalformed,
+        });
+    }
+}
+
+/// Size of the MetaRoCE base header (`docs/wire-format.md`).
+pub(crate) const BASE_HEADER_LEN: usize = 32;
+/// Flag bits a version 1 packet may set (ACK_REQ, SOLICITED, LAST, FIRST, RETRANSMIT).
+const KNOWN_FLAGS: u16 = 0x1f;
+
+/// Whether `packet` starts with a plausible version 1 base header: long enough, version 1, a
+/// known opcode, no reserved flag bit and a zero reserved byte. Extension headers and
+/// lengths are the transport's to check.
+pub(crate) fn base_header_ok(packet: &[u8]) -> bool {
+    let Some(hdr) = packet.get(..BASE_HEADER_LEN) else {
+        return false;
+    };
+    let flags = u16::from_be_bytes([hdr[2], hdr[3]]);
+    hdr[0] == WIRE_VERSION as u8
+        && matches!(hdr[1], 0x00..=0x08 | 0x10..=0x12)
+        && flags & !KNOWN_FLAGS == 0
+        && hdr[19] == 0
 }
 
 /// Payload bytes per MetaRoCE packet on a link of `link_mtu`: the IB MTU that fits, which

@@ -1,20 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
-/* Networking wrappers for drivers/sys/socket.rs; see glue_net.h. */
+/* Networking wrappers for drivers/sys/udp.rs; see glue_net.h. */
+#include <linux/netdevice.h>
+#include <net/dst.h>
+#include <net/sock.h>
 #include "glue_net.h"
-
-int metaroce_glue_udp_sock_create(struct net *net, struct udp_port_cfg *cfg, struct socket **sockp)
-{
-	return udp_sock_create(net, cfg, sockp);
-}
 
 void *metaroce_glue_sk_user_data(struct sock *sk)
 {
 	return rcu_dereference_sk_user_data(sk);
-}
-
-const struct iphdr *metaroce_glue_ip_hdr(const struct sk_buff *skb)
-{
-	return ip_hdr(skb);
 }
 
 int metaroce_glue_skb_linearize(struct sk_buff *skb)
@@ -22,17 +15,22 @@ int metaroce_glue_skb_linearize(struct sk_buff *skb)
 	return skb_linearize(skb);
 }
 
-void metaroce_glue_kfree_skb(struct sk_buff *skb)
+unsigned char *metaroce_glue_skb_network_header(const struct sk_buff *skb)
 {
-	kfree_skb(skb);
+	return skb_network_header(skb);
 }
 
-void metaroce_glue_consume_skb(struct sk_buff *skb)
+unsigned char *metaroce_glue_skb_transport_header(const struct sk_buff *skb)
 {
-	consume_skb(skb);
+	return skb_transport_header(skb);
 }
 
-struct sk_buff *metaroce_glue_alloc_skb(unsigned int size)
+unsigned char *metaroce_glue_skb_tail(const struct sk_buff *skb)
+{
+	return skb_tail_pointer(skb);
+}
+
+struct sk_buff *metaroce_glue_alloc_skb_atomic(unsigned int size)
 {
 	return alloc_skb(size, GFP_ATOMIC);
 }
@@ -42,14 +40,9 @@ void metaroce_glue_skb_reserve(struct sk_buff *skb, int len)
 	skb_reserve(skb, len);
 }
 
-unsigned int metaroce_glue_ll_reserved_space(const struct net_device *dev)
+struct rtable *metaroce_glue_ip_route_output_key(struct net *net, struct flowi4 *fl4)
 {
-	return LL_RESERVED_SPACE(dev);
-}
-
-struct rtable *metaroce_glue_ip_route_output_key(struct net *net, struct flowi4 *fl)
-{
-	return ip_route_output_key(net, fl);
+	return ip_route_output_key(net, fl4);
 }
 
 void metaroce_glue_ip_rt_put(struct rtable *rt)
@@ -57,14 +50,29 @@ void metaroce_glue_ip_rt_put(struct rtable *rt)
 	ip_rt_put(rt);
 }
 
-int metaroce_glue_ip4_dst_hoplimit(const struct rtable *rt)
+struct dst_entry *metaroce_glue_rt_dst(struct rtable *rt)
 {
-	return ip4_dst_hoplimit(&rt->dst);
+	return &rt->dst;
 }
 
-const struct net_device *metaroce_glue_rt_dev(const struct rtable *rt)
+int metaroce_glue_ip4_dst_hoplimit(const struct dst_entry *dst)
 {
-	return rt->dst.dev;
+	return ip4_dst_hoplimit(dst);
+}
+
+unsigned int metaroce_glue_dst_ll_reserved_space(const struct dst_entry *dst)
+{
+	return LL_RESERVED_SPACE(dst_dev(dst));
+}
+
+unsigned int metaroce_glue_dst_mtu(const struct dst_entry *dst)
+{
+	return dst_mtu(dst);
+}
+
+void metaroce_glue_kfree_skb(struct sk_buff *skb)
+{
+	kfree_skb(skb);
 }
 
 void metaroce_glue_local_bh_disable(void)

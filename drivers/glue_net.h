@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * C wrappers for the networking static inlines and macros the UDP socket layer
- * (drivers/sys/socket.rs) calls. As in glue.h: one expression each, no logic.
+ * C wrappers for the networking static inlines and macros the UDP transport layer
+ * (drivers/sys/udp.rs) calls. As in glue.h: one expression each, no logic.
  */
 #ifndef METAROCE_GLUE_NET_H
 #define METAROCE_GLUE_NET_H
@@ -11,19 +11,20 @@
 #include <net/route.h>
 #include <net/udp_tunnel.h>
 
-int metaroce_glue_udp_sock_create(struct net *net, struct udp_port_cfg *cfg, struct socket **sockp);
 void *metaroce_glue_sk_user_data(struct sock *sk);
-const struct iphdr *metaroce_glue_ip_hdr(const struct sk_buff *skb);
 int metaroce_glue_skb_linearize(struct sk_buff *skb);
-void metaroce_glue_kfree_skb(struct sk_buff *skb);
-void metaroce_glue_consume_skb(struct sk_buff *skb);
-struct sk_buff *metaroce_glue_alloc_skb(unsigned int size);
+unsigned char *metaroce_glue_skb_network_header(const struct sk_buff *skb);
+unsigned char *metaroce_glue_skb_transport_header(const struct sk_buff *skb);
+unsigned char *metaroce_glue_skb_tail(const struct sk_buff *skb);
+struct sk_buff *metaroce_glue_alloc_skb_atomic(unsigned int size);
 void metaroce_glue_skb_reserve(struct sk_buff *skb, int len);
-unsigned int metaroce_glue_ll_reserved_space(const struct net_device *dev);
-struct rtable *metaroce_glue_ip_route_output_key(struct net *net, struct flowi4 *fl);
+struct rtable *metaroce_glue_ip_route_output_key(struct net *net, struct flowi4 *fl4);
 void metaroce_glue_ip_rt_put(struct rtable *rt);
-int metaroce_glue_ip4_dst_hoplimit(const struct rtable *rt);
-const struct net_device *metaroce_glue_rt_dev(const struct rtable *rt);
+struct dst_entry *metaroce_glue_rt_dst(struct rtable *rt);
+int metaroce_glue_ip4_dst_hoplimit(const struct dst_entry *dst);
+unsigned int metaroce_glue_dst_ll_reserved_space(const struct dst_entry *dst);
+unsigned int metaroce_glue_dst_mtu(const struct dst_entry *dst);
+void metaroce_glue_kfree_skb(struct sk_buff *skb);
 void metaroce_glue_local_bh_disable(void);
 void metaroce_glue_local_bh_enable(void);
 

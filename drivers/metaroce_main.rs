@@ -8,8 +8,10 @@
 
 use kernel::prelude::*;
 
+mod counters;
 mod datapath;
 mod device;
+mod net;
 mod sys;
 
 /// The MetaRoCE transport core: the same `no_std`, sans-IO source the host tests drive.

@@ -64,6 +64,8 @@ fn device_ops() -> bindings::ib_device_ops {
         query_pkey: Some(query_pkey),
         get_port_immutable: Some(get_port_immutable),
         get_link_layer: Some(get_link_layer),
+        alloc_hw_port_stats: Some(super::stats::alloc_hw_port_stats),
+        get_hw_stats: Some(super::stats::get_hw_stats),
         alloc_ucontext: Some(alloc_ucontext),
         dealloc_ucontext: Some(dealloc_ucontext),
         alloc_pd: Some(alloc_pd),
@@ -99,7 +101,7 @@ fn device_ops() -> bindings::ib_device_ops {
 ///
 /// `ibdev` must be a live device that this driver allocated (every `ib_device` whose ops
 /// reach our trampolines is), with its state initialised.
-unsafe fn state<'a>(ibdev: *const bindings::ib_device) -> &'a Device {
+pub(super) unsafe fn state<'a>(ibdev: *const bindings::ib_device) -> &'a Device {
     // SAFETY: per the contract `ibdev` is the first field of a live `MetaDev` (offset 0,
     // checked above), whose `state` was written before the ops were installed.
     unsafe { &(*ibdev.cast::<MetaDev>()).state }
@@ -146,6 +148,7 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         return Err(EEXIST);
     }
 
+    let state = Device::new(ndev)?;
     // SAFETY: `_ib_alloc_device` allocates and zeroes at least `size_of::<MetaDev>()` bytes
     // with the `ib_device` at offset 0; `init_net` is the initial namespace, always alive (the
     // device follows its netdev's namespace through the RDMA core's shared mode).
@@ -154,11 +157,11 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     };
     let ibdev = NonNull::new(ibdev).ok_or(ENOMEM)?.as_ptr();
     let dev = ibdev.cast::<MetaDev>();
-    let state = Device::new(ndev);
     let node_guid = state.node_guid();
     let mtu = crate::device::payload_mtu(ndev.mtu());
+    let counters = state.counters_arc();
     let parts = Arc::pin_init(Verbs::new(), GFP_KERNEL)
-        .and_then(|verbs| Ok((verbs.clone(), Engine::new(verbs, mtu, ndev)?)));
+        .and_then(|verbs| Ok((verbs.clone(), Engine::new(verbs, mtu, ndev, counters)?)));
     let (verbs, engine) = match parts {
         Ok((verbs, engine)) => (verbs, Some(engine)),
         Err(e) => {
@@ -210,6 +213,12 @@ pub(super) fn remove_device_of(ndev: &NetDev<'_>) {
     // SAFETY: `ndev` is alive for the call; a non-null result is a reference we put below.
     let ibdev = unsafe { bindings::ib_device_get_by_netdev(ndev.as_ptr(), DRIVER_ID) };
     if !ibdev.is_null() {
+        // SAFETY: we hold a reference, so the device and its data path are alive. Its socket
+        // must close now, under RTNL, while the netdev's namespace is intact (kernel sockets
+        // hold no reference on it); the device itself goes later, from a workqueue.
+        if let Some(engine) = unsafe { engine_of(ibdev) } {
+            engine.shutdown();
+        }
         // SAFETY: we hold a reference; the queued unregistration takes its own and runs from
         // a workqueue, as the notifier context requires.
         unsafe {

@@ -7,6 +7,8 @@
 //! - [`ibdev`]: the `ib_device` allocation, its ops table and the trampolines the RDMA core
 //!   calls; each turns raw pointers into references and calls safe code in `crate::device`.
 //! - [`registration`]: the module-wide registrations (link type, netdev notifier).
+//! - [`udp`]: a plane's kernel UDP sockets (receive callback, send).
+//! - [`stats`]: the hardware counter ops.
 
 pub(crate) mod bindings;
 pub(crate) mod ibdev;
@@ -17,7 +19,8 @@ pub(crate) mod ring;
 #[allow(dead_code)]
 pub(crate) mod umem;
 mod verbs;
-pub(crate) mod socket;
+mod stats;
+pub(crate) mod udp;
 pub(crate) mod work;
 
 pub(crate) use registration::Registration;

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The device's hardware counters: a fixed set of named 64-bit counters, bumped lock-free from
+//! any context and read by `rdma statistic show link DEV/1` (and
+//! `/sys/class/infiniband/DEV/ports/1/hw_counters/NAME`).
+//!
+//! The names are an interface (tests and users read them): never rename or reorder one, only
+//! append. Each name is documented on its variant.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+use kernel::prelude::*;
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// One hardware counter.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub(crate) enum Counter {
+            $($(#[$doc])* $variant,)*
+        }
+
+        /// The names the RDMA core reports, indexed by `Counter as usize`.
+        pub(crate) const COUNTER_NAMES: [&CStr; Counter::ALL.len()] = [$($name,)*];
+
+        impl Counter {
+            /// Every counter, in index order.
+            pub(crate) const ALL: &[Counter] = &[$(Counter::$variant,)*];
+        }
+    };
+}
+
+counters! {
+    /// `rx_packets`: MetaRoCE packets received that passed the header checks.
+    RxPackets => c"rx_packets",
+    /// `rx_bytes`: UDP payload bytes of those packets.
+    RxBytes => c"rx_bytes",
+    /// `rx_malformed`: datagrams rejected by the header checks (short, bad version, unknown
+    /// opcode, non-zero reserved bits, inconsistent lengths) or with unreadable IP/UDP headers.
+    RxMalformed => c"rx_malformed",
+    /// `rx_no_connection`: well-formed packets for no known connection or QP.
+    RxNoConnection => c"rx_no_connection",
+    /// `rx_ecn_ce`: accepted packets that arrived with ECN Congestion Experienced.
+    RxEcnCe => c"rx_ecn_ce",
+    /// `rx_nomem`: datagrams dropped for lack of memory before parsing.
+    RxNoMem => c"rx_nomem",
+    /// `tx_packets`: datagrams handed to the IP stack.
+    TxPackets => c"tx_packets",
+    /// `tx_bytes`: UDP payload bytes of those datagrams.
+    TxBytes => c"tx_bytes",
+    /// `tx_errors`: sends that failed for any reason (includes `tx_no_route`).
+    TxErrors => c"tx_errors",
+    /// `tx_no_route`: sends that failed because no route leads to the destination from this
+    /// plane's netdev.
+    TxNoRoute => c"tx_no_route",
+    /// `retransmits`: packets sent again (timeout, NAK or SACK gap).
+    Retransmits => c"retransmits",
+    /// `duplicates`: packets received more than once.
+    Duplicates => c"duplicates",
+    /// `out_of_order`: packets received ahead of a gap in their path's PSN space.
+    OutOfOrder => c"out_of_order",
+    /// `nak_sent_remote_access`: NAKs sent, code 1 (remote access error).
+    NakSentRemoteAccess => c"nak_sent_remote_access",
+    /// `nak_sent_invalid_request`: NAKs sent, code 2 (invalid request).
+    NakSentInvalidRequest => c"nak_sent_invalid_request",
+    /// `nak_sent_rnr`: NAKs sent, code 3 (receiver not ready).
+    NakSentRnr => c"nak_sent_rnr",
+    /// `nak_sent_out_of_window`: NAKs sent, code 4 (out of window / sequence error).
+    NakSentOutOfWindow => c"nak_sent_out_of_window",
+    /// `nak_sent_remote_op`: NAKs sent, code 5 (remote operational error).
+    NakSentRemoteOp => c"nak_sent_remote_op",
+    /// `nak_rcvd_remote_access`: NAKs received, code 1.
+    NakRcvdRemoteAccess => c"nak_rcvd_remote_access",
+    /// `nak_rcvd_invalid_request`: NAKs received, code 2.
+    NakRcvdInvalidRequest => c"nak_rcvd_invalid_request",
+    /// `nak_rcvd_rnr`: NAKs received, code 3.
+    NakRcvdRnr => c"nak_rcvd_rnr",
+    /// `nak_rcvd_out_of_window`: NAKs received, code 4.
+    NakRcvdOutOfWindow => c"nak_rcvd_out_of_window",
+    /// `nak_rcvd_remote_op`: NAKs received, code 5.
+    NakRcvdRemoteOp => c"nak_rcvd_remote_op",
+    /// `rnr_retries`: messages resent after an RNR NAK's wait.
+    RnrRetries => c"rnr_retries",
+    /// `retry_exceeded`: messages failed because their retry budget ran out.
+    RetryExceeded => c"retry_exceeded",
+    /// `acks_sent`: ACK packets sent.
+    AcksSent => c"acks_sent",
+    /// `acks_rcvd`: ACK packets received.
+    AcksRcvd => c"acks_rcvd",
+    /// `timeouts`: retransmission timeouts that fired.
+    Timeouts => c"timeouts",
+}
+
+/// How many counters there are.
+pub(crate) const NUM_COUNTERS: usize = Counter::ALL.len();
+
+/// The counters of one device (port 1).
+pub(crate) struct Counters {
+    values: [AtomicU64; NUM_COUNTERS],
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Counters {
+            values: [const { AtomicU64::new(0) }; NUM_COUNTERS],
+        }
+    }
+
+    /// Adds one to `counter`.
+    pub(crate) fn inc(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
+
+    /// Adds `n` to `counter` (wrapping, like hardware counters).
+    pub(crate) fn add(&self, counter: Counter, n: u64) {
+        self.values[counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The current value of `counter`.
+    #[allow(dead_code)]
+    pub(crate) fn get(&self, counter: Counter) -> u64 {
+        self.values[counter as usize].load(Ordering::Relaxed)
+    }
+
+    /// Copies the counters, in index order, into `out` (as many as fit).
+    pub(crate) fn snapshot(&self, out: &mut [u64]) {
+        for (o, v) in out.iter_mut().zip(self.values.iter()) {
+            *o = v.load(Ordering::Relaxed);
+        }
+    }
+}
+
+// The RDMA core's table and ours must agree on the count.
+const _: () = assert!(COUNTER_NAMES.len() == NUM_COUNTERS);

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What the UDP layer ([`crate::sys::udp`]) hands to the rest of the driver: addresses,
+//! received datagrams and the receive callback; plus the parsing of the IP header bytes the
+//! FFI layer copies out of a received packet. Safe code only.
+
+/// An IP address, in network byte order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IpAddr {
+    V4([u8; 4]),
+    V6([u8; 16]),
+}
+
+/// One received MetaRoCE datagram (the UDP payload), valid for the duration of the callback.
+#[allow(dead_code)] // The addresses and port are for the transport (next step).
+pub(crate) struct RxPacket<'a> {
+    /// The sender's address (IP source).
+    pub(crate) src: IpAddr,
+    /// Our address it was sent to (IP destination).
+    pub(crate) dst: IpAddr,
+    /// The UDP source port: the path's entropy (see `docs/wire-format.md`).
+    pub(crate) src_port: u16,
+    /// The IP header carried ECN Congestion Experienced (CE, both ECN bits set).
+    pub(crate) ecn_ce: bool,
+    /// The UDP payload: the MetaRoCE packet, not yet validated.
+    pub(crate) payload: &'a [u8],
+}
+
+/// Why the UDP layer dropped a datagram before it reached [`RxHandler::receive`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxDrop {
+    /// The packet could not be made linear (no memory).
+    NoMemory,
+    /// The IP or UDP header is not one we can read (inconsistent offsets or lengths).
+    BadHeaders,
+}
+
+/// Receives the datagrams of one plane socket.
+///
+/// Called in softirq context (under RCU, bottom halves disabled): must not sleep, must not
+/// block on anything a process-context holder of the same lock could hold with bottom halves
+/// enabled, and should be quick. The payload is borrowed: copy what must outlive the call.
+pub(crate) trait RxHandler: Send + Sync {
+    /// A datagram arrived on our port.
+    fn receive(&self, pkt: &RxPacket<'_>);
+    /// A datagram arrived but was dropped before it could be handed over.
+    fn dropped(&self, why: RxDrop);
+}
+
+/// ECN codepoint "Congestion Experienced" (RFC 3168), the low two bits of TOS/traffic class.
+pub(crate) const ECN_CE: u8 = 0b11;
+/// ECN codepoint ECT(0), what ECN-capable senders put in the IP header.
+pub(crate) const ECN_ECT0: u8 = 0b10;
+
+/// Source, destination and ECN CE of an IP header: `hdr` is the bytes from the start of the
+/// network header up to the UDP header. `None` if they are not a plausible IPv4 or IPv6
+/// header (the stack checked them already; this only guards our own reads).
+pub(crate) fn parse_ip_header(hdr: &[u8]) -> Option<(IpAddr, IpAddr, bool)> {
+    let first = *hdr.first()?;
+    match first >> 4 {
+        4 => {
+            let h: &[u8; 20] = hdr.get(..20)?.try_into().ok()?;
+            let src = IpAddr::V4(h[12..16].try_into().ok()?);
+            let dst = IpAddr::V4(h[16..20].try_into().ok()?);
+            Some((src, dst, h[1] & ECN_CE == ECN_CE))
+        }
+        6 => {
+            let h: &[u8; 40] = hdr.get(..40)?.try_into().ok()?;
+            // Traffic class: the low nibble of byte 0 and the high nibble of byte 1.
+            let tclass = (h[0] << 4) | (h[1] >> 4);
+            let src = IpAddr::V6(h[8..24].try_into().ok()?);
+            let dst = IpAddr::V6(h[24..40].try_into().ok()?);
+            Some((src, dst, tclass & ECN_CE == ECN_CE))
+        }
+        _ => None,
+    }
+}

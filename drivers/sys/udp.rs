@@ -1,0 +1,494 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A plane's UDP transport: kernel UDP tunnel sockets on `METAROCE_UDP_PORT`, bound to one
+//! netdev, that hand received datagrams to an [`RxHandler`] and send datagrams out through
+//! that netdev.
+//!
+//! Life cycle and the rules that make it sound:
+//!
+//! - [`PlaneSocket::open`] creates an IPv4 socket and, when the kernel has IPv6, an IPv6-only
+//!   one, each in the netdev's namespace, bound to its ifindex (`SO_BINDTODEVICE`), so several
+//!   planes in one namespace can each own the port on their own netdev. `sk_user_data` points
+//!   to an [`RxContext`] in a box the `PlaneSocket` owns.
+//! - `encap_rcv` runs in softirq under RCU; it reads `sk_user_data` with
+//!   `rcu_dereference_sk_user_data` and does nothing if it is null.
+//! - [`PlaneSocket::send`] reads the socket pointers under `rcu_read_lock`.
+//! - [`PlaneSocket::close`] (also run by `drop`) unpublishes the sockets, waits for a grace
+//!   period (no sender holds them any more), releases them (`udp_tunnel_sock_release` clears
+//!   `sk_user_data` and closes), and waits for another grace period (no `encap_rcv` still uses
+//!   the context). Only then can the context, and the handler it holds, be freed.
+//! - Kernel sockets hold no reference on their namespace, so a socket must be closed before
+//!   its namespace is dismantled: the driver closes it when the netdev unregisters, which
+//!   happens (under RTNL) before the namespace's UDP state goes away.
+
+use super::{bindings, netdev::NetDev};
+use crate::counters::{Counter, Counters};
+use crate::net::{parse_ip_header, IpAddr, RxDrop, RxHandler, RxPacket, ECN_ECT0};
+use core::{
+    mem::size_of,
+    ptr,
+    sync::atomic::{AtomicPtr, Ordering},
+};
+use kernel::{
+    error::from_err_ptr,
+    ffi::{c_int, c_uint},
+    prelude::*,
+    sync::{rcu, Arc},
+};
+
+/// Our UDP destination port.
+pub(crate) const UDP_PORT: u16 = bindings::METAROCE_UDP_PORT as u16;
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const IPPROTO_UDP: u8 = 17;
+/// `IP_DF` in the IPv4 `frag_off` field.
+const IP_DF: u16 = 0x4000;
+const UDP_HEADER: usize = 8;
+const IPV4_HEADER: usize = 20;
+const IPV6_HEADER: usize = 40;
+/// `encap_type` for our sockets: any non-zero value enables `encap_rcv` (rxe uses 1 too).
+const ENCAP_TYPE: u8 = 1;
+
+/// What `sk_user_data` points to: everything `encap_rcv` needs.
+struct RxContext {
+    handler: Arc<dyn RxHandler>,
+}
+
+/// The UDP sockets of one plane (netdev).
+pub(crate) struct PlaneSocket {
+    /// The IPv4 socket; null once closed.
+    sk4: AtomicPtr<bindings::sock>,
+    /// The IPv6 socket; null once closed or if the kernel has no IPv6.
+    sk6: AtomicPtr<bindings::sock>,
+    /// The namespace of the netdev (and the sockets); valid while a socket is open.
+    net: *mut bindings::net,
+    ifindex: c_int,
+    counters: Arc<Counters>,
+    /// Pointed to by the sockets' `sk_user_data` until they are closed.
+    rx: KBox<RxContext>,
+}
+
+// SAFETY: the raw pointers are only used through the kernel's thread-safe socket and routing
+// APIs, under the RCU protocol described in the module documentation; the context is
+// immutable and holds only `Send + Sync` data.
+unsafe impl Send for PlaneSocket {}
+// SAFETY: as above; every method takes `&self` and synchronises through atomics and RCU.
+unsafe impl Sync for PlaneSocket {}
+
+impl PlaneSocket {
+    /// Opens the plane's sockets on `ndev`: received datagrams go to `handler`; sends and
+    /// their failures are counted in `counters` (`tx_*`), as are datagrams dropped before they
+    /// reach the handler (`rx_nomem`, `rx_malformed`, through [`RxHandler::dropped`] too).
+    ///
+    /// Process context only (creates sockets).
+    pub(crate) fn open(
+        ndev: &NetDev<'_>,
+        handler: Arc<dyn RxHandler>,
+        counters: Arc<Counters>,
+    ) -> Result<Self> {
+        let rx = KBox::new(RxContext { handler }, GFP_KERNEL)?;
+        // SAFETY: `ndev` is alive for the call (type invariant); `dev_net` reads its namespace,
+        // which lives at least as long as the netdev is registered in it.
+        let net = unsafe { bindings::metaroce_glue_dev_net(ndev.as_ptr()) };
+        // SAFETY: as above; `ifindex` is fixed while the netdev is registered.
+        let ifindex = unsafe { (*ndev.as_ptr()).ifindex };
+        let socket = PlaneSocket {
+            sk4: AtomicPtr::new(ptr::null_mut()),
+            sk6: AtomicPtr::new(ptr::null_mut()),
+            net,
+            ifindex,
+            counters,
+            rx,
+        };
+        let user_data = ptr::from_ref::<RxContext>(&*socket.rx).cast_mut().cast();
+        // If anything below fails, dropping `socket` closes what was opened.
+        let sk4 = open_socket(net, ifindex, AF_INET, user_data)?;
+        socket.sk4.store(sk4, Ordering::Release);
+        match open_socket(net, ifindex, AF_INET6, user_data) {
+            Ok(sk6) => socket.sk6.store(sk6, Ordering::Release),
+            // IPv6 disabled at boot (`ipv6.disable=1`): run IPv4 only.
+            Err(e) if e == EAFNOSUPPORT || e == EPFNOSUPPORT => {}
+            Err(e) => return Err(e),
+        }
+        Ok(socket)
+    }
+
+    /// Sends `payload` as one UDP datagram from this plane's netdev to `dst`, port
+    /// [`UDP_PORT`], with UDP source port `src_port`. The source address is the one the route
+    /// chooses; DF is set, the TTL/hop limit is the route's, the UDP checksum is filled in, and
+    /// the IP header says ECT(0) when `ecn_capable`.
+    ///
+    /// Process or softirq context (timers included), not hard IRQ; allocates only the skb
+    /// (`GFP_ATOMIC`).
+    ///
+    /// Errors: `ENETDOWN` once closed (or no IPv6 socket for an IPv6 destination),
+    /// the route lookup's error (`ENETUNREACH`, `EHOSTUNREACH`, ...; counted as `tx_no_route`),
+    /// `EMSGSIZE` if the datagram exceeds the route's MTU, `ENOMEM`. Every error counts in
+    /// `tx_errors`. Success counts `tx_packets` and `tx_bytes`; it means the packet was handed
+    /// to the IP stack, which may still drop it (queue full, neighbour unresolved).
+    #[allow(dead_code)] // The transport (next step) sends through it.
+    pub(crate) fn send(
+        &self,
+        dst: &IpAddr,
+        src_port: u16,
+        ecn_capable: bool,
+        payload: &[u8],
+    ) -> Result {
+        let tos = if ecn_capable { ECN_ECT0 } else { 0 };
+        // Tunnel transmits count their nesting per CPU, so they run with bottom halves
+        // disabled, as from a netdev's `ndo_start_xmit`.
+        let _bh = BhDisabled::new();
+        let result = match dst {
+            IpAddr::V4(addr) => self.send4(*addr, src_port, tos, payload),
+            IpAddr::V6(addr) => self.send6(addr, src_port, tos, payload),
+        };
+        match result {
+            Ok(()) => {
+                self.counters.inc(Counter::TxPackets);
+                self.counters.add(Counter::TxBytes, payload.len() as u64);
+            }
+            Err(_) => self.counters.inc(Counter::TxErrors),
+        }
+        result
+    }
+
+    fn send4(&self, daddr: [u8; 4], src_port: u16, tos: u8, payload: &[u8]) -> Result {
+        let _rcu = rcu::read_lock();
+        let sk = self.sk4.load(Ordering::Acquire);
+        if sk.is_null() {
+            return Err(ENETDOWN);
+        }
+        let mut fl4 = bindings::flowi4::default();
+        fl4.__fl_common.flowic_oif = self.ifindex;
+        fl4.__fl_common.flowic_proto = IPPROTO_UDP;
+        fl4.daddr = u32::from_ne_bytes(daddr);
+        // The ports feed the multipath hash, so ECMP sees the path's entropy.
+        fl4.uli.ports = bindings::flowi_uli__bindgen_ty_1 {
+            dport: UDP_PORT.to_be(),
+            sport: src_port.to_be(),
+        };
+        // SAFETY: `sk` is open (we are in the RCU section that `close` waits for after
+        // unpublishing it), so its namespace `net` is alive; `fl4` is a live, initialised flow.
+        let rt = unsafe { bindings::metaroce_glue_ip_route_output_key(self.net, &mut fl4) };
+        let rt = from_err_ptr(rt).inspect_err(|_| self.counters.inc(Counter::TxNoRoute))?;
+        // SAFETY: `rt` is a route we hold a reference on.
+        let dst = unsafe { bindings::metaroce_glue_rt_dst(rt) };
+        let skb = match self.build_skb(dst, IPV4_HEADER, payload) {
+            Ok(skb) => skb,
+            Err(e) => {
+                // SAFETY: we hold the route's reference and give it back.
+                unsafe { bindings::metaroce_glue_ip_rt_put(rt) };
+                return Err(e);
+            }
+        };
+        // SAFETY: `dst` is the live route's entry.
+        let ttl = unsafe { bindings::metaroce_glue_ip4_dst_hoplimit(dst) } as u8;
+        // SAFETY: `rt` (whose reference the call consumes), `sk` (open, see above) and `skb`
+        // (ours, with headroom for the UDP and IP headers the call pushes) are valid; the
+        // addresses are the ones the route was looked up for (saddr chosen by the lookup).
+        unsafe {
+            bindings::udp_tunnel_xmit_skb(
+                rt,
+                sk,
+                skb,
+                fl4.saddr,
+                fl4.daddr,
+                tos,
+                ttl,
+                IP_DF.to_be(),
+                src_port.to_be(),
+                UDP_PORT.to_be(),
+                false, // xnet: same namespace
+                false, // nocheck: the UDP checksum is mandatory for us
+                0,
+            )
+        };
+        Ok(())
+    }
+
+    fn send6(&self, daddr: &[u8; 16], src_port: u16, tclass: u8, payload: &[u8]) -> Result {
+        let _rcu = rcu::read_lock();
+        let sk = self.sk6.load(Ordering::Acquire);
+        if sk.is_null() {
+            return Err(ENETDOWN);
+        }
+        let mut fl6 = bindings::flowi6::default();
+        fl6.__fl_common.flowic_oif = self.ifindex;
+        fl6.__fl_common.flowic_proto = IPPROTO_UDP;
+        fl6.daddr = bindings::in6_addr {
+            in6_u: bindings::in6_addr__bindgen_ty_1 { u6_addr8: *daddr },
+        };
+        fl6.uli.ports = bindings::flowi_uli__bindgen_ty_1 {
+            dport: UDP_PORT.to_be(),
+            sport: src_port.to_be(),
+        };
+        // SAFETY: `sk` is open (see `send4`), so `net` is alive; `fl6` is live and initialised;
+        // the call fills in the source address and returns a held entry or an error pointer.
+        let dst = unsafe { bindings::ip6_dst_lookup_flow(self.net, sk, &mut fl6, ptr::null()) };
+        let dst = from_err_ptr(dst).inspect_err(|_| self.counters.inc(Counter::TxNoRoute))?;
+        // SAFETY: `dst` is a live entry we hold a reference on.
+        let route_error = unsafe { (*dst).error };
+        if route_error != 0 {
+            // SAFETY: we hold the reference and give it back.
+            unsafe { bindings::dst_release(dst) };
+            self.counters.inc(Counter::TxNoRoute);
+            return Err(Error::from_errno(route_error.into()));
+        }
+        let skb = match self.build_skb(dst, IPV6_HEADER, payload) {
+            Ok(skb) => skb,
+            Err(e) => {
+                // SAFETY: we hold the reference and give it back.
+                unsafe { bindings::dst_release(dst) };
+                return Err(e);
+            }
+        };
+        // SAFETY: `dst` is live.
+        let hop_limit = unsafe { bindings::ip6_dst_hoplimit(dst) } as u8;
+        // SAFETY: `dst` (whose reference the call consumes), `sk` (open) and `skb` (ours, with
+        // headroom for the UDP and IPv6 headers) are valid; the addresses are the flow's, the
+        // source chosen by the lookup. No tunnel netdev, so no device statistics.
+        unsafe {
+            bindings::udp_tunnel6_xmit_skb(
+                dst,
+                sk,
+                skb,
+                ptr::null_mut(),
+                &fl6.saddr,
+                &fl6.daddr,
+                tclass,
+                hop_limit,
+                0, // flow label
+                src_port.to_be(),
+                UDP_PORT.to_be(),
+                false, // nocheck
+                0,
+            )
+        };
+        Ok(())
+    }
+
+    /// A new skb holding `payload`, with room in front for the link layer of `dst`'s device,
+    /// an IP header of `ip_header` bytes and the UDP header; `EMSGSIZE` if the datagram does
+    /// not fit the route's MTU.
+    fn build_skb(
+        &self,
+        dst: *mut bindings::dst_entry,
+        ip_header: usize,
+        payload: &[u8],
+    ) -> Result<*mut bindings::sk_buff> {
+        // SAFETY: `dst` is a live entry the caller holds.
+        let mtu = unsafe { bindings::metaroce_glue_dst_mtu(dst) } as usize;
+        let datagram = ip_header + UDP_HEADER + payload.len();
+        if datagram > mtu || datagram > usize::from(u16::MAX) {
+            return Err(EMSGSIZE);
+        }
+        // SAFETY: as above.
+        let ll = unsafe { bindings::metaroce_glue_dst_ll_reserved_space(dst) } as usize;
+        let headroom = ll + ip_header + UDP_HEADER;
+        // Both terms are bounded (link-layer reserve, 64 KiB datagram): no overflow.
+        let size = c_uint::try_from(headroom + payload.len()).map_err(|_| EMSGSIZE)?;
+        // SAFETY: plain allocation, atomic so any context may call it.
+        let skb = unsafe { bindings::metaroce_glue_alloc_skb_atomic(size) };
+        if skb.is_null() {
+            return Err(ENOMEM);
+        }
+        // SAFETY: `skb` is our fresh, empty skb of `size` bytes: reserving `headroom` and then
+        // putting `payload.len()` bytes stays within it; `skb_put` returns the start of the
+        // `payload.len()` bytes it added, which cannot overlap `payload`.
+        unsafe {
+            bindings::metaroce_glue_skb_reserve(skb, headroom as c_int);
+            let data = bindings::skb_put(skb, payload.len() as c_uint);
+            ptr::copy_nonoverlapping(payload.as_ptr(), data.cast::<u8>(), payload.len());
+        }
+        Ok(skb)
+    }
+
+    /// Closes the sockets: afterwards nothing is received and [`Self::send`] fails with
+    /// `ENETDOWN`. Waits for in-flight sends and receive callbacks to finish. Idempotent.
+    ///
+    /// Process context only (sleeps); may hold RTNL.
+    pub(crate) fn close(&self) {
+        let sk4 = self.sk4.swap(ptr::null_mut(), Ordering::AcqRel);
+        let sk6 = self.sk6.swap(ptr::null_mut(), Ordering::AcqRel);
+        if sk4.is_null() && sk6.is_null() {
+            return;
+        }
+        // Senders read the pointers under RCU: after this, none still uses them.
+        rcu::synchronize_rcu();
+        for sk in [sk4, sk6] {
+            if !sk.is_null() {
+                // SAFETY: `sk` is a socket we opened and nobody else can reach any more (we
+                // took the only published pointer); this clears `sk_user_data` and closes it.
+                unsafe { bindings::udp_tunnel_sock_release(sk) };
+            }
+        }
+        // A receive callback that read `sk_user_data` before it was cleared runs under RCU:
+        // after this, none still uses the context.
+        rcu::synchronize_rcu();
+    }
+}
+
+impl Drop for PlaneSocket {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Bottom halves disabled on this CPU while it lives.
+struct BhDisabled;
+
+impl BhDisabled {
+    fn new() -> Self {
+        // SAFETY: not called from hard IRQ (see `PlaneSocket::send`); `drop` re-enables.
+        unsafe { bindings::metaroce_glue_local_bh_disable() };
+        BhDisabled
+    }
+}
+
+impl Drop for BhDisabled {
+    fn drop(&mut self) {
+        // SAFETY: paired with the disable in `new`, on the same CPU (no migration meanwhile).
+        unsafe { bindings::metaroce_glue_local_bh_enable() };
+    }
+}
+
+/// Creates a UDP tunnel socket of `family` in `net`, bound to `ifindex` and our port, whose
+/// `encap_rcv` receives with `user_data` (an [`RxContext`]).
+fn open_socket(
+    net: *mut bindings::net,
+    ifindex: c_int,
+    family: u8,
+    user_data: *mut c_void,
+) -> Result<*mut bindings::sock> {
+    let mut cfg = bindings::udp_port_cfg {
+        family,
+        local_udp_port: UDP_PORT.to_be(),
+        bind_ifindex: ifindex,
+        ..Default::default()
+    };
+    // The IPv6 socket takes IPv6 only (the IPv4 one has the port for IPv4) and checks and
+    // fills the UDP checksum (mandatory for us); IPv4 fills it too.
+    cfg.set_use_udp_checksums(1);
+    cfg.set_use_udp6_tx_checksums(1);
+    cfg.set_use_udp6_rx_checksums(1);
+    cfg.set_ipv6_v6only(1);
+    let mut sock: *mut bindings::socket = ptr::null_mut();
+    // SAFETY: `net` is the live namespace of the netdev we are called for; `cfg` and `sock`
+    // are live locals; on success `sock` is a kernel socket we own.
+    let err = unsafe {
+        if family == AF_INET6 {
+            bindings::udp_sock_create6(net, &mut cfg, &mut sock)
+        } else {
+            bindings::udp_sock_create4(net, &mut cfg, &mut sock)
+        }
+    };
+    if err != 0 {
+        return Err(Error::from_errno(err));
+    }
+    // SAFETY: `sock` is the live socket just created; its `sk` is set for a created socket.
+    let sk = unsafe { (*sock).sk };
+    let mut tunnel = bindings::udp_tunnel_sock_cfg {
+        sk_user_data: user_data,
+        encap_type: ENCAP_TYPE,
+        encap_rcv: Some(encap_rcv),
+        ..Default::default()
+    };
+    // SAFETY: `sk` is our fresh socket in `net`; `user_data` points to an `RxContext` that
+    // outlives the socket (see `PlaneSocket::close`); `encap_rcv` matches the callback type.
+    unsafe { bindings::setup_udp_tunnel_sock(net, sk, &mut tunnel) };
+    Ok(sk)
+}
+
+/// The bytes of a linear skb: the IP header (network header up to the transport header) and
+/// the UDP header plus payload (transport header up to the end of the data).
+///
+/// # Safety
+///
+/// `skb` must be a live, linear skb whose network and transport headers are set.
+unsafe fn skb_headers<'a>(skb: *mut bindings::sk_buff) -> Option<(&'a [u8], &'a [u8])> {
+    // SAFETY: per the contract, `skb` is live and its header offsets are set.
+    let (head, data, len, nh, th) = unsafe {
+        (
+            (*skb).head.cast_const(),
+            (*skb).data.cast_const(),
+            (*skb).len as usize,
+            bindings::metaroce_glue_skb_network_header(skb).cast_const(),
+            bindings::metaroce_glue_skb_transport_header(skb).cast_const(),
+        )
+    };
+    // SAFETY: a linear skb's `len` bytes from `data` are its data, inside its head buffer.
+    let end = unsafe { data.add(len) };
+    // The IP header lies between the buffer's start and the UDP header, which lies in the data:
+    // check it instead of trusting it, comparing addresses only.
+    let (head_a, nh_a, th_a, data_a, end_a) =
+        (head.addr(), nh.addr(), th.addr(), data.addr(), end.addr());
+    if !(head_a <= nh_a && nh_a <= th_a && data_a <= th_a && th_a <= end_a) {
+        return None;
+    }
+    // SAFETY: `nh..th` and `th..end` lie within the skb's head buffer (checked above: from
+    // `head` to the end of the linear data), which stays allocated and unmodified while the
+    // skb is ours, i.e. for the caller's use of the slices.
+    unsafe {
+        Some((
+            core::slice::from_raw_parts(nh, th_a - nh_a),
+            core::slice::from_raw_parts(th, end_a - th_a),
+        ))
+    }
+}
+
+/// The `encap_rcv` callback: every datagram for our port on the plane's netdev.
+///
+/// # Safety
+///
+/// Called only by the UDP stack, in softirq under RCU, for a socket we set up, with an skb we
+/// then own (the UDP checksum verified, `data` at the UDP header, trimmed to the UDP length).
+unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_buff) -> c_int {
+    // SAFETY: `sk` is live for the callback; the caller holds the RCU read lock.
+    let ctx = unsafe { bindings::metaroce_glue_sk_user_data(sk) }.cast::<RxContext>();
+    // SAFETY: a non-null `sk_user_data` is our `RxContext`, kept alive until a grace period
+    // after it is cleared (see `PlaneSocket::close`), and we are inside that RCU section.
+    let Some(ctx) = (unsafe { ctx.as_ref() }) else {
+        // Closing: drop the datagram.
+        // SAFETY: the skb is ours to free.
+        unsafe { bindings::metaroce_glue_kfree_skb(skb) };
+        return 0;
+    };
+    // SAFETY: the skb is ours; linearising may reallocate its head, so headers are read after.
+    if unsafe { bindings::metaroce_glue_skb_linearize(skb) } != 0 {
+        ctx.handler.dropped(RxDrop::NoMemory);
+        // SAFETY: the skb is ours to free.
+        unsafe { bindings::metaroce_glue_kfree_skb(skb) };
+        return 0;
+    }
+    // SAFETY: the skb is ours, now linear, and the stack set its network and transport headers.
+    let headers = unsafe { skb_headers(skb) };
+    match headers.and_then(|(ip, udp)| {
+        let (src, dst, ecn_ce) = parse_ip_header(ip)?;
+        let src_port = u16::from_be_bytes([*udp.first()?, *udp.get(1)?]);
+        let payload = udp.get(UDP_HEADER..)?;
+        Some(RxPacket {
+            src,
+            dst,
+            src_port,
+            ecn_ce,
+            payload,
+        })
+    }) {
+        Some(pkt) => {
+            ctx.handler.receive(&pkt);
+            // SAFETY: the skb is ours, and `pkt` (borrowing it) is gone.
+            unsafe { bindings::consume_skb(skb) };
+        }
+        None => {
+            ctx.handler.dropped(RxDrop::BadHeaders);
+            // SAFETY: the skb is ours to free.
+            unsafe { bindings::metaroce_glue_kfree_skb(skb) };
+        }
+    }
+    0
+}
+
+const _: () = assert!(size_of::<bindings::udphdr>() == UDP_HEADER);
+const _: () = assert!(size_of::<bindings::iphdr>() == IPV4_HEADER);
+const _: () = assert!(size_of::<bindings::ipv6hdr>() == IPV6_HEADER);
