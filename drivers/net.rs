@@ -12,7 +12,7 @@ pub(crate) enum IpAddr {
 }
 
 /// One received MetaRoCE datagram (the UDP payload), valid for the duration of the callback.
-#[allow(dead_code)] // The addresses and port are for the transport (next step).
+#[allow(dead_code)] // `dst` and `src_port` are for the multi-plane data path.
 pub(crate) struct RxPacket<'a> {
     /// The sender's address (IP source).
     pub(crate) src: IpAddr,

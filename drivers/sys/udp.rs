@@ -127,7 +127,6 @@ impl PlaneSocket {
     /// `EMSGSIZE` if the datagram exceeds the route's MTU, `ENOMEM`. Every error counts in
     /// `tx_errors`. Success counts `tx_packets` and `tx_bytes`; it means the packet was handed
     /// to the IP stack, which may still drop it (queue full, neighbour unresolved).
-    #[allow(dead_code)] // The transport (next step) sends through it.
     pub(crate) fn send(
         &self,
         dst: &IpAddr,

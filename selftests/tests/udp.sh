@@ -23,6 +23,13 @@ counter_is() {
 	done
 }
 
+# counter_ge DEV NAME MIN: the counter is at least MIN.
+counter_ge() {
+	local v
+	v=$(counter "$1" "$2")
+	[ -n "$v" ] && [ "$v" -ge "$3" ] || { echo "$1 $2 is '$v', wanted >= $3"; return 1; }
+}
+
 # send_udp NS ADDR [TOS] < spec: sends datagrams to ADDR:4793 from namespace NS. Each line of
 # the spec is a Python expression for one payload (bytes).
 send_udp() {
@@ -159,6 +166,19 @@ check_output "mroce1 still receives" '^1 sent' send_udp ns2 $NS1_ADDR <<<'hdr()'
 check "mroce1 counts it" counter_is mroce1 rx_packets 8
 check "rdma link add mroce3 again" $IP netns exec ns1 $RDMA link add mroce3 type metaroce netdev vetha
 check_output "ss: and its sockets are back" '^4$' sockets_on_port ns1 4793
+
+# The send side, driven by the data path: a short ibv_rc_pingpong (its outcome is traffic.sh's
+# business; here only what went through the sockets counts).
+$IP netns exec ns2 timeout 30 ibv_rc_pingpong -d mroce2 -g 1 -n 20 -s 64 >/dev/null 2>&1 &
+srv=$!
+sleep 1
+$IP netns exec ns1 timeout 30 ibv_rc_pingpong -d mroce1 -g 1 -n 20 -s 64 $NS2_ADDR >/dev/null 2>&1
+wait "$srv"
+check "send: mroce1 counted tx_packets" counter_ge mroce1 tx_packets 1
+check "send: mroce1 counted tx_bytes" counter_ge mroce1 tx_bytes 32
+check_output "send: no tx_errors" '^0$' counter mroce1 tx_errors
+check "receive: mroce2 took them as valid packets" counter_ge mroce2 rx_packets 1
+check_output "receive: none malformed at mroce2" '^0$' counter mroce2 rx_malformed
 
 # Traffic while the namespace (and with it the netdevs and devices) goes away.
 $IP netns exec ns2 python3 -c '
