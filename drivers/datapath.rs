@@ -388,10 +388,11 @@ impl Engine {
             let Some(qp) = qp else { continue };
             let sid = StreamId(i as u16);
             let inner = qp.inner.lock();
-            if inner.state != QpState::Rts && inner.state != QpState::Err {
-                continue;
-            }
-            let rq = inner.queues.rq.as_ref();
+            // Receives are taken from RTR on, sends only in RTS; in the error state the
+            // rings are flushed instead (`Qp::flush`).
+            let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+            let sending = inner.state == QpState::Rts;
+            let rq = inner.queues.rq.as_ref().filter(|_| receiving);
             while let Some(Ok(Some(wqe))) = rq.map(|r| r.peek()) {
                 let Some(local) = recv_sgl(&wqe) else {
                     // Unusable SGEs: the WQE completes in error, like a bad post would.
@@ -423,7 +424,7 @@ impl Engine {
                     Err(_) => break,
                 }
             }
-            while let Ok(Some(wqe)) = inner.queues.sq.peek() {
+            while let Some(Ok(Some(wqe))) = sending.then(|| inner.queues.sq.peek()) {
                 let Some(twqe) = send_wqe(&wqe, qp.sq_sig_all) else {
                     inner.queues.sq.pop();
                     let cqe = verbs::cqe(

@@ -106,6 +106,38 @@ teardown_pair() {
 	wait_for 10 sh -c "! $RDMA link show 2>/dev/null | grep -q 'mroce\|rxe'" || true
 }
 
+# perftest "what" TOOL ARGS...: TOOL's server in ns2 on mroce2, its client in ns1 on mroce1
+# (GID index 1, the IPv4 RoCEv2 GID); both must succeed and the client must report a result
+# line. Under TCG perftest's clock calibration sometimes fails: such a run is retried once.
+# The client's result line is kept in $TAP_DIR/last-result.
+perftest() {
+	local what="$1" tool="$2" try out rc srv
+	shift 2
+	for try in 1 2; do
+		$IP netns exec ns2 timeout 120 "$tool" -d mroce2 -x 1 --report_gbits "$@" \
+			>"$TAP_DIR/perf-server.log" 2>&1 &
+		srv=$!
+		sleep 1
+		out=$($IP netns exec ns1 timeout 120 "$tool" -d mroce1 -x 1 --report_gbits "$@" \
+			$NS2_ADDR 2>&1) && rc=0 || rc=$?
+		wait $srv || rc=${rc/#0/server-failed}
+		if [ "$try" = 1 ] && printf '%s\n' "$out" | grep -q 'Correlation coefficient'; then
+			continue
+		fi
+		break
+	done
+	printf '%s\n' "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | tail -n 1 >"$TAP_DIR/last-result"
+	if [ "$rc" != 0 ] || [ ! -s "$TAP_DIR/last-result" ]; then
+		printf '%s\n' "$out" | grep -v '^ GID\|address' | tail -n 15 | sed 's/^/# /'
+		sed 's/^/# server: /' "$TAP_DIR/perf-server.log" | tail -n 5
+		echo "# (exit status $rc)"
+		_tap 1 "$what"
+	else
+		echo "# $(cat "$TAP_DIR/last-result")"
+		_tap 0 "$what"
+	fi
+}
+
 # The kernel log since the test started, for oops/WARN/leak checks.
 dmesg_mark() { dmesg | wc -l >"$TAP_DIR/dmesg-mark"; }
 dmesg_since_mark() { dmesg | tail -n +"$(($(cat "$TAP_DIR/dmesg-mark" 2>/dev/null || echo 0) + 1))"; }

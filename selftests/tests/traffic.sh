@@ -1,7 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 # Data between two namespaces with stock tools: ibv_rc_pingpong (data checked with -c, and
-# with completion events -e), then perftest.
+# with completion events -e), the perftest matrix, then the same under netem loss,
+# reordering, duplication and corruption on the data direction.
 source "$(dirname "$0")/../lib.sh"
 dmesg_mark
 modprobe metaroce
@@ -20,7 +21,34 @@ pingpong() { # what, extra args
 }
 pingpong "ibv_rc_pingpong, 4 KiB x 500, data checked (-c)" -n 500 -s 4096 -c
 pingpong "ibv_rc_pingpong with completion events (-e)" -n 200 -s 1024 -e
-pingpong "ibv_rc_pingpong 64 KiB messages" -n 50 -s 65536 -c
+pingpong "ibv_rc_pingpong 64 KiB messages, data checked" -n 50 -s 65536 -c
+
+perftest "ib_write_bw 64 KiB" ib_write_bw -s 65536 -n 100
+perftest "ib_write_bw 1 MiB" ib_write_bw -s 1048576 -n 5
+perftest "ib_write_bw 2 bytes" ib_write_bw -s 2 -n 200
+perftest "ib_write_bw 2 QPs" ib_write_bw -s 65536 -n 50 -q 2
+perftest "ib_read_bw 64 KiB" ib_read_bw -s 65536 -n 50
+perftest "ib_send_bw 64 KiB" ib_send_bw -s 65536 -n 50
+perftest "ib_atomic_bw" ib_atomic_bw -n 200
+perftest "ib_write_lat 2 bytes" ib_write_lat -s 2 -n 200
+perftest "ib_read_lat 2 bytes" ib_read_lat -s 2 -n 100
+perftest "ib_send_lat 2 bytes" ib_send_lat -s 2 -n 200
+perftest "ib_atomic_lat" ib_atomic_lat -n 100
+
+# A lossy, reordering, duplicating, corrupting link in the data direction (ns1 -> ns2).
+tc -n ns1 qdisc add dev veth1 root netem loss 1%
+perftest "ib_write_bw 64 KiB at 1% loss" ib_write_bw -s 65536 -n 100
+perftest "ib_read_bw 64 KiB at 1% loss" ib_read_bw -s 65536 -n 50
+tc -n ns1 qdisc change dev veth1 root netem loss 10%
+perftest "ib_write_bw 64 KiB at 10% loss" ib_write_bw -s 65536 -n 100
+perftest "ib_send_bw 64 KiB at 10% loss" ib_send_bw -s 65536 -n 50
+pingpong "ibv_rc_pingpong at 10% loss, data checked" -n 100 -s 4096 -c
+tc -n ns1 qdisc change dev veth1 root netem delay 1ms reorder 75% 50%
+perftest "ib_write_bw 64 KiB, 25% reordered" ib_write_bw -s 65536 -n 100
+tc -n ns1 qdisc change dev veth1 root netem duplicate 1% corrupt 1%
+perftest "ib_write_bw 64 KiB, 1% duplicated and 1% corrupted" ib_write_bw -s 65536 -n 100
+pingpong "ibv_rc_pingpong, 1% duplicated and corrupted, data checked" -n 100 -s 4096 -c
+tc -n ns1 qdisc del dev veth1 root
 
 teardown_pair
 check "rmmod metaroce" rmmod metaroce
