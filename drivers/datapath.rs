@@ -270,7 +270,13 @@ impl Engine {
         let b = binding.ok_or(EINVAL)?;
         let mut p = b.peer.inner.lock();
         p.conn
-            .start_requester(b.stream, a.sq_psn, a.retry_cnt.min(7), a.rnr_retry.min(7))
+            .start_requester(
+                b.stream,
+                a.sq_psn,
+                a.retry_cnt.min(7),
+                a.rnr_retry.min(7),
+                ack_timeout_ns(a.timeout),
+            )
             .map_err(|_| EINVAL)?;
         self.run(&b.peer, &mut p);
         Ok(())
@@ -293,6 +299,7 @@ impl Engine {
                 rnr_timer_us: rnr_timer_us(a.min_rnr_timer),
                 send_msn: a.sq_psn,
                 recv_msn: a.rq_psn,
+                ack_timeout: ack_timeout_ns(a.timeout),
             };
             (dest, cfg)
         };
@@ -336,16 +343,13 @@ impl Engine {
     /// The doorbell: userspace posted to the QP's SQ.
     pub(crate) fn doorbell(self: &Arc<Self>, qp: &Arc<Qp>) {
         let binding = qp.inner.lock().binding.clone();
-        match binding {
-            Some(b) => {
-                let mut p = b.peer.inner.lock();
-                self.run(&b.peer, &mut p);
-            }
-            None => {
-                if qp.state() == QpState::Err {
-                    qp.flush();
-                }
-            }
+        if let Some(b) = binding {
+            let mut p = b.peer.inner.lock();
+            self.run(&b.peer, &mut p);
+        }
+        // Work posted in the error state completes at once, flushed.
+        if qp.state() == QpState::Err {
+            qp.flush();
         }
     }
 
@@ -724,6 +728,15 @@ fn deliver(qps: &[Option<Arc<Qp>>; STREAMS], ev: Event) {
             }
         }
     }
+}
+
+/// The verbs local ACK timeout (4.096 us x 2^code; 0 means infinite) in nanoseconds, at
+/// least 1 ms so that a slow (emulated) host does not exhaust retries on scheduling delays.
+fn ack_timeout_ns(code: u8) -> u64 {
+    if code == 0 {
+        return u64::MAX / 4;
+    }
+    (4096u64 << code.min(31)).max(1_000_000)
 }
 
 /// The IB RNR timer code (5 bits) in microseconds.

@@ -393,8 +393,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         Ok(())
     }
 
-    /// Configures the stream's requester: its first MSN and retry limits (the QP's send
-    /// PSN, `retry_cnt` and `rnr_retry`, which verbs set at RTS). Possible until the first WQE
+    /// Configures the stream's requester: its first MSN, retry limits and completion timeout
+    /// (the QP's send PSN, `retry_cnt`, `rnr_retry` and `timeout`, which verbs set at RTS). Possible until the first WQE
     /// is posted: a QP receives in RTR, before its own sending side is configured.
     pub fn start_requester(
         &mut self,
@@ -402,6 +402,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         send_msn: u32,
         retry_cnt: u8,
         rnr_retry: u8,
+        ack_timeout: u64,
     ) -> Result<(), PostError> {
         let s = self.open_stream_mut(id)?;
         if s.req.stats.posted != 0 {
@@ -410,6 +411,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         s.cfg.send_msn = send_msn;
         s.cfg.retry_cnt = retry_cnt;
         s.cfg.rnr_retry = rnr_retry;
+        s.cfg.ack_timeout = ack_timeout;
         s.req.reset(send_msn);
         Ok(())
     }
@@ -705,7 +707,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
         for (i, s) in self.streams.iter().enumerate() {
             if s.open && s.error().is_none() {
-                e.offer(s.req.deadline(self.cfg.stall_timeout), Timer::Stream(i));
+                e.offer(s.req.deadline(s.ack_timeout(self.cfg.stall_timeout)), Timer::Stream(i));
             }
         }
         e.get()
@@ -728,11 +730,11 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             }
         }
         self.stats.timeouts = self.paths.iter().map(|p| p.stats.timeouts).sum();
-        let stall = self.cfg.stall_timeout;
         for s in self.streams.iter_mut() {
             if !s.open || s.error().is_some() {
                 continue;
             }
+            let stall = s.ack_timeout(self.cfg.stall_timeout);
             if s.req.deadline(stall).is_some_and(|d| d <= now) {
                 let retry_cnt = s.cfg.retry_cnt;
                 if s.req.on_timer(now, stall, retry_cnt) {

@@ -55,6 +55,10 @@ pub struct StreamConfig {
     pub send_msn: u32,
     /// First MSN (and RSN) this side's responder expects: the peer's `send_msn`.
     pub recv_msn: u32,
+    /// Completion timeout of this stream in ns (the verbs "local ACK timeout",
+    /// 4.096 us x 2^timeout): without progress for this long, the oldest unfinished message
+    /// counts a retry. 0: the connection's `stall_timeout`.
+    pub ack_timeout: u64,
 }
 
 impl StreamConfig {
@@ -69,6 +73,7 @@ impl StreamConfig {
             rnr_timer_us: 100,
             send_msn: 0,
             recv_msn: 0,
+            ack_timeout: 0,
         }
     }
 }
@@ -312,6 +317,15 @@ impl Stream {
             req: Requester::new(),
             resp: Responder::new(),
             ack_dirty: false,
+        }
+    }
+
+    /// The stream's completion timeout: its own, or the connection's `stall_timeout`.
+    pub fn ack_timeout(&self, stall_timeout: u64) -> u64 {
+        if self.cfg.ack_timeout != 0 {
+            self.cfg.ack_timeout
+        } else {
+            stall_timeout
         }
     }
 

@@ -362,12 +362,12 @@ impl Requester {
                 false
             }
             Outcome::TimedOut => {
+                // A path timed out: that is the path's trouble (it backs off, changes entropy,
+                // may be declared failed), and the data goes again on the others. The message
+                // itself counts a retry only when the stream makes no progress for its
+                // completion timeout (`on_timer`), as the verbs' retry_cnt means.
                 e.out.mark_lost(seg);
-                if e.last_rto_event != rto_event {
-                    e.last_rto_event = rto_event;
-                    e.retries = e.retries.saturating_add(1);
-                    return e.retries > retry_cnt;
-                }
+                let _ = (rto_event, retry_cnt);
                 false
             }
         }
@@ -562,15 +562,19 @@ impl Requester {
         let mut msn = self.head;
         while msn != self.tail {
             if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
-                if e.state == State::Pending && e.rnr_until == 0 && e.out.complete(e.n_segs) {
-                    // Resend the whole message as a new attempt: whatever was lost (a NAK, an
-                    // ACK, data the responder discarded), the responder answers it afresh and
-                    // deduplicates what it already has.
-                    e.attempt = e.attempt.wrapping_add(1);
-                    e.out = SegWindow::new();
-                    e.poke = true;
+                if e.state == State::Pending && e.rnr_until == 0 {
+                    if e.out.complete(e.n_segs) {
+                        // Resend the whole message as a new attempt: whatever was lost (a NAK,
+                        // an ACK, data the responder discarded), the responder answers it
+                        // afresh and deduplicates what it already has.
+                        e.attempt = e.attempt.wrapping_add(1);
+                        e.out = SegWindow::new();
+                        e.poke = true;
+                        self.stats.pokes += 1;
+                    }
+                    // Packets still in flight are being resent by their paths; either way
+                    // the oldest unfinished message went a whole timeout without progress.
                     e.retries = e.retries.saturating_add(1);
-                    self.stats.pokes += 1;
                     return e.retries > retry_cnt;
                 }
             }
@@ -722,10 +726,10 @@ mod tests {
         assert_eq!(segs, std::vec![(0, 1, true), (1, 1, true), (2, 1, true)]);
         // Acks of the old attempt no longer count; the new one's do.
         r.on_outcome(1500, 0, 0, 0, Outcome::Acked, 0, 7);
-        assert!(
-            !r.on_timer(2600, 1000, 0),
-            "attempt 1 still in flight: nothing to resend"
-        );
+        // A stall with attempt 1 still in flight counts a retry but resends nothing: its
+        // packets are their paths' to resend.
+        assert!(!r.on_timer(2600, 1000, 7));
+        assert!(r.next_segment(2600).is_none(), "nothing to resend");
         for seg in 0..3 {
             r.on_outcome(2700, 0, seg, 1, Outcome::Acked, 0, 7);
         }
@@ -734,7 +738,7 @@ mod tests {
     }
 
     #[test]
-    fn timeouts_count_retries_once_per_event() {
+    fn path_timeouts_are_not_message_retries() {
         let mut r = Requester::new();
         r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
             .unwrap();
@@ -742,11 +746,16 @@ mod tests {
             let s = r.next_segment(0).unwrap();
             r.mark_sent(s.msn, s.seg);
         }
-        // One timeout event losing three packets is one retry.
-        for seg in 0..3 {
-            assert!(!r.on_outcome(0, 0, seg, 0, Outcome::TimedOut, 1, 1));
+        // Path timeouts (a peer not ready yet, a dead path) never fail the message...
+        for event in 1..50 {
+            for seg in 0..3 {
+                assert!(!r.on_outcome(0, 0, seg, 0, Outcome::TimedOut, event, 1));
+            }
         }
-        assert!(r.on_outcome(0, 0, 0, 0, Outcome::TimedOut, 2, 1));
+        // ...a whole completion timeout without progress counts one retry.
+        assert!(!r.on_timer(1000, 1000, 1));
+        assert!(!r.on_timer(1500, 1000, 1), "not a whole timeout yet");
+        assert!(r.on_timer(2000, 1000, 1));
     }
 
     #[test]
