@@ -44,6 +44,8 @@ pub(crate) type Conn = Connection<PATHS, STREAMS>;
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 /// Datagrams queued between softirq and the receive work item.
 const RX_SLOTS: usize = 256;
+/// Datagrams of one peer processed before its connection transmits (ACKs, responses).
+const RX_BATCH: usize = 32;
 
 /// Counters of the data path (`rdma statistic` shows them with the device's).
 #[derive(Default)]
@@ -107,6 +109,11 @@ impl RxQueue {
         }
         self.len += 1;
         true
+    }
+
+    /// The source of the oldest datagram.
+    fn head_src(&self) -> Option<[u8; 4]> {
+        (self.len != 0).then(|| self.meta.get(self.head).map(|m| m.src)).flatten()
     }
 
     /// Copies the oldest datagram into `out`; returns its metadata.
@@ -456,22 +463,26 @@ impl Engine {
                 return;
             };
             let mut p = peer.inner.lock();
-            let Some((meta, n)) = self.rxq.lock().pop(&mut p.buf) else {
-                return;
-            };
-            if meta.src != peer.addr {
-                bump(&self.stats.rx_dropped);
-                continue;
-            }
             let now = work::now_ns();
             // Receive WQEs posted since the last run must be in the stream before the data
             // that consumes them.
             self.post_from_rings(&mut p, now);
-            let PeerInner { conn, buf, .. } = &mut *p;
-            let data = buf.get(..n).unwrap_or(&[]);
-            let mut mem = Mem { verbs: &self.verbs };
-            if conn.handle_packet(now, data, meta.ce, &mut mem).is_err() {
-                bump(&self.stats.rx_dropped);
+            // A batch of this peer's datagrams, then one run: one ACK covers the batch.
+            for _ in 0..RX_BATCH {
+                let mut q = self.rxq.lock();
+                if q.head_src() != Some(peer.addr) {
+                    break;
+                }
+                let Some((meta, n)) = q.pop(&mut p.buf) else {
+                    break;
+                };
+                drop(q);
+                let PeerInner { conn, buf, .. } = &mut *p;
+                let data = buf.get(..n).unwrap_or(&[]);
+                let mut mem = Mem { verbs: &self.verbs };
+                if conn.handle_packet(now, data, meta.ce, &mut mem).is_err() {
+                    bump(&self.stats.rx_dropped);
+                }
             }
             self.run(&peer, &mut p);
         }

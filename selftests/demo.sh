@@ -24,4 +24,11 @@ ibv_devinfo -d mroce2
 wait_for 5 sh -c "ibv_devinfo -d mroce1 | grep -q PORT_ACTIVE"
 ibv_devinfo -d mroce1 | grep -q PORT_ACTIVE
 ibv_devinfo -d mroce1 | grep -q 'link_layer:.*Ethernet'
-banner "demo OK: mroce1 and mroce2 are ACTIVE Ethernet RDMA devices"
+banner "ib_write_bw, 64 KiB messages, mroce1 (ns1) -> mroce2 (ns2), over MetaRoCE"
+$IP netns exec ns2 ib_write_bw -d mroce2 -x 1 -s 65536 -n 500 --report_gbits >/dev/null 2>&1 &
+sleep 1
+$IP netns exec ns1 ib_write_bw -d mroce1 -x 1 -s 65536 -n 500 --report_gbits $NS2_ADDR
+wait
+banner "rdma statistic show link mroce1/1"
+$RDMA statistic show link mroce1/1
+banner "demo OK: mroce1 and mroce2 are ACTIVE Ethernet RDMA devices moving data over MetaRoCE"

@@ -228,7 +228,6 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     rr_ack_stream: usize,
     rr_stream: usize,
     rr_event: usize,
-    rto_event: u32,
     stats: ConnStats,
 }
 
@@ -262,7 +261,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             rr_ack_stream: 0,
             rr_stream: 0,
             rr_event: 0,
-            rto_event: 0,
             stats: ConnStats::default(),
         })
     }
@@ -299,7 +297,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.rr_ack_stream = 0;
         self.rr_stream = 0;
         self.rr_event = 0;
-        self.rto_event = 0;
         self.stats = ConnStats::default();
         Ok(())
     }
@@ -482,7 +479,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         match view.header.ext {
             Ext::Ack(_) => {
                 self.stats.acks_in += 1;
-                let rto_event = self.rto_event;
                 let (paths, streams) = (&mut self.paths, &mut self.streams);
                 for pa in view.ack_paths() {
                     let i = usize::from(pa.path_id);
@@ -491,7 +487,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                     }
                     if let Some(p) = paths.get_mut(i) {
                         p.on_ack(now, &pa, |item, outcome, _| {
-                            resolve(streams, now, item, outcome, rto_event)
+                            resolve(streams, now, item, outcome)
                         });
                     }
                 }
@@ -707,7 +703,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
         for (i, s) in self.streams.iter().enumerate() {
             if s.open && s.error().is_none() {
-                e.offer(s.req.deadline(s.ack_timeout(self.cfg.stall_timeout)), Timer::Stream(i));
+                e.offer(
+                    s.req.deadline(s.ack_timeout(self.cfg.stall_timeout)),
+                    Timer::Stream(i),
+                );
             }
         }
         e.get()
@@ -722,10 +721,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         let (paths, streams, rng) = (&mut self.paths, &mut self.streams, &mut self.rng);
         for p in paths.iter_mut().take(self.num_paths) {
             if p.deadline().is_some_and(|d| d <= now) {
-                self.rto_event = self.rto_event.wrapping_add(1);
-                let ev = self.rto_event;
                 p.on_timer(now, rng, |item, outcome, _| {
-                    resolve(streams, now, item, outcome, ev)
+                    resolve(streams, now, item, outcome)
                 });
             }
         }
@@ -1261,7 +1258,7 @@ fn base_header(
 }
 
 /// Routes a resolved packet to its owner.
-fn resolve(streams: &mut [Stream], now: u64, item: SentItem, outcome: Outcome, rto_event: u32) {
+fn resolve(streams: &mut [Stream], now: u64, item: SentItem, outcome: Outcome) {
     let Some(s) = streams.get_mut(usize::from(item.stream)) else {
         return;
     };
@@ -1269,20 +1266,9 @@ fn resolve(streams: &mut [Stream], now: u64, item: SentItem, outcome: Outcome, r
         return;
     }
     match item.kind {
-        ItemKind::Request => {
-            let retry_cnt = s.cfg.retry_cnt;
-            if s.req.on_outcome(
-                now,
-                item.msn,
-                item.seg,
-                item.attempt,
-                outcome,
-                rto_event,
-                retry_cnt,
-            ) {
-                s.req.fail_retry_exceeded();
-            }
-        }
+        ItemKind::Request => s
+            .req
+            .on_outcome(now, item.msn, item.seg, item.attempt, outcome),
         ItemKind::Response => s.resp.on_outcome(item.msn, item.seg, outcome),
         ItemKind::Probe => {}
     }

@@ -40,7 +40,6 @@ struct Entry {
     retries: u8,
     rnr_retries: u8,
     rnr_until: u64,
-    last_rto_event: u32,
     /// The current attempt is a resend after a completion timeout.
     poke: bool,
 }
@@ -61,7 +60,6 @@ impl Entry {
             retries: 0,
             rnr_retries: 0,
             rnr_until: 0,
-            last_rto_event: 0,
             poke: false,
         }
     }
@@ -331,44 +329,28 @@ impl Requester {
         }
     }
 
-    /// A request packet was resolved on its path. A timeout counts as a retry of its message
-    /// (once per timeout event); returns true when the retry count is exceeded.
-    #[allow(clippy::too_many_arguments)]
-    pub fn on_outcome(
-        &mut self,
-        now: u64,
-        msn: u32,
-        seg: u32,
-        attempt: u16,
-        outcome: Outcome,
-        rto_event: u32,
-        retry_cnt: u8,
-    ) -> bool {
+    /// A request packet was resolved on its path: acknowledged, lost (resent at once) or timed
+    /// out (resent; the path deals with its own timeout, see `on_timer` for retries).
+    pub fn on_outcome(&mut self, now: u64, msn: u32, seg: u32, attempt: u16, outcome: Outcome) {
         let Some(e) = self.entry(msn) else {
-            return false;
+            return;
         };
         if e.attempt != attempt || e.state != State::Pending {
-            return false;
+            return;
         }
         match outcome {
             Outcome::Acked => {
                 if e.out.mark_done(seg) {
                     self.last_progress = now;
                 }
-                false
             }
-            Outcome::Lost => {
-                e.out.mark_lost(seg);
-                false
-            }
+            Outcome::Lost => e.out.mark_lost(seg),
             Outcome::TimedOut => {
                 // A path timed out: that is the path's trouble (it backs off, changes entropy,
                 // may be declared failed), and the data goes again on the others. The message
                 // itself counts a retry only when the stream makes no progress for its
                 // completion timeout (`on_timer`), as the verbs' retry_cnt means.
                 e.out.mark_lost(seg);
-                let _ = (rto_event, retry_cnt);
-                false
             }
         }
     }
@@ -658,7 +640,7 @@ mod tests {
             (2000, 500, true, false)
         );
         // Loss of (0,1): it comes back.
-        assert!(!r.on_outcome(0, 0, 1, 0, Outcome::Lost, 0, 7));
+        r.on_outcome(0, 0, 1, 0, Outcome::Lost);
         assert_eq!(
             r.next_segment(0).map(|s| (s.msn, s.seg, s.retransmit)),
             Some((0, 1, true))
@@ -687,7 +669,7 @@ mod tests {
         r.post(wqe(WrOpcode::Send, 10), 1000, 0, false).unwrap();
         let s = r.next_segment(0).unwrap();
         r.mark_sent(s.msn, s.seg);
-        r.on_outcome(0, 0, 0, 0, Outcome::Acked, 0, 7);
+        r.on_outcome(0, 0, 0, 0, Outcome::Acked);
         r.on_nak(10, 0, NakCode::Rnr, 50, 1);
         assert!(r.next_segment(10).is_none(), "backing off");
         assert_eq!(r.deadline(1_000_000), Some(50_010));
@@ -695,7 +677,7 @@ mod tests {
         let s = r.next_segment(50_010).unwrap();
         assert_eq!((s.seg, s.attempt, s.retransmit), (0, 1, false));
         // Stale ack of the first attempt is ignored.
-        r.on_outcome(0, 0, 0, 0, Outcome::Acked, 0, 7);
+        r.on_outcome(0, 0, 0, 0, Outcome::Acked);
         assert_eq!(r.next_segment(50_010).map(|s| s.seg), Some(0));
         r.on_nak(60_000, 0, NakCode::Rnr, 50, 1);
         let (c, fatal) = r.pop_completion(StreamId(0), false).unwrap();
@@ -711,7 +693,7 @@ mod tests {
             r.mark_sent(s.msn, s.seg);
         }
         for seg in 0..3 {
-            r.on_outcome(10, 0, seg, 0, Outcome::Acked, 0, 7);
+            r.on_outcome(10, 0, seg, 0, Outcome::Acked);
         }
         // All acknowledged on their paths, but the responder never reported completion.
         assert!(r.next_segment(10).is_none());
@@ -725,13 +707,13 @@ mod tests {
         .collect();
         assert_eq!(segs, std::vec![(0, 1, true), (1, 1, true), (2, 1, true)]);
         // Acks of the old attempt no longer count; the new one's do.
-        r.on_outcome(1500, 0, 0, 0, Outcome::Acked, 0, 7);
+        r.on_outcome(1500, 0, 0, 0, Outcome::Acked);
         // A stall with attempt 1 still in flight counts a retry but resends nothing: its
         // packets are their paths' to resend.
         assert!(!r.on_timer(2600, 1000, 7));
         assert!(r.next_segment(2600).is_none(), "nothing to resend");
         for seg in 0..3 {
-            r.on_outcome(2700, 0, seg, 1, Outcome::Acked, 0, 7);
+            r.on_outcome(2700, 0, seg, 1, Outcome::Acked);
         }
         // Out of retries on the next one.
         assert!(r.on_timer(3800, 1000, 0));
@@ -747,9 +729,9 @@ mod tests {
             r.mark_sent(s.msn, s.seg);
         }
         // Path timeouts (a peer not ready yet, a dead path) never fail the message...
-        for event in 1..50 {
+        for _ in 1..50 {
             for seg in 0..3 {
-                assert!(!r.on_outcome(0, 0, seg, 0, Outcome::TimedOut, event, 1));
+                r.on_outcome(0, 0, seg, 0, Outcome::TimedOut);
             }
         }
         // ...a whole completion timeout without progress counts one retry.
