@@ -41,6 +41,11 @@ _COUNTERS_TODO = ("the transport's counters never move: drivers/ increments only
                   " rx_no_connection only for IPv6 sources; nak_*, rnr_retries, retry_exceeded,"
                   " acks_*, timeouts, retransmits stay 0")
 TODO = {
+    "a dead peer gets no more packets once its QPs are destroyed (mroce1 sends"
+    " nothing in the 2 s from 2 s after)":
+    "after the QP to 10.77.0.99 (no host) failed with RETRY_EXC_ERR and was destroyed, mroce1"
+    " keeps sending 32-byte packets (PROBEs) there, ~45/s with no back-off, for as long as"
+    " measured (24 s); nothing else is sent while idle",
     "counters: the 5 remote access errors are counted (nak_sent_remote_access on the"
     " responder, nak_rcvd_remote_access on the requester)": _COUNTERS_TODO,
     "counters: RNR is counted (nak_sent_rnr, nak_rcvd_rnr, rnr_retries)": _COUNTERS_TODO,
@@ -178,6 +183,7 @@ def serve(args):
     rfile = conn.makefile("r")
     wfile = conn.makefile("w")
     print(f"server: client connected, gid {side.gid}", flush=True)
+    op = None
     while True:
         line = rfile.readline()
         if not line:
@@ -189,6 +195,7 @@ def serve(args):
             if op == "quit":
                 wfile.write(json.dumps({"ok": True}) + "\n")
                 wfile.flush()
+                print("server: done", flush=True)
                 break
             res, after = handle(side, op, req)
             res["ok"] = True
@@ -200,9 +207,10 @@ def serve(args):
         wfile.flush()
         if after:
             after()
+    if op != "quit":
+        print("server: the client went away before 'quit'", flush=True)
     for ep in side.eps.values():
         ep.close()
-    print("server: done", flush=True)
 
 
 def handle(side, op, req):
@@ -449,10 +457,19 @@ class Client:
                         self.peer("destroy", name=name)
                     else:
                         ip("-n", "ns2", "link", "set", "veth2", "down")
+                t0 = time.monotonic()
                 wr = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, remote["rkey"], remote["addr"])
                 behind = self.post(ep, e.IBV_WR_SEND, 8)
-                wc, took = self.expect(ep, wr, status, timeout=max(10, 2 * within))
+                self.expect(ep, wr, status, timeout=max(10, 2 * within))
+                took = time.monotonic() - t0
                 assert took < within, f"{status_name(status)} took {took:.2f} s"
+                if status == e.IBV_WC_RETRY_EXC_ERR:
+                    # The first attempt and retry_cnt=2 retries, each waiting the local ACK
+                    # timeout 4.096 us * 2^10 at least.
+                    least = 3 * 4.096e-6 * 2 ** 10
+                    assert took >= least, \
+                        f"RETRY_EXC_ERR after {took * 1000:.1f} ms, before 3 timeouts " \
+                        f"({least * 1000:.1f} ms)"
                 self.expect(ep, behind, e.IBV_WC_WR_FLUSH_ERR, timeout=5)
                 self.expect_error_state(ep)
                 return [f"{status_name(status)} after {took:.3f} s; mroce1 counters: "
@@ -556,6 +573,27 @@ class Client:
         assert got_old == v0, f"FETCH_ADD returned {got_old:#x}, target held {v0:#x}"
         assert got_new == want, f"target {got_new:#x} after FETCH_ADD, wanted {want:#x}"
 
+    def idle(self, when):
+        """Diagnostics: packets sent and received while no QP has work, for 2 s."""
+        a0, b0 = counters("mroce1"), counters("mroce2")
+        time.sleep(2)
+        a1, b1 = counters("mroce1"), counters("mroce2")
+        d = lambda c0, c1, k: c1.get(k, 0) - c0.get(k, 0)  # noqa: E731
+        print(f"# idle 2 s {when}: mroce1 tx +{d(a0, a1, 'tx_packets')} rx "
+              f"+{d(a0, a1, 'rx_packets')}, mroce2 tx +{d(b0, b1, 'tx_packets')} rx "
+              f"+{d(b0, b1, 'rx_packets')}", flush=True)
+
+    def quiet_after_dead_peer(self):
+        time.sleep(2)
+        a0, b0 = counters("mroce1"), counters("mroce2")
+        time.sleep(2)
+        a1, b1 = counters("mroce1"), counters("mroce2")
+        tx = a1["tx_packets"] - a0["tx_packets"]
+        txb = a1["tx_bytes"] - a0["tx_bytes"]
+        rx2 = b1["rx_packets"] - b0["rx_packets"]
+        assert tx == 0, f"mroce1 sent {tx} packets ({txb} bytes) in 2 s, mroce2 received {rx2} " \
+            "of them: the rest went to the dead 10.77.0.99"
+
     def counter_check(self, c0, c1, wants):
         """wants: (device, counter, at least) -- the counters moved at least that much."""
         def run():
@@ -595,6 +633,7 @@ class Client:
         check("RNR, rnr_retry=1, no receive: SEND -> RNR_RETRY_EXC_ERR, QP in ERR, flushes",
               self.rnr_exceeded)
         c_rnr = snap()
+        self.idle("before the unreachable-peer checks")
         check("unreachable: peer address does not answer (10.77.0.99), retry_cnt=2 timeout=10"
               " -> RETRY_EXC_ERR within 5 s, flushes",
               self.unreachable("noaddr", "noaddr", e.IBV_WC_RETRY_EXC_ERR, 5))
@@ -602,16 +641,8 @@ class Client:
               " -> RETRY_EXC_ERR within 5 s, flushes",
               self.unreachable("down", "linkdown", e.IBV_WC_RETRY_EXC_ERR, 5))
         c_retry = snap()
-        # Diagnostics: does anything keep sending to the dead peers once their QPs are gone?
-        t0 = counters("mroce1").get("tx_packets", 0)
-        time.sleep(2)
-        print(f"# mroce1 tx_packets while idle for 2 s after the unreachable-peer checks: "
-              f"+{counters('mroce1').get('tx_packets', 0) - t0} "
-              f"(since the start: mroce1 tx_packets "
-              f"+{c_retry['mroce1'].get('tx_packets', 0) - c_start['mroce1'].get('tx_packets', 0)}, "
-              f"mroce2 rx_packets "
-              f"+{c_retry['mroce2'].get('rx_packets', 0) - c_start['mroce2'].get('rx_packets', 0)})",
-              flush=True)
+        check("a dead peer gets no more packets once its QPs are destroyed (mroce1 sends"
+              " nothing in the 2 s from 2 s after)", self.quiet_after_dead_peer)
         # MetaRoCE answers a request for a QP that is not open with NAK "remote operational
         # error" (docs/wire-format.md, "Unknown QP"), where IB/RoCE drop it silently and the
         # requester runs out of retries: fail fast with REM_OP_ERR.
@@ -652,6 +683,7 @@ class Client:
               self.counter_check(c_remop, c_end, [("mroce2", "acks_sent", 1),
                                                   ("mroce1", "acks_rcvd", 1)]))
         self.peer("quit")
+        print("# client: done", flush=True)
 
 
 def first_diff(got, want):

@@ -28,7 +28,8 @@ while IFS= read -r line; do
 		todo "${line%% # TODO *}" "${line#* # TODO }"
 		;;
 	"not ok - "*) _tap 1 "${line#not ok - }" ;;
-	*) echo "$line" ;;
+	"#"*) echo "$line" ;;
+	*) echo "# $line" ;;
 	esac
 done <"$TAP_DIR/errors.out"
 wait $srv
@@ -37,6 +38,7 @@ if [ "$rc" != 0 ] || [ "$srv_rc" != 0 ]; then
 	echo "# client exit $rc, server exit $srv_rc; the server said:"
 	tail -n 30 "$TAP_DIR/errors-server.out" | sed 's/^/# /'
 fi
+check "the requester side ran to its end" grep -q '^# client: done' "$TAP_DIR/errors.out"
 check "the responder side ran to its end" grep -q '^server: done' "$TAP_DIR/errors-server.out"
 for d in mroce1 mroce2; do
 	echo "# $($RDMA statistic show link $d/1 2>&1 | tr -s ' \n' ' ')"
