@@ -12,12 +12,12 @@
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way.
 
 use crate::{
-    counters::Counters,
+    counters::{Counter, Counters},
     device::DeviceRx,
     net::{IpAddr, RxHandler},
     sys::{bindings, netdev::NetDev, udp::PlaneSocket, work},
     transport::{
-        connection::{Config, Connection, Event},
+        connection::{Config, Connection, Event, RecvError},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
         stream::{self, CqOpcode, CqStatus, StreamConfig, StreamId, WrOpcode},
         wire::MAX_HEADER_LEN,
@@ -144,6 +144,8 @@ pub(crate) struct Engine {
     #[pin]
     tx: Mutex<Option<PlaneSocket>>,
     pub(crate) stats: Stats,
+    /// The device's hardware counters (`rdma statistic`).
+    counters: Arc<Counters>,
     #[pin]
     peers: Mutex<KVec<Arc<Peer>>>,
     #[pin]
@@ -175,6 +177,22 @@ struct PeerInner {
     qps: [Option<Arc<Qp>>; STREAMS],
     /// Transmit and receive scratch buffers.
     buf: KVec<u8>,
+    /// What of the connection's and streams' counters the device counters already hold.
+    reported: Reported,
+}
+
+/// Counter values already added to the device's counters (the transport's only grow, until a
+/// stream is reopened).
+#[derive(Clone, Copy, Default)]
+struct Reported {
+    retransmits: u64,
+    acks_out: u64,
+    acks_in: u64,
+    timeouts: u64,
+    naks_out: [u64; 6],
+    naks_in: [u64; 6],
+    /// Per stream: duplicates, RNR NAKs received.
+    streams: [[u64; 2]; STREAMS],
 }
 
 /// Where a QP sits on the data path: its peer and its stream there.
@@ -193,12 +211,14 @@ impl Engine {
         counters: Arc<Counters>,
     ) -> Result<Arc<Self>> {
         let rxq = RxQueue::new()?;
+        let own_counters = counters.clone();
         let engine = Arc::pin_init(
             pin_init!(Engine {
                 verbs,
                 mtu,
                 tx <- new_mutex!(None, "metaroce_tx"),
                 stats: Stats::default(),
+                counters: own_counters,
                 peers <- new_mutex!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_work <- new_work!("metaroce_rx"),
@@ -260,6 +280,7 @@ impl Engine {
                     conn,
                     qps: [const { None }; STREAMS],
                     buf,
+                    reported: Reported::default(),
                 }, "metaroce_peer"),
             }),
             GFP_KERNEL,
@@ -313,6 +334,9 @@ impl Engine {
         let peer = self.peer_or_new(dest)?;
         let mut p = peer.inner.lock();
         let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
+        if let Some(r) = p.reported.streams.get_mut(usize::from(stream.0)) {
+            *r = [0; 2];
+        }
         if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
             *slot = Some(qp.clone());
         }
@@ -365,7 +389,12 @@ impl Engine {
     fn run(self: &Arc<Self>, peer: &Peer, p: &mut PeerInner) {
         let now = work::now_ns();
         self.post_from_rings(p, now);
-        let PeerInner { conn, qps, buf } = p;
+        let PeerInner {
+            conn,
+            qps,
+            buf,
+            reported,
+        } = p;
         let mut mem = Mem { verbs: &self.verbs };
         while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
             let payload = buf.get(..t.len).unwrap_or(&[]);
@@ -381,14 +410,82 @@ impl Engine {
             }
         }
         while let Some(ev) = conn.poll_event() {
+            if let Event::SendCompletion(c) = &ev {
+                if c.status == CqStatus::RetryExcErr {
+                    self.counters.inc(Counter::RetryExceeded);
+                }
+            }
             deliver(qps, ev);
         }
-        if let Some(deadline) = conn.poll_timeout() {
+        self.report(conn, qps, reported);
+        // A connection with no QP left on it goes quiet: no probes of its paths, no timers,
+        // until a QP opens a stream on it again.
+        let deadline = if qps.iter().any(Option::is_some) {
+            conn.poll_timeout()
+        } else {
+            None
+        };
+        if let Some(deadline) = deadline {
             let ms = deadline.saturating_sub(now).div_ceil(1_000_000).clamp(1, 10);
             let _ = work::queue().enqueue_delayed::<Arc<Engine>, 2>(
                 self.clone(),
                 kernel::time::msecs_to_jiffies(ms as u32),
             );
+        }
+    }
+
+    /// Adds what the connection counted since the last time to the device's counters.
+    fn report(&self, conn: &Conn, qps: &[Option<Arc<Qp>>; STREAMS], r: &mut Reported) {
+        let s = conn.stats();
+        let c = &self.counters;
+        let add = |counter, now: u64, before: &mut u64| {
+            c.add(counter, now.saturating_sub(*before));
+            *before = now;
+        };
+        add(Counter::Retransmits, s.retransmits, &mut r.retransmits);
+        add(Counter::AcksSent, s.acks_out, &mut r.acks_out);
+        add(Counter::AcksRcvd, s.acks_in, &mut r.acks_in);
+        add(Counter::Timeouts, s.timeouts, &mut r.timeouts);
+        // By NAK code (docs/wire-format.md): 1 remote access, 2 invalid request, 3 RNR,
+        // 4 out of window, 5 remote operational.
+        const SENT: [Counter; 5] = [
+            Counter::NakSentRemoteAccess,
+            Counter::NakSentInvalidRequest,
+            Counter::NakSentRnr,
+            Counter::NakSentOutOfWindow,
+            Counter::NakSentRemoteOp,
+        ];
+        const RCVD: [Counter; 5] = [
+            Counter::NakRcvdRemoteAccess,
+            Counter::NakRcvdInvalidRequest,
+            Counter::NakRcvdRnr,
+            Counter::NakRcvdOutOfWindow,
+            Counter::NakRcvdRemoteOp,
+        ];
+        for (code, (sent, rcvd)) in SENT.iter().zip(RCVD.iter()).enumerate() {
+            let code = code + 1;
+            if let (Some(now), Some(before)) =
+                (s.naks_out_by_code.get(code), r.naks_out.get_mut(code))
+            {
+                add(*sent, *now, before);
+            }
+            if let (Some(now), Some(before)) =
+                (s.naks_in_by_code.get(code), r.naks_in.get_mut(code))
+            {
+                add(*rcvd, *now, before);
+            }
+        }
+        for (i, (qp, before)) in qps.iter().zip(r.streams.iter_mut()).enumerate() {
+            if qp.is_none() {
+                continue;
+            }
+            let Some((req, resp)) = conn.stream_stats(StreamId(i as u16)) else {
+                continue;
+            };
+            let [dups, rnrs] = before;
+            add(Counter::Duplicates, resp.duplicates, dups);
+            // Each RNR NAK received means one more try after the back-off.
+            add(Counter::RnrRetries, req.rnr_naks, rnrs);
         }
     }
 
@@ -480,8 +577,12 @@ impl Engine {
                 let PeerInner { conn, buf, .. } = &mut *p;
                 let data = buf.get(..n).unwrap_or(&[]);
                 let mut mem = Mem { verbs: &self.verbs };
-                if conn.handle_packet(now, data, meta.ce, &mut mem).is_err() {
-                    bump(&self.stats.rx_dropped);
+                match conn.handle_packet(now, data, meta.ce, &mut mem) {
+                    Ok(()) => {}
+                    Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
+                        self.counters.inc(Counter::RxNoConnection);
+                    }
+                    Err(_) => bump(&self.stats.rx_dropped),
                 }
             }
             self.run(&peer, &mut p);
@@ -504,6 +605,7 @@ impl Engine {
             let mut scratch = [0u8; 1];
             let _ = self.rxq.lock().pop(&mut scratch);
             bump(&self.stats.rx_no_peer);
+            self.counters.inc(Counter::RxNoConnection);
         }
     }
 
@@ -520,6 +622,9 @@ impl Engine {
         };
         for peer in peers.iter() {
             let mut p = peer.inner.lock();
+            if p.qps.iter().all(Option::is_none) {
+                continue;
+            }
             p.conn.handle_timeout(work::now_ns());
             self.run(peer, &mut p);
         }

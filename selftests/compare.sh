@@ -40,6 +40,6 @@ for loss in 0 1 10; do
 	r=$(bw rxe)
 	[ -n "$base_m" ] || base_m=$m
 	[ -n "$base_r" ] || base_r=$r
-	ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0 && a == a + 0) printf "%.2f", a / b; else print "-" }'; }
+	ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == a + 0 && b == b + 0 && b > 0) printf "%.2f", a / b; else print "-" }'; }
 	echo "| $loss% | $m | $r | $(ratio "$m" "$r") | $(ratio "$m" "$base_m") | $(ratio "$r" "$base_r") |"
 done

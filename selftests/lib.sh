@@ -139,7 +139,7 @@ perftest() {
 	done
 	printf '%s\n' "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | tail -n 1 >"$TAP_DIR/last-result"
 	if [ "$rc" != 0 ] || [ ! -s "$TAP_DIR/last-result" ]; then
-		printf '%s\n' "$out" | grep -v '^ GID\|address' | tail -n 15 | sed 's/^/# /'
+		printf '%s\n' "$out" | grep -Ev '^ (GID|local address|remote address)|^-+$|^ [A-Za-z* ]+ +: ' | tail -n 15 | sed 's/^/# /'
 		sed 's/^/# server: /' "$TAP_DIR/perf-server.log" | tail -n 5
 		echo "# (exit status $rc)"
 		_tap 1 "$what"

@@ -36,25 +36,7 @@ RNR_TIMER_DEFAULT = 12  # 0.64 ms
 
 # Checks that fail because of the driver, not the test: check name -> reason. They still run
 # and still assert the verbs semantics; a failure is reported as a TAP TODO.
-_COUNTERS_TODO = ("the transport's counters never move: drivers/ increments only the UDP layer's"
-                  " (device.rs: rx_packets/rx_bytes/rx_malformed/rx_ecn_ce/rx_nomem/tx_*) and"
-                  " rx_no_connection only for IPv6 sources; nak_*, rnr_retries, retry_exceeded,"
-                  " acks_*, timeouts, retransmits stay 0")
-TODO = {
-    "a dead peer gets no more packets once its QPs are destroyed (mroce1 sends"
-    " nothing in the 2 s from 2 s after)":
-    "after the QP to 10.77.0.99 (no host) failed with RETRY_EXC_ERR and was destroyed, mroce1"
-    " keeps sending 32-byte packets (PROBEs) there, ~45/s with no back-off, for as long as"
-    " measured (24 s); nothing else is sent while idle",
-    "counters: the 5 remote access errors are counted (nak_sent_remote_access on the"
-    " responder, nak_rcvd_remote_access on the requester)": _COUNTERS_TODO,
-    "counters: RNR is counted (nak_sent_rnr, nak_rcvd_rnr, rnr_retries)": _COUNTERS_TODO,
-    "counters: retries exceeded are counted (retry_exceeded, timeouts)": _COUNTERS_TODO,
-    "counters: requests for no QP are counted (rx_no_connection, nak_sent_remote_op,"
-    " nak_rcvd_remote_op)": _COUNTERS_TODO,
-    "counters: ACKs are counted (acks_sent on the responder, acks_rcvd on the"
-    " requester)": _COUNTERS_TODO,
-}
+TODO: dict = {}
 
 WC_STATUS = {getattr(e, n): n for n in dir(e) if n.startswith("IBV_WC_") and n.endswith("_ERR")}
 WC_STATUS[e.IBV_WC_SUCCESS] = "IBV_WC_SUCCESS"

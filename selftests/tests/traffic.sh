@@ -44,7 +44,13 @@ tc -n ns1 qdisc add dev veth1 root netem loss 1%
 perftest "ib_write_bw 64 KiB at 1% loss" ib_write_bw -s 65536 -n 100
 perftest "ib_read_bw 64 KiB at 1% loss" ib_read_bw -s 65536 -n 50
 tc -n ns1 qdisc change dev veth1 root netem loss 10%
+retx_before=$(cat /sys/class/infiniband/mroce1/ports/1/hw_counters/retransmits)
 perftest "ib_write_bw 64 KiB at 10% loss" ib_write_bw -s 65536 -n 100
+retx_after=$(cat /sys/class/infiniband/mroce1/ports/1/hw_counters/retransmits)
+check "10% loss: the sender's retransmits counter grew ($retx_before -> $retx_after)" \
+	test "$retx_after" -gt "$retx_before"
+check_output "rdma statistic shows the transport counters" 'retransmits [1-9]' \
+	$RDMA statistic show link mroce1/1
 perftest "ib_send_bw 64 KiB at 10% loss" ib_send_bw -s 65536 -n 50
 pingpong "ibv_rc_pingpong at 10% loss, data checked" -n 100 -s 4096 -c
 tc -n ns1 qdisc change dev veth1 root netem delay 1ms reorder 75% 50%

@@ -167,6 +167,10 @@ pub struct ConnStats {
     pub naks_out: u64,
     /// NAKs received.
     pub naks_in: u64,
+    /// NAKs sent, by code (index: the wire code, `NakCode as usize`; 0 unused).
+    pub naks_out_by_code: [u64; 6],
+    /// NAKs received, by code (as `naks_out_by_code`).
+    pub naks_in_by_code: [u64; 6],
     /// NAKs not sent because the NAK queue was full.
     pub naks_dropped: u64,
     /// Probes sent (tail-loss and path probes).
@@ -503,6 +507,9 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             }
             Ext::Nak(n) => {
                 self.stats.naks_in += 1;
+                if let Some(c) = self.stats.naks_in_by_code.get_mut(n.code as usize) {
+                    *c += 1;
+                }
                 let i = self
                     .stream_by_qp(b.dst_qp)
                     .ok_or(RecvError::UnknownStream)?;
@@ -965,6 +972,9 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         };
         let len = h.emit(buf).ok()?;
         self.stats.naks_out += 1;
+        if let Some(c) = self.stats.naks_out_by_code.get_mut(code as usize) {
+            *c += 1;
+        }
         self.transmit(cp, len, false)
     }
 
