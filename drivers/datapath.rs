@@ -179,7 +179,13 @@ struct PeerInner {
     buf: KVec<u8>,
     /// What of the connection's and streams' counters the device counters already hold.
     reported: Reported,
+    /// Per stream on an SRQ: receive WQEs moved from the SRQ into the stream, not yet used.
+    srq_held: [u32; STREAMS],
 }
+
+/// Receive WQEs a stream may hold from its SRQ at once: enough to keep a stream busy, few
+/// enough that QPs sharing the SRQ are not starved by one of them.
+const SRQ_SHARE: u32 = 4;
 
 /// Counter values already added to the device's counters (the transport's only grow, until a
 /// stream is reopened).
@@ -281,6 +287,7 @@ impl Engine {
                     qps: [const { None }; STREAMS],
                     buf,
                     reported: Reported::default(),
+                    srq_held: [0; STREAMS],
                 }, "metaroce_peer"),
             }),
             GFP_KERNEL,
@@ -336,6 +343,9 @@ impl Engine {
         let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
         if let Some(r) = p.reported.streams.get_mut(usize::from(stream.0)) {
             *r = [0; 2];
+        }
+        if let Some(h) = p.srq_held.get_mut(usize::from(stream.0)) {
+            *h = 0;
         }
         if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
             *slot = Some(qp.clone());
@@ -394,6 +404,7 @@ impl Engine {
             qps,
             buf,
             reported,
+            srq_held,
         } = p;
         let mut mem = Mem { verbs: &self.verbs };
         while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
@@ -410,10 +421,16 @@ impl Engine {
             }
         }
         while let Some(ev) = conn.poll_event() {
-            if let Event::SendCompletion(c) = &ev {
-                if c.status == CqStatus::RetryExcErr {
+            match &ev {
+                Event::SendCompletion(c) if c.status == CqStatus::RetryExcErr => {
                     self.counters.inc(Counter::RetryExceeded);
                 }
+                Event::RecvCompletion(c) => {
+                    if let Some(h) = srq_held.get_mut(usize::from(c.stream.0)) {
+                        *h = h.saturating_sub(1);
+                    }
+                }
+                _ => {}
             }
             deliver(qps, ev);
         }
@@ -491,7 +508,12 @@ impl Engine {
 
     /// Copies posted WQEs out of the QPs' rings into their streams while there is room.
     fn post_from_rings(&self, p: &mut PeerInner, now: u64) {
-        let PeerInner { conn, qps, .. } = p;
+        let PeerInner {
+            conn,
+            qps,
+            srq_held,
+            ..
+        } = p;
         for (i, qp) in qps.iter().enumerate() {
             let Some(qp) = qp else { continue };
             let sid = StreamId(i as u16);
@@ -530,6 +552,27 @@ impl Engine {
                         }
                     }
                     Err(_) => break,
+                }
+            }
+            // A QP on an SRQ takes a few of the SRQ's WQEs at a time into its stream.
+            if let (true, Some(srq), Some(held)) = (receiving, &qp.srq, srq_held.get_mut(i)) {
+                while *held < SRQ_SHARE {
+                    let taken = srq.take_with(|wqe| match recv_sgl(wqe) {
+                        Some(local) => conn
+                            .post_recv(
+                                sid,
+                                stream::RecvWqe {
+                                    wr_id: wqe.wr_id,
+                                    local,
+                                },
+                            )
+                            .is_ok(),
+                        None => false,
+                    });
+                    if !taken {
+                        break;
+                    }
+                    *held += 1;
                 }
             }
             while let Some(Ok(Some(wqe))) = sending.then(|| inner.queues.sq.peek()) {
@@ -847,12 +890,13 @@ fn deliver(qps: &[Option<Arc<Qp>>; STREAMS], ev: Event) {
 }
 
 /// The verbs local ACK timeout (4.096 us x 2^code; 0 means infinite) in nanoseconds, at
-/// least 1 ms so that a slow (emulated) host does not exhaust retries on scheduling delays.
+/// least 250 ms: a software device on a loaded (or emulated) host must not exhaust retries
+/// on scheduling delays, and path timeouts recover lost packets long before this anyway.
 fn ack_timeout_ns(code: u8) -> u64 {
     if code == 0 {
         return u64::MAX / 4;
     }
-    (4096u64 << code.min(31)).max(1_000_000)
+    (4096u64 << code.min(31)).max(250_000_000)
 }
 
 /// The IB RNR timer code (5 bits) in microseconds.

@@ -280,6 +280,19 @@ impl Srq {
         self.ring.lock().num_entries()
     }
 
+    /// Offers the next posted receive WQE (a copy) to `f`; it leaves the ring if `f` takes
+    /// it (returns true). Returns whether one was taken.
+    pub(crate) fn take_with(&self, f: impl FnOnce(&RecvWqe) -> bool) -> bool {
+        let ring = self.ring.lock();
+        match ring.peek() {
+            Ok(Some(wqe)) if f(&wqe) => {
+                ring.pop();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Takes the next posted receive WQE, copied out of the ring.
     pub(crate) fn take(&self) -> Result<Option<RecvWqe>> {
         let ring = self.ring.lock();

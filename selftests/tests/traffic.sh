@@ -31,6 +31,7 @@ perftest "ib_write_bw 8 QPs" ib_write_bw -s 65536 -n 50 -q 8
 perftest "ib_write_bw bidirectional" ib_write_bw -s 65536 -n 50 -b
 perftest "ib_write_bw all sizes 2 B .. 8 MiB" ib_write_bw -a -n 5
 perftest "ib_send_bw with completion events" ib_send_bw -s 65536 -n 50 -e
+perftest "ib_send_bw over an SRQ" ib_send_bw -s 65536 -n 50 --use-srq
 perftest "ib_read_bw 64 KiB" ib_read_bw -s 65536 -n 50
 perftest "ib_send_bw 64 KiB" ib_send_bw -s 65536 -n 50
 perftest "ib_atomic_bw" ib_atomic_bw -n 200
