@@ -746,17 +746,7 @@ impl Memory for Mem<'_> {
             return Err(AccessError::Alignment);
         }
         let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
-        mr.atomic(va, |old| match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-        })
-        .map_err(access_error)
+        mr.atomic(va, |old| op.apply(old)).map_err(access_error)
     }
 }
 

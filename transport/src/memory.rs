@@ -141,6 +141,22 @@ pub enum AtomicOp {
     },
 }
 
+impl AtomicOp {
+    /// The word's new value, given its old one.
+    pub fn apply(self, old: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+        }
+    }
+}
+
 /// Memory access the core calls into. All methods must be safe against any key or address:
 /// they come from the wire.
 pub trait Memory {

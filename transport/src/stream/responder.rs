@@ -788,16 +788,7 @@ mod tests {
         fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
             let r = self.range(rkey, va, 8)?;
             let old = u64::from_ne_bytes(self.0[r.clone()].try_into().unwrap());
-            let new = match op {
-                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-                AtomicOp::CompareSwap { compare, swap } => {
-                    if old == compare {
-                        swap
-                    } else {
-                        old
-                    }
-                }
-            };
+            let new = op.apply(old);
             self.0[r].copy_from_slice(&new.to_ne_bytes());
             Ok(old)
         }

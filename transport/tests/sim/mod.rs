@@ -157,16 +157,7 @@ impl Memory for SimMemory {
         self.check_remote(rkey, va, 8, Access::Atomic)?;
         let (r, range) = self.range(rkey, va, 8)?;
         let old = u64::from_ne_bytes(r.data[range].try_into().unwrap());
-        let new = match op {
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-        };
+        let new = op.apply(old);
         self.write(rkey, va, &new.to_ne_bytes())?;
         Ok(old)
     }
