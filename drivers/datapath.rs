@@ -47,21 +47,6 @@ const RX_SLOTS: usize = 256;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
 
-/// Counters of the data path (`rdma statistic` shows them with the device's).
-#[derive(Default)]
-pub(crate) struct Stats {
-    pub(crate) rx_queued: core::sync::atomic::AtomicU64,
-    pub(crate) rx_queue_full: core::sync::atomic::AtomicU64,
-    pub(crate) rx_no_peer: core::sync::atomic::AtomicU64,
-    pub(crate) rx_dropped: core::sync::atomic::AtomicU64,
-    pub(crate) tx_packets: core::sync::atomic::AtomicU64,
-    pub(crate) tx_errors: core::sync::atomic::AtomicU64,
-}
-
-fn bump(c: &core::sync::atomic::AtomicU64) {
-    c.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-}
-
 /// Datagrams waiting for the receive work item.
 struct RxQueue {
     data: KVVec<u8>,
@@ -143,7 +128,6 @@ pub(crate) struct Engine {
     /// The device's socket; taken out (and released) when the device goes away.
     #[pin]
     tx: Mutex<Option<PlaneSocket>>,
-    pub(crate) stats: Stats,
     /// The device's hardware counters (`rdma statistic`).
     counters: Arc<Counters>,
     #[pin]
@@ -223,7 +207,6 @@ impl Engine {
                 verbs,
                 mtu,
                 tx <- new_mutex!(None, "metaroce_tx"),
-                stats: Stats::default(),
                 counters: own_counters,
                 peers <- new_mutex!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
@@ -250,12 +233,9 @@ impl Engine {
 
     /// A datagram arrived (softirq): queue it for the receive work item.
     pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, payload: &[u8]) {
-        let queued = self.rxq.lock().push(src, ce, payload);
-        if queued {
-            bump(&self.stats.rx_queued);
+        // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
+        if self.rxq.lock().push(src, ce, payload) {
             let _ = work::queue().enqueue::<Arc<Engine>, 1>(self.clone());
-        } else {
-            bump(&self.stats.rx_queue_full);
         }
     }
 
@@ -409,15 +389,10 @@ impl Engine {
         let mut mem = Mem { verbs: &self.verbs };
         while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
             let payload = buf.get(..t.len).unwrap_or(&[]);
-            let sent = match &*self.tx.lock() {
-                Some(socket) => {
-                    socket.send(&IpAddr::V4(peer.addr), t.src_port, t.ecn_capable, payload)
-                }
-                None => Err(ENOTCONN),
-            };
-            match sent {
-                Ok(()) => bump(&self.stats.tx_packets),
-                Err(_) => bump(&self.stats.tx_errors),
+            // The socket counts what it sends and what fails (tx_packets, tx_errors); a
+            // lost datagram is the transport's to resend.
+            if let Some(socket) = &*self.tx.lock() {
+                let _ = socket.send(&IpAddr::V4(peer.addr), t.src_port, t.ecn_capable, payload);
             }
         }
         while let Some(ev) = conn.poll_event() {
@@ -625,7 +600,8 @@ impl Engine {
                     Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
                         self.counters.inc(Counter::RxNoConnection);
                     }
-                    Err(_) => bump(&self.stats.rx_dropped),
+                    // Malformed for the transport: dropped (its own stats count it).
+                    Err(_) => {}
                 }
             }
             self.run(&peer, &mut p);
@@ -647,7 +623,6 @@ impl Engine {
             }
             let mut scratch = [0u8; 1];
             let _ = self.rxq.lock().pop(&mut scratch);
-            bump(&self.stats.rx_no_peer);
             self.counters.inc(Counter::RxNoConnection);
         }
     }
@@ -697,7 +672,6 @@ struct Mem<'a> {
 
 fn access_error(e: verbs::MrError) -> AccessError {
     match e {
-        verbs::MrError::Key => AccessError::Key,
         verbs::MrError::Bounds => AccessError::Bounds,
         verbs::MrError::Permission => AccessError::Permission,
     }

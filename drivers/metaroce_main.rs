@@ -27,8 +27,6 @@ mod sys;
     clippy::undocumented_unsafe_blocks
 )]
 mod transport;
-// The MetaRoCE data path, which uses the rest of these APIs, is being wired in.
-#[allow(dead_code)]
 mod verbs;
 
 module! {

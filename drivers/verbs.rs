@@ -44,8 +44,8 @@ pub(crate) mod limits {
 
 /// A memory region.
 pub(crate) struct Mr {
-    pub(crate) lkey: u32,
-    pub(crate) rkey: u32,
+    /// The key, both lkey and rkey.
+    pub(crate) key: u32,
     /// The address the application names the region by (`ibv_reg_mr_iova`'s iova).
     pub(crate) iova: u64,
     pub(crate) length: u64,
@@ -59,7 +59,6 @@ pub(crate) struct Mr {
 /// Why a memory access was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MrError {
-    Key,
     Bounds,
     Permission,
 }
@@ -74,8 +73,7 @@ impl Mr {
         mem: UserMemory,
     ) -> Self {
         Mr {
-            lkey: key,
-            rkey: key,
+            key,
             iova,
             length,
             access,
@@ -190,10 +188,6 @@ impl<T> Table<T> {
         let obj = self.slots.get((number >> 8) as usize)?.as_ref()?;
         matches(obj).then(|| obj.clone())
     }
-
-    pub(crate) fn live(&self) -> u32 {
-        self.live
-    }
 }
 
 /// Completion notification requested with `ibv_req_notify_cq`.
@@ -291,16 +285,6 @@ impl Srq {
             }
             _ => false,
         }
-    }
-
-    /// Takes the next posted receive WQE, copied out of the ring.
-    pub(crate) fn take(&self) -> Result<Option<RecvWqe>> {
-        let ring = self.ring.lock();
-        let wqe = ring.peek()?;
-        if wqe.is_some() {
-            ring.pop();
-        }
-        Ok(wqe)
     }
 }
 
@@ -678,11 +662,6 @@ impl Verbs {
     pub(crate) fn mr(&self, key: u32, pd: Option<usize>) -> Option<Arc<Mr>> {
         self.mrs
             .lock()
-            .get(key, |mr| mr.lkey == key && pd.is_none_or(|pd| mr.pd == pd))
-    }
-
-    /// The QP numbered `qpn`.
-    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
-        self.qps.lock().get(qpn, |qp| qp.qpn == qpn)
+            .get(key, |mr| mr.key == key && pd.is_none_or(|pd| mr.pd == pd))
     }
 }

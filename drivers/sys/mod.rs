@@ -14,9 +14,7 @@ pub(crate) mod bindings;
 pub(crate) mod ibdev;
 pub(crate) mod netdev;
 mod registration;
-#[allow(dead_code)]
 pub(crate) mod ring;
-#[allow(dead_code)]
 pub(crate) mod umem;
 mod verbs;
 mod stats;

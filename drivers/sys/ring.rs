@@ -181,13 +181,6 @@ impl<T: Copy> UserRing<T> {
         self.index(PRODUCER).store(producer.wrapping_add(1), Ordering::Release);
         Ok(())
     }
-
-    /// Producer side: entries posted and not yet consumed.
-    pub(crate) fn pending(&self) -> u32 {
-        let producer = self.index(PRODUCER).load(Ordering::Relaxed);
-        let consumer = self.index(CONSUMER).load(Ordering::Acquire);
-        producer.wrapping_sub(consumer).min(self.num_entries)
-    }
 }
 
 impl<T> Drop for UserRing<T> {
