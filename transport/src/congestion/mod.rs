@@ -1,73 +1,223 @@
-//! Congestion control. For now one per-path window in packets with ECN-driven AIMD; the
-//! congestion-control issue adds the per-connection window and the receiver's rate hint and
-//! share from ACKs, and may turn this into a trait with several implementations.
+//! Congestion control (the algorithm, its parameters and the reasoning: `docs/congestion.md`).
+//!
+//! Sender side, per connection ([`ConnCc`]) and per path ([`Window`] in each path):
+//! - each path has a DCTCP-style window that reacts to the CE marks the receiver echoes for
+//!   that path, so one congested route sheds load without slowing the others;
+//! - the connection has a window over all its paths (same response to the marks of all
+//!   paths, slow start until the first mark), bounded also by the bandwidth-delay product of
+//!   the rate the receiver granted;
+//! - data packets are paced ([`Pacer`]) to the receiver's grant.
+//!
+//! Receiver side: one [`RateAllocator`] per receiving device, owned by the caller, divides the
+//! device's inbound capacity among the senders that are sending to it; each connection into
+//! the device returns its sender's [`Grant`] in every ACK (`rate_hint` and `share`).
+//!
+//! Loss found by SACK never shrinks a window: random loss is normal on this fabric, ECN is the
+//! congestion signal. A retransmission timeout halves the path's window.
 
-/// A per-path congestion window, in packets (1..=256: a path never has more than 256
-/// unresolved packets).
-///
-/// - +1 packet per window's worth of acknowledged packets (additive increase);
-/// - halved on echoed ECN CE, at most once per smoothed RTT;
-/// - halved on a retransmission timeout.
-///
-/// Loss found by SACK does not shrink it: on a sprayed fabric random loss is not a congestion
-/// signal, ECN is.
+mod allocator;
+mod pacing;
+mod window;
+
+pub use allocator::{Grant, RateAllocator, SenderSlot, DEFAULT_EPOCH_NS, DEFAULT_TARGET_PERMILLE};
+pub use pacing::{Pacer, PACKET_OVERHEAD};
+pub use window::{Window, ALPHA_ONE, ALPHA_SHIFT};
+
+/// The connection window allows this multiple of the bandwidth-delay product of the granted
+/// rate (base RTT times rate): room for ACK coalescing and RTT jitter; the pacer, not the
+/// window, holds the rate.
+pub const RATE_WINDOW_GAIN: u64 = 2;
+/// The rate-derived bound never goes below this many packets.
+pub const MIN_RATE_WINDOW: u32 = 4;
+
+/// Congestion-control settings of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
-    cwnd: u16,
-    acc: u16,
-    max: u16,
-    last_decrease: u64,
+pub struct CcConfig {
+    /// React to echoed ECN CE marks (path and connection windows). Off only for experiments.
+    pub ecn: bool,
+    /// Follow the receiver's grant: pace to its rate and bound the connection window by the
+    /// rate's bandwidth-delay product. Off only for experiments.
+    pub receiver_rate: bool,
+    /// Connection window before the first ACK, packets (over all paths): what a new sender
+    /// may put on the fabric before the receiver has told it its share.
+    pub initial_window: u32,
+    /// Largest connection window, packets.
+    pub max_window: u32,
+    /// Largest burst the pacer lets out back to back after a pause, ns of the paced rate.
+    /// The caller must be able to wake up this often: a caller with coarse timers needs a
+    /// longer burst, or pacing slows it below the rate.
+    pub pacing_burst_ns: u64,
 }
 
-impl Window {
-    /// A window of `initial` packets that grows to at most `max` (both clamped to 1..=256).
-    pub fn new(initial: u16, max: u16) -> Self {
-        let max = max.clamp(1, 256);
-        Window {
-            cwnd: initial.clamp(1, max),
-            acc: 0,
-            max,
-            last_decrease: 0,
+impl CcConfig {
+    /// Defaults: both signals on; 16 packets before the first ACK; at most 2048 in flight;
+    /// bursts of 10 us.
+    pub const fn new() -> Self {
+        CcConfig {
+            ecn: true,
+            receiver_rate: true,
+            initial_window: 16,
+            max_window: 2048,
+            pacing_burst_ns: 10_000,
+        }
+    }
+}
+
+impl Default for CcConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Counters of a connection's congestion control (sender side).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CcStats {
+    /// Times data was ready but the pacer held it back.
+    pub paced: u64,
+    /// Times data was ready but the connection window was full.
+    pub window_limited: u64,
+    /// CE marks echoed to us, all paths.
+    pub ecn_ce: u64,
+}
+
+/// The sender side of a connection's congestion control: the connection window, the pacer
+/// and the receiver's latest grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnCc {
+    cfg: CcConfig,
+    window: Window,
+    pacer: Pacer,
+    grant: Grant,
+    /// Smallest smoothed RTT seen on any path (0 = none yet), ns.
+    base_rtt: u64,
+    /// Bytes of a full data packet on the wire.
+    packet_bytes: u32,
+    /// Data is waiting for the pacer.
+    held: bool,
+    /// Counters.
+    pub stats: CcStats,
+}
+
+impl ConnCc {
+    /// The congestion state of a fresh connection with `paths` paths whose full data packets
+    /// are `packet_bytes` long (payload and headers).
+    pub fn new(cfg: CcConfig, packet_bytes: u32, paths: u32) -> Self {
+        ConnCc {
+            cfg,
+            window: Window::slow_start(cfg.initial_window, cfg.max_window, paths.max(1)),
+            pacer: Pacer::new(cfg.pacing_burst_ns),
+            grant: Grant::default(),
+            base_rtt: 0,
+            packet_bytes: packet_bytes.saturating_add(PACKET_OVERHEAD).max(1),
+            held: false,
+            stats: CcStats::default(),
         }
     }
 
-    /// Current window in packets.
-    pub fn cwnd(&self) -> u16 {
-        self.cwnd
-    }
-
-    /// Room for one more packet with `in_flight` unresolved.
-    pub fn has_room(&self, in_flight: u32) -> bool {
-        in_flight < u32::from(self.cwnd)
-    }
-
-    /// `acked` packets were newly acknowledged.
-    pub fn on_ack(&mut self, acked: u32) {
-        let acc = u32::from(self.acc).saturating_add(acked);
-        let cwnd = u32::from(self.cwnd).max(1);
-        let (inc, rest) = (acc / cwnd, acc % cwnd);
-        self.cwnd = u32::from(self.cwnd)
-            .saturating_add(inc)
-            .min(u32::from(self.max)) as u16;
-        self.acc = rest as u16;
-    }
-
-    /// ECN CE was echoed for this path.
-    pub fn on_ecn(&mut self, now: u64, srtt: u64) {
-        if now.saturating_sub(self.last_decrease) >= srtt {
-            self.halve();
-            self.last_decrease = now;
+    /// The connection window in force, packets: the ECN window, bounded by the grant's.
+    pub fn window(&self) -> u32 {
+        match self.rate_window() {
+            Some(r) => self.window.cwnd().min(r),
+            None => self.window.cwnd(),
         }
     }
 
-    /// The path's retransmission timer expired.
-    pub fn on_timeout(&mut self) {
-        self.halve();
+    /// The bound the receiver's grant puts on the window (None: no grant or no RTT yet).
+    fn rate_window(&self) -> Option<u32> {
+        if !self.cfg.receiver_rate || self.grant.rate_mbps == 0 || self.base_rtt == 0 {
+            return None;
+        }
+        // Mbit/s * ns / 8000 = bytes.
+        let bdp = u64::from(self.grant.rate_mbps) * self.base_rtt / 8_000;
+        let pkts = bdp.saturating_mul(RATE_WINDOW_GAIN) / u64::from(self.packet_bytes);
+        Some((pkts.min(u64::from(u32::MAX)) as u32).max(MIN_RATE_WINDOW))
     }
 
-    fn halve(&mut self) {
-        self.cwnd = (self.cwnd / 2).max(1);
-        self.acc = 0;
+    /// Room for one more data packet with `in_flight` unresolved on all paths.
+    pub fn has_room(&mut self, in_flight: u32) -> bool {
+        let room = in_flight < self.window();
+        if !room {
+            self.stats.window_limited += 1;
+        }
+        room
+    }
+
+    /// An ACK acknowledged `acked` packets and echoed `marked` CE marks over all its path
+    /// entries; `srtt` is the largest smoothed RTT of those paths, `min_srtt` the smallest.
+    pub fn on_ack(&mut self, now: u64, acked: u32, marked: u32, srtt: u64, min_srtt: u64) {
+        if min_srtt != 0 && (self.base_rtt == 0 || min_srtt < self.base_rtt) {
+            self.base_rtt = min_srtt;
+        }
+        if acked > 0 {
+            self.window.on_ack(acked);
+        }
+        if marked > 0 {
+            self.stats.ecn_ce = self.stats.ecn_ce.saturating_add(u64::from(marked));
+            if self.cfg.ecn {
+                self.window.on_ecn(now, srtt, marked);
+            }
+        }
+        if let Some(r) = self.rate_window() {
+            // Growth beyond the grant's bound is not earned: the bound, not the window, held.
+            self.window.clamp_to(r);
+        }
+    }
+
+    /// The receiver's grant arrived (in an ACK header).
+    pub fn on_grant(&mut self, grant: Grant) {
+        if !self.cfg.receiver_rate {
+            return;
+        }
+        self.grant = grant;
+        self.pacer.set_rate(grant.rate_mbps);
+    }
+
+    /// The receiver's latest grant (zero when not following grants).
+    pub fn grant(&self) -> Grant {
+        self.grant
+    }
+
+    /// The pacing rate, Mbit/s (0 = not pacing).
+    pub fn pacing_rate(&self) -> u32 {
+        self.pacer.rate()
+    }
+
+    /// Smallest smoothed RTT seen on any path, ns (0 = none yet).
+    pub fn base_rtt(&self) -> u64 {
+        self.base_rtt
+    }
+
+    /// A data packet may leave now; if not, the caller holds it and must wake at
+    /// [`ConnCc::deadline`].
+    pub fn ready(&mut self, now: u64) -> bool {
+        let ready = self.pacer.ready(now);
+        if !ready {
+            self.held = true;
+            self.stats.paced += 1;
+        }
+        ready
+    }
+
+    /// When held data may leave (None: nothing held).
+    pub fn deadline(&self) -> Option<u64> {
+        if self.held {
+            self.pacer.next_send()
+        } else {
+            None
+        }
+    }
+
+    /// The timer fired: held data is the caller's to send again (`poll_transmit`).
+    pub fn on_timer(&mut self, now: u64) {
+        if self.deadline().is_some_and(|d| d <= now) {
+            self.held = false;
+        }
+    }
+
+    /// A data packet of `len` bytes left.
+    pub fn on_send(&mut self, now: u64, len: usize) {
+        self.held = false;
+        self.pacer.on_send(now, len);
     }
 }
 
@@ -76,23 +226,57 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aimd() {
-        let mut w = Window::new(4, 6);
-        assert!(w.has_room(3) && !w.has_room(4));
-        w.on_ack(3);
-        assert_eq!(w.cwnd(), 4);
-        w.on_ack(1);
-        assert_eq!(w.cwnd(), 5);
-        w.on_ack(1000);
-        assert_eq!(w.cwnd(), 6, "capped");
-        w.on_ecn(100, 50);
-        assert_eq!(w.cwnd(), 3);
-        w.on_ecn(120, 50);
-        assert_eq!(w.cwnd(), 3, "once per RTT");
-        w.on_timeout();
-        w.on_timeout();
-        w.on_timeout();
-        assert_eq!(w.cwnd(), 1, "never below one");
-        assert_eq!(Window::new(0, 0).cwnd(), 1);
+    fn grant_paces_and_bounds_the_window() {
+        let mut cc = ConnCc::new(CcConfig::new(), 1000, 8);
+        assert_eq!(cc.window(), 16);
+        assert!(cc.ready(0));
+        // No RTT yet: the grant paces but does not bound the window.
+        cc.on_grant(Grant {
+            rate_mbps: 1_000,
+            share: 100,
+        });
+        assert_eq!(cc.window(), 16);
+        // RTT 100 us at 1 Gbit/s: BDP 12.5 KB = 11.9 packets of 1050 B; twice that.
+        cc.on_ack(0, 1, 0, 100_000, 100_000);
+        assert_eq!(cc.window(), 17, "slow start, under the grant's bound");
+        cc.on_ack(0, 100, 0, 100_000, 100_000);
+        assert_eq!(cc.window(), 23);
+        // Pacing: 1050 bytes at 1 Gbit/s = 8.4 us.
+        cc.on_send(1_000_000, 1000);
+        assert!(!cc.ready(1_000_000) || cc.deadline().is_none());
+        cc.on_send(1_000_000, 1000);
+        assert!(!cc.ready(1_000_000));
+        let d = cc.deadline().expect("held");
+        cc.on_timer(d);
+        assert_eq!(cc.deadline(), None);
+        assert!(cc.ready(d));
+        // Experiments: receiver rate off ignores grants; ECN off ignores marks.
+        let mut off = ConnCc::new(
+            CcConfig {
+                receiver_rate: false,
+                ecn: false,
+                ..CcConfig::new()
+            },
+            1000,
+            8,
+        );
+        off.on_grant(Grant {
+            rate_mbps: 1,
+            share: 1,
+        });
+        assert_eq!(off.pacing_rate(), 0);
+        off.on_ack(10, 4, 4, 10, 10);
+        assert_eq!(off.window(), 20);
+    }
+
+    #[test]
+    fn marks_shrink_the_connection_window() {
+        let mut cc = ConnCc::new(CcConfig::new(), 1000, 8);
+        cc.on_ack(0, 48, 0, 10_000, 10_000);
+        assert_eq!(cc.window(), 64);
+        cc.on_ack(20_000, 0, 3, 10_000, 10_000);
+        assert_eq!(cc.window(), 32);
+        cc.on_ack(25_000, 0, 3, 10_000, 10_000);
+        assert_eq!(cc.window(), 32, "once per RTT");
     }
 }

@@ -16,6 +16,7 @@ pub mod rtt;
 pub mod sack;
 pub mod timer;
 
+use super::congestion::{CcConfig, CcStats, ConnCc, Grant, RateAllocator, SenderSlot};
 use super::memory::{AtomicOp, Memory};
 use super::rng::XorShift;
 use super::stream::requester::{RequesterStats, RespVerdict};
@@ -54,6 +55,8 @@ pub struct Config {
     pub stall_timeout: u64,
     /// PRNG seed (entropy for UDP source ports).
     pub seed: u64,
+    /// Congestion control (connection window, pacing; `docs/congestion.md`).
+    pub cc: CcConfig,
 }
 
 impl Config {
@@ -78,6 +81,7 @@ impl Config {
             ack_every: 8,
             stall_timeout: 5_000_000,
             seed: 1,
+            cc: CcConfig::new(),
         }
     }
 }
@@ -233,6 +237,13 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     rr_stream: usize,
     rr_event: usize,
     stats: ConnStats,
+    /// Sender side: connection window, pacer, the peer's grant.
+    cc: ConnCc,
+    /// Receiver side: data arrived since the last `update_allocation`; our registration with
+    /// the device's allocator; the grant our ACKs carry.
+    rx_data: bool,
+    rx_slot: SenderSlot,
+    grant: Grant,
 }
 
 impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
@@ -266,6 +277,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             rr_stream: 0,
             rr_event: 0,
             stats: ConnStats::default(),
+            cc: new_cc(&cfg, num_paths),
+            rx_data: false,
+            rx_slot: SenderSlot::default(),
+            grant: Grant::default(),
         })
     }
 
@@ -302,6 +317,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.rr_stream = 0;
         self.rr_event = 0;
         self.stats = ConnStats::default();
+        self.cc = new_cc(&cfg, num_paths);
+        self.rx_data = false;
+        self.rx_slot = SenderSlot::default();
+        self.grant = Grant::default();
         Ok(())
     }
 
@@ -354,6 +373,35 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             .get(path)
             .filter(|_| path < self.num_paths)
             .map(|p| p.state)
+    }
+
+    /// Receiver side of congestion control: reports to `alloc`, the allocator of the device
+    /// this connection receives on (one per device, shared by every connection into it),
+    /// whether data arrived since the last call, and takes the grant the next ACKs carry to
+    /// the peer. Call it after feeding arrivals and before `poll_transmit`. A connection
+    /// whose caller never calls it sends no grant (its ACKs carry rate 0 and share 0).
+    pub fn update_allocation(&mut self, now: u64, alloc: &mut RateAllocator) {
+        if self.rx_data {
+            alloc.note_data(now, &mut self.rx_slot);
+            self.rx_data = false;
+        }
+        self.grant = alloc.grant(now, &self.rx_slot);
+    }
+
+    /// The grant our ACKs carry to the peer (receiver side).
+    pub fn grant_out(&self) -> Grant {
+        self.grant
+    }
+
+    /// Sender side of congestion control: the peer's latest grant, the pacing rate, the
+    /// connection window and counters.
+    pub fn congestion(&self) -> &ConnCc {
+        &self.cc
+    }
+
+    /// Congestion-control counters (sender side).
+    pub fn cc_stats(&self) -> &CcStats {
+        &self.cc.stats
     }
 
     /// Opens a stream (QP) on this connection.
@@ -481,20 +529,32 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             return Err(RecvError::WrongConnection);
         }
         match view.header.ext {
-            Ext::Ack(_) => {
+            Ext::Ack(h) => {
                 self.stats.acks_in += 1;
                 let (paths, streams) = (&mut self.paths, &mut self.streams);
+                let mut cc = CcSample::default();
                 for pa in view.ack_paths() {
                     let i = usize::from(pa.path_id);
                     if i >= self.num_paths {
                         continue;
                     }
+                    let mut pa = pa;
+                    if !self.cfg.cc.ecn {
+                        pa.ecn_ce = 0;
+                    }
                     if let Some(p) = paths.get_mut(i) {
-                        p.on_ack(now, &pa, |item, outcome, _| {
+                        let sum = p.on_ack(now, &pa, |item, outcome, _| {
                             resolve(streams, now, item, outcome)
                         });
+                        cc.add(sum.acked, pa.ecn_ce, p.rtt.srtt());
                     }
                 }
+                self.cc
+                    .on_ack(now, cc.acked, cc.marked, cc.max_srtt, cc.min_srtt);
+                self.cc.on_grant(Grant {
+                    rate_mbps: h.rate_hint_mbps,
+                    share: h.share,
+                });
                 for sa in view.ack_streams() {
                     if let Some(s) = streams
                         .iter_mut()
@@ -654,6 +714,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         if let Some(p) = self.paths.get_mut(pi) {
             p.on_receive(b.psn, b.timestamp, ecn_ce);
         }
+        // Inbound data makes the peer one of the device's active senders.
+        self.rx_data |= !matches!(view.header.ext, Ext::Probe);
         self.unacked = self.unacked.saturating_add(1);
         if b.flags.has(Flags::ACK_REQ)
             || self.unacked >= self.cfg.ack_every
@@ -705,6 +767,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
     fn next_timer(&self) -> Option<(u64, Timer)> {
         let mut e = Earliest::new();
         e.offer(self.ack_deadline(), Timer::Ack);
+        e.offer(self.cc.deadline(), Timer::Pacing);
         for (i, p) in self.paths.iter().take(self.num_paths).enumerate() {
             e.offer(p.deadline(), Timer::Path(i));
         }
@@ -725,6 +788,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             self.ack_now = true;
             self.ack_armed = false;
         }
+        self.cc.on_timer(now);
         let (paths, streams, rng) = (&mut self.paths, &mut self.streams, &mut self.rng);
         for p in paths.iter_mut().take(self.num_paths) {
             if p.deadline().is_some_and(|d| d <= now) {
@@ -774,13 +838,34 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
         // Bounded: each failed attempt fails a WQE or a response.
         for _ in 0..8 {
+            let in_flight = self.in_flight();
+            if !self.cc.has_room(in_flight) {
+                return None;
+            }
+            let rr = (self.rr_path, self.rr_stream);
             let pi = self.pick_path()?;
             let work = self.pick_work(now)?;
+            if !self.cc.ready(now) {
+                // Held by the pacer (`poll_timeout` now includes its deadline); the next
+                // call picks the same work again.
+                (self.rr_path, self.rr_stream) = rr;
+                return None;
+            }
             if let Some(t) = self.emit_data(now, pi, work, buf, mem) {
+                self.cc.on_send(now, t.len);
                 return Some(t);
             }
         }
         None
+    }
+
+    /// Unresolved packets on all paths.
+    fn in_flight(&self) -> u32 {
+        self.paths
+            .iter()
+            .take(self.num_paths)
+            .map(|p| p.inflight.unresolved())
+            .fold(0u32, u32::saturating_add)
     }
 
     /// Round-robin over Active paths with window room. Only when no path is Active does data
@@ -882,7 +967,12 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         }
         let cp = self.control_path();
         let base = base_header(&self.cfg, self.paths.get(cp), Opcode::Ack, None, now);
-        let mut w = AckWriter::new(buf, base, AckHeader::default()).ok()?;
+        let info = AckHeader {
+            rate_hint_mbps: self.grant.rate_mbps,
+            share: self.grant.share,
+            ..AckHeader::default()
+        };
+        let mut w = AckWriter::new(buf, base, info).ok()?;
         let dirty_streams = self
             .streams
             .iter()
@@ -1240,6 +1330,35 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             }
         }
         None
+    }
+}
+
+fn new_cc(cfg: &Config, num_paths: usize) -> ConnCc {
+    let packet = cfg.mtu.saturating_add(MAX_HEADER_LEN as u32);
+    ConnCc::new(cfg.cc, packet, num_paths as u32)
+}
+
+/// What one ACK's path entries say, for the connection's congestion control.
+#[derive(Default)]
+struct CcSample {
+    acked: u32,
+    marked: u32,
+    max_srtt: u64,
+    min_srtt: u64,
+}
+
+impl CcSample {
+    fn add(&mut self, acked: u32, marked: u16, srtt: u64) {
+        self.acked = self.acked.saturating_add(acked);
+        self.marked = self.marked.saturating_add(u32::from(marked));
+        if srtt != 0 {
+            self.max_srtt = self.max_srtt.max(srtt);
+            self.min_srtt = if self.min_srtt == 0 {
+                srtt
+            } else {
+                self.min_srtt.min(srtt)
+            };
+        }
     }
 }
 

@@ -199,7 +199,7 @@ impl Path {
         }
         if ack.ecn_ce > 0 {
             self.stats.ecn_ce += u64::from(ack.ecn_ce);
-            self.cc.on_ecn(now, self.rtt.srtt());
+            self.cc.on_ecn(now, self.rtt.srtt(), u32::from(ack.ecn_ce));
         }
         sum
     }

@@ -11,6 +11,8 @@ pub enum Timer {
     Path(usize),
     /// A stream's completion timeout or RNR back-off (index into the streams).
     Stream(usize),
+    /// Data held back by the pacer may leave.
+    Pacing,
 }
 
 /// Keeps the earliest of several optional deadlines.

@@ -1,0 +1,205 @@
+//! The receiver's side: one [`RateAllocator`] per receiving device divides its inbound
+//! capacity among the senders that are sending to it; every connection into the device
+//! reports to it and returns the grant to its sender in every ACK.
+
+/// What a receiver grants one sender, as carried in the ACK header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// The rate the sender may send to this receiver, Mbit/s (0 = no limit given).
+    pub rate_mbps: u32,
+    /// The sender's share of the receiver's inbound capacity, in 1/65536 (0 = none given).
+    pub share: u16,
+}
+
+/// A connection's registration with its device's allocator (plain data, zero = never seen).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderSlot {
+    /// The last epoch the sender was counted in (0 = never).
+    epoch: u64,
+}
+
+/// Divides a receiver's inbound capacity equally among its active senders.
+///
+/// Time is cut into epochs of `epoch_ns`. A sender is active while data from it arrived in the
+/// current or the previous epoch; so a new sender counts from its first packet (its share and
+/// everyone else's change with the next ACK each of them gets: within an RTT), and a sender
+/// that stopped is forgotten one to two epochs later. Each active sender is granted
+/// `capacity * target / active` (see `docs/congestion.md`). No allocation, O(1) per call: the
+/// per-sender state is the [`SenderSlot`] each connection keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateAllocator {
+    capacity_mbps: u32,
+    target_permille: u32,
+    epoch_ns: u64,
+    epoch: u64,
+    epoch_start: u64,
+    /// Senders counted in the current epoch, in the previous one, and how many of the
+    /// current ones were also counted in the previous one.
+    cur: u32,
+    prev: u32,
+    carried: u32,
+}
+
+/// Default epoch: long against a data-centre RTT, short against a human.
+pub const DEFAULT_EPOCH_NS: u64 = 500_000;
+/// Default target utilisation of the inbound capacity, per mille: the 5% left keeps the
+/// receiver's last-hop queue near empty and absorbs header overheads the pacers miss.
+pub const DEFAULT_TARGET_PERMILLE: u32 = 950;
+
+impl RateAllocator {
+    /// An allocator for `capacity_mbps` Mbit/s of inbound capacity (0: grant nothing).
+    pub fn new(capacity_mbps: u32) -> Self {
+        RateAllocator {
+            capacity_mbps,
+            target_permille: DEFAULT_TARGET_PERMILLE,
+            epoch_ns: DEFAULT_EPOCH_NS,
+            epoch: 1,
+            ..RateAllocator::default()
+        }
+    }
+
+    /// Sets the epoch length (at least 1 us) and returns the allocator.
+    pub fn with_epoch(mut self, epoch_ns: u64) -> Self {
+        self.epoch_ns = epoch_ns.max(1_000);
+        self
+    }
+
+    /// Sets the target utilisation (per mille, 1..=1000) and returns the allocator.
+    pub fn with_target(mut self, permille: u32) -> Self {
+        self.target_permille = permille.clamp(1, 1000);
+        self
+    }
+
+    /// Changes the inbound capacity (the link's speed changed).
+    pub fn set_capacity(&mut self, capacity_mbps: u32) {
+        self.capacity_mbps = capacity_mbps;
+    }
+
+    /// The inbound capacity, Mbit/s.
+    pub fn capacity(&self) -> u32 {
+        self.capacity_mbps
+    }
+
+    fn advance(&mut self, now: u64) {
+        if self.epoch == 0 {
+            // A zeroed allocator: start its clock.
+            self.epoch = 1;
+            self.epoch_start = now;
+        }
+        let len = match self.epoch_ns {
+            0 => DEFAULT_EPOCH_NS,
+            l => l.max(1_000),
+        };
+        let passed = now.saturating_sub(self.epoch_start) / len;
+        if passed == 0 {
+            return;
+        }
+        self.prev = if passed == 1 { self.cur } else { 0 };
+        self.cur = 0;
+        self.carried = 0;
+        self.epoch = self.epoch.saturating_add(passed);
+        self.epoch_start = self.epoch_start.saturating_add(passed.saturating_mul(len));
+    }
+
+    /// Data from the sender of `slot` arrived at `now`.
+    pub fn note_data(&mut self, now: u64, slot: &mut SenderSlot) {
+        self.advance(now);
+        if slot.epoch == self.epoch {
+            return;
+        }
+        if slot.epoch != 0 && slot.epoch.saturating_add(1) == self.epoch {
+            self.carried = self.carried.saturating_add(1);
+        }
+        self.cur = self.cur.saturating_add(1);
+        slot.epoch = self.epoch;
+    }
+
+    /// Active senders at `now` (data in this epoch or the previous one).
+    pub fn active(&mut self, now: u64) -> u32 {
+        self.advance(now);
+        self.cur
+            .saturating_add(self.prev.saturating_sub(self.carried))
+    }
+
+    /// Whether the sender of `slot` counts as active at `now`.
+    pub fn is_active(&mut self, now: u64, slot: &SenderSlot) -> bool {
+        self.advance(now);
+        slot.epoch != 0 && slot.epoch.saturating_add(1) >= self.epoch
+    }
+
+    /// The grant for the sender of `slot` at `now`: an equal share of the target capacity if
+    /// it is active, nothing otherwise.
+    pub fn grant(&mut self, now: u64, slot: &SenderSlot) -> Grant {
+        if self.capacity_mbps == 0 || !self.is_active(now, slot) {
+            return Grant::default();
+        }
+        let n = self.active(now).max(1);
+        let permille = match self.target_permille {
+            0 => DEFAULT_TARGET_PERMILLE,
+            p => p,
+        };
+        let target = u64::from(self.capacity_mbps) * u64::from(permille) / 1000;
+        Grant {
+            rate_mbps: (target / u64::from(n)).clamp(1, u64::from(u32::MAX)) as u32,
+            share: (65_536 / u64::from(n)).clamp(1, 65_535) as u16,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_shares_new_senders_count_at_once_departed_ones_fade() {
+        let mut a = RateAllocator::new(10_000).with_epoch(100_000);
+        let mut s = [SenderSlot::default(); 4];
+        let t = 1_000;
+        assert_eq!(a.grant(t, &s[0]), Grant::default(), "not active yet");
+        a.note_data(t, &mut s[0]);
+        assert_eq!(
+            a.grant(t, &s[0]),
+            Grant {
+                rate_mbps: 9_500,
+                share: 65_535
+            }
+        );
+        a.note_data(t + 10, &mut s[1]);
+        assert_eq!(
+            a.grant(t + 10, &s[0]).rate_mbps,
+            4_750,
+            "a new sender counts at once"
+        );
+        // Next epoch: both keep sending; then a third joins early in the epoch.
+        let t2 = t + 150_000;
+        a.note_data(t2, &mut s[2]);
+        assert_eq!(a.active(t2), 3, "the two of the previous epoch still count");
+        a.note_data(t2 + 5, &mut s[0]);
+        a.note_data(t2 + 6, &mut s[1]);
+        a.note_data(t2 + 7, &mut s[1]);
+        assert_eq!(a.active(t2 + 7), 3, "no double counting");
+        assert_eq!(a.grant(t2, &s[2]).rate_mbps, 3_166);
+        assert_eq!(a.grant(t2, &s[2]).share, 21_845);
+        // Sender 1 stops; after its last epoch has passed only 0 and 2 remain.
+        let t3 = t + 250_000;
+        a.note_data(t3, &mut s[0]);
+        a.note_data(t3, &mut s[2]);
+        assert_eq!(a.active(t3), 3);
+        let t4 = t + 350_000;
+        a.note_data(t4, &mut s[0]);
+        a.note_data(t4, &mut s[2]);
+        assert_eq!(a.active(t4), 2);
+        assert_eq!(a.grant(t4, &s[1]), Grant::default(), "inactive: no grant");
+        // A long silence forgets everyone.
+        assert_eq!(a.active(t + 10_000_000), 0);
+    }
+
+    #[test]
+    fn zeroed_allocator_is_usable() {
+        let mut a = RateAllocator::default();
+        a.set_capacity(1_000);
+        let mut s = SenderSlot::default();
+        a.note_data(5_000_000, &mut s);
+        assert_eq!(a.grant(5_000_000, &s).rate_mbps, 950);
+    }
+}
