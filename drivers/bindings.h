@@ -20,6 +20,8 @@
 #include <net/udp_tunnel.h>
 #include <rdma/ib_umem.h>
 #include <rdma/uverbs_ioctl.h>
+#include <linux/kthread.h>
+#include <linux/sched.h>
 #include "glue.h"
 #include "glue_net.h"
 #include "../uapi/metaroce-abi.h"

@@ -6,8 +6,10 @@
 //! - One [`Peer`] per remote device address: it owns the unified [`Conn`] (paths, their
 //!   sequence spaces and congestion state) on which every QP to that peer is a stream.
 //! - Everything runs in process context: the doorbell syscall drives its QP's peer directly;
-//!   arriving datagrams are copied into a small queue in softirq and processed by a work item
-//!   on the module's workqueue; timers are a delayed work item. So one mutex per peer is all
+//!   arriving datagrams are copied into a small queue in softirq and processed by the device's
+//!   receive threads (one per CPU, real-time priority, so a busy-polling application does not
+//!   delay them);
+//!   timers are a delayed work item on the module's workqueue. So one mutex per peer is all
 //!   the locking the transport needs, and transmitting needs no special context.
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way.
 
@@ -15,7 +17,12 @@ use crate::{
     counters::{Counter, Counters},
     device::DeviceRx,
     net::{IpAddr, RxHandler},
-    sys::{bindings, netdev::NetDev, udp::PlaneSocket, work},
+    sys::{
+        bindings,
+        netdev::NetDev,
+        udp::PlaneSocket,
+        work::{self, CpuThreads, KthreadWork},
+    },
     transport::{
         connection::{Config, Connection, Event, RecvError},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
@@ -26,11 +33,10 @@ use crate::{
 };
 use kernel::{
     alloc::KVBox,
-    impl_has_delayed_work, impl_has_work, new_delayed_work, new_mutex, new_spinlock_irq,
-    new_work,
+    c_str, impl_has_delayed_work, new_delayed_work, new_mutex, new_spinlock_irq,
     prelude::*,
     sync::{Arc, Mutex, SpinLockIrq},
-    workqueue::{DelayedWork, Work, WorkItem},
+    workqueue::{DelayedWork, WorkItem},
 };
 
 /// Logical paths per connection, and streams (QPs) per connection.
@@ -42,12 +48,12 @@ pub(crate) type Conn = Connection<PATHS, STREAMS>;
 
 /// Largest datagram we send or queue.
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
-/// Datagrams queued between softirq and the receive work item.
+/// Datagrams queued between softirq and the receive thread.
 const RX_SLOTS: usize = 256;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
 
-/// Datagrams waiting for the receive work item.
+/// Datagrams waiting for the receive thread.
 struct RxQueue {
     data: KVVec<u8>,
     meta: KVec<RxMeta>,
@@ -134,15 +140,13 @@ pub(crate) struct Engine {
     peers: Mutex<KVec<Arc<Peer>>>,
     #[pin]
     rxq: SpinLockIrq<RxQueue>,
+    /// The receive threads, one per CPU; taken out (and stopped) when the device goes away.
     #[pin]
-    rx_work: Work<Engine, 1>,
+    rx_thread: SpinLockIrq<Option<CpuThreads<Engine>>>,
     #[pin]
     tick: DelayedWork<Engine, 2>,
 }
 
-impl_has_work! {
-    impl HasWork<Self, 1> for Engine { self.rx_work }
-}
 impl_has_delayed_work! {
     impl HasDelayedWork<Self, 2> for Engine { self.tick }
 }
@@ -210,15 +214,24 @@ impl Engine {
                 counters: own_counters,
                 peers <- new_mutex!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
-                rx_work <- new_work!("metaroce_rx"),
+                rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),
                 tick <- new_delayed_work!("metaroce_tick"),
             }),
             GFP_KERNEL,
         )?;
+        // The receive thread holds the engine too.
+        let thread = CpuThreads::new(c_str!("metaroce_rx/%u"), engine.clone())?;
+        *engine.rx_thread.lock() = Some(thread);
         // The socket's handler holds the engine: `shutdown` breaks that cycle.
         let rx: Arc<dyn RxHandler> =
             Arc::new(DeviceRx::new(counters.clone(), engine.clone()), GFP_KERNEL)?;
-        let socket = PlaneSocket::open(ndev, rx, counters)?;
+        let socket = match PlaneSocket::open(ndev, rx, counters) {
+            Ok(s) => s,
+            Err(e) => {
+                engine.shutdown();
+                return Err(e);
+            }
+        };
         *engine.tx.lock() = Some(socket);
         Ok(engine)
     }
@@ -228,14 +241,19 @@ impl Engine {
     pub(crate) fn shutdown(&self) {
         let socket = self.tx.lock().take();
         drop(socket);
+        // Nothing kicks the threads any more; stop them (this waits for runs in progress).
+        let thread = self.rx_thread.lock().take();
+        drop(thread);
         self.peers.lock().clear();
     }
 
-    /// A datagram arrived (softirq): queue it for the receive work item.
+    /// A datagram arrived (softirq): queue it for the receive thread.
     pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, payload: &[u8]) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
         if self.rxq.lock().push(src, ce, payload) {
-            let _ = work::queue().enqueue::<Arc<Engine>, 1>(self.clone());
+            if let Some(t) = &*self.rx_thread.lock() {
+                t.kick();
+            }
         }
     }
 
@@ -572,8 +590,9 @@ impl Engine {
 
     fn process_rx(self: &Arc<Self>) {
         loop {
-            // Only this work item pops, so the datagram at the head stays the one whose
-            // peer `next_rx_peer` found; take it into that peer's buffer.
+            // The peer of the datagram at the head; with the peer locked, take its datagrams
+            // while they are at the head (another CPU's thread may have taken them first:
+            // then the batch is empty).
             let Some(peer) = self.next_rx_peer() else {
                 return;
             };
@@ -613,17 +632,19 @@ impl Engine {
         loop {
             let src = {
                 let q = self.rxq.lock();
-                if q.len == 0 {
-                    return None;
-                }
-                q.meta.get(q.head)?.src
+                q.head_src()?
             };
             if let Some(peer) = self.peer(src) {
                 return Some(peer);
             }
-            let mut scratch = [0u8; 1];
-            let _ = self.rxq.lock().pop(&mut scratch);
-            self.counters.inc(Counter::RxNoConnection);
+            // Drop it, if another CPU's thread has not taken it meanwhile.
+            let mut q = self.rxq.lock();
+            if q.head_src() == Some(src) {
+                let mut scratch = [0u8; 1];
+                let _ = q.pop(&mut scratch);
+                drop(q);
+                self.counters.inc(Counter::RxNoConnection);
+            }
         }
     }
 
@@ -649,10 +670,8 @@ impl Engine {
     }
 }
 
-impl WorkItem<1> for Engine {
-    type Pointer = Arc<Engine>;
-
-    fn run(this: Arc<Engine>) {
+impl KthreadWork for Engine {
+    fn run(this: &Arc<Engine>) {
         this.process_rx();
     }
 }

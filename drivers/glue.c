@@ -5,6 +5,7 @@
  */
 #include <linux/cpumask.h>
 #include <linux/highmem.h>
+#include <linux/sched.h>
 #include <linux/scatterlist.h>
 #include <linux/timekeeping.h>
 #include <linux/workqueue.h>
@@ -68,4 +69,19 @@ struct workqueue_struct *metaroce_glue_alloc_wq(void)
 u64 metaroce_glue_ktime_get_ns(void)
 {
 	return ktime_get_ns();
+}
+
+unsigned int metaroce_glue_smp_processor_id(void)
+{
+	return raw_smp_processor_id();
+}
+
+void metaroce_glue_set_current_interruptible(void)
+{
+	set_current_state(TASK_INTERRUPTIBLE);
+}
+
+void metaroce_glue_set_current_running(void)
+{
+	__set_current_state(TASK_RUNNING);
 }

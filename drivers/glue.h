@@ -21,5 +21,8 @@ void metaroce_glue_kunmap_local(void *addr);
 u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry);
 struct workqueue_struct *metaroce_glue_alloc_wq(void);
 u64 metaroce_glue_ktime_get_ns(void);
+unsigned int metaroce_glue_smp_processor_id(void);
+void metaroce_glue_set_current_interruptible(void);
+void metaroce_glue_set_current_running(void);
 
 #endif /* METAROCE_GLUE_H */
