@@ -231,7 +231,6 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     ack_armed: bool,
     ack_at: u64,
     unacked: u16,
-    rr_path: usize,
     rr_ack_path: usize,
     rr_ack_stream: usize,
     rr_stream: usize,
@@ -271,7 +270,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             ack_armed: false,
             ack_at: 0,
             unacked: 0,
-            rr_path: 0,
             rr_ack_path: 0,
             rr_ack_stream: 0,
             rr_stream: 0,
@@ -311,7 +309,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.ack_armed = false;
         self.ack_at = 0;
         self.unacked = 0;
-        self.rr_path = 0;
         self.rr_ack_path = 0;
         self.rr_ack_stream = 0;
         self.rr_stream = 0;
@@ -842,15 +839,16 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             if !self.cc.has_room(in_flight) {
                 return None;
             }
-            let rr = (self.rr_path, self.rr_stream);
+            let rr = self.rr_stream;
             let pi = self.pick_path()?;
             let work = self.pick_work(now)?;
             if !self.cc.ready(now) {
                 // Held by the pacer (`poll_timeout` now includes its deadline); the next
                 // call picks the same work again.
-                (self.rr_path, self.rr_stream) = rr;
+                self.rr_stream = rr;
                 return None;
             }
+            self.commit_path();
             if let Some(t) = self.emit_data(now, pi, work, buf, mem) {
                 self.cc.on_send(now, t.len);
                 return Some(t);
@@ -868,25 +866,64 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             .fold(0u32, u32::saturating_add)
     }
 
-    /// Round-robin over Active paths with window room. Only when no path is Active does data
-    /// go out on Suspect/Failed paths (so a dead peer still exhausts the retry count).
+    /// Packet spraying: smooth weighted round-robin over the usable (Active or Probing) paths
+    /// with window room, each weighted by its score ([`Path::weight`]: recent loss, ECN, RTT
+    /// inflation). Equal paths take turns in index order, so the planes (path i is on plane
+    /// i % planes) stay evenly loaded; a degraded path gets a smaller share and a smaller
+    /// window. Only when no path is usable does data go out on Suspect/Failed paths (so a dead
+    /// peer still exhausts the retry count).
     fn pick_path(&mut self) -> Option<usize> {
+        self.spray(false)
+    }
+
+    /// Charges the pick [`Connection::pick_path`] made to the round-robin credits, once the
+    /// packet is sure to leave (nothing changed in between, so the same path is charged).
+    fn commit_path(&mut self) {
+        self.spray(true);
+    }
+
+    /// One round of smooth weighted round-robin: every eligible path earns its weight, the
+    /// one with the most credit is picked and pays the total. With `commit` false nothing
+    /// changes (the credits are only read).
+    fn spray(&mut self, commit: bool) -> Option<usize> {
         let n = self.num_paths;
-        let any_active = self
-            .paths
-            .iter()
-            .take(n)
-            .any(|p| p.state == PathState::Active);
-        for k in 0..n {
-            let i = (self.rr_path + k) % n;
-            let p = self.paths.get(i)?;
-            let eligible = p.state == PathState::Active || !any_active;
-            if eligible && p.has_window() {
-                self.rr_path = (i + 1) % n;
-                return Some(i);
+        let paths = self.paths.get_mut(..n)?;
+        let any_usable = paths.iter().any(|p| p.usable());
+        let eligible = |p: &Path| p.usable() || !any_usable;
+        let (mut best_health, mut best_srtt) = (0u16, u64::MAX);
+        for p in paths.iter().filter(|p| eligible(p)) {
+            best_health = best_health.max(p.health());
+            if p.rtt.has_sample() {
+                best_srtt = best_srtt.min(p.rtt.srtt());
             }
         }
-        None
+        let best_srtt = if best_srtt == u64::MAX { 0 } else { best_srtt };
+        let mut total: i32 = 0;
+        let mut best: Option<usize> = None;
+        let mut best_credit = i32::MIN;
+        for (i, p) in paths.iter_mut().enumerate() {
+            if !eligible(p) || !p.has_window(best_health) {
+                continue;
+            }
+            let w = p.weight(best_srtt);
+            // Bounded: a path left out for long (no window) must not hoard credit.
+            let credit = p.credit.saturating_add(w).clamp(-(1 << 20), 1 << 20);
+            if commit {
+                p.credit = credit;
+            }
+            total = total.saturating_add(w);
+            if credit > best_credit {
+                best_credit = credit;
+                best = Some(i);
+            }
+        }
+        let i = best?;
+        if commit {
+            if let Some(p) = paths.get_mut(i) {
+                p.credit = p.credit.saturating_sub(total);
+            }
+        }
+        Some(i)
     }
 
     /// Round-robin over streams; within a stream, responses first, then requests.

@@ -1,5 +1,17 @@
 //! A path: one ECMP route (a UDP source port on a plane) with its own PSN space in each
 //! direction, congestion window, RTT estimate, timers and state.
+//!
+//! States: **Active** paths carry data. A retransmission timeout moves the path to another
+//! route (a new UDP source port) and makes it **Suspect**: no new data, only a probe, until
+//! the probe is answered (back to Active). After `fail_after` timeouts in a row it is
+//! **Failed**: its data has gone to the other paths and it is probed in the background with
+//! backed-off timers, a new route each time. When a probe of a Failed path is answered the
+//! path is re-admitted as **Probing**: it carries data again, and turns Active once a
+//! window's worth is acknowledged (a timeout while Probing fails it again at once).
+//!
+//! For path selection each path keeps a *health* in 1..=1024 from its recent loss and ECN
+//! rates (exponentially weighted) and whether a tail-loss probe is outstanding; its share of
+//! new data and its usable window scale with it ([`Path::weight`], [`Path::has_window`]).
 
 use super::super::congestion::Window;
 use super::super::rng::XorShift;
@@ -18,7 +30,14 @@ pub enum PathState {
     Suspect,
     /// Several timeouts in a row: probed with backed-off timers until it answers.
     Failed,
+    /// A Failed path whose probe was answered: carries data again, on probation.
+    Probing,
 }
+
+/// Acknowledged packets a re-admitted path needs before it is Active again.
+const PROBATION: u16 = 16;
+/// Full health.
+pub const FULL_HEALTH: u16 = 1024;
 
 /// Counters of one path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,6 +62,14 @@ pub struct PathStats {
     pub ecn_ce: u64,
     /// UDP source port changes (after timeouts).
     pub entropy_changes: u64,
+    /// Packets acknowledged after a later packet of the path (reordering within the path).
+    pub reordered: u64,
+    /// Of the packets declared lost, those acknowledged later after all.
+    pub spurious: u64,
+    /// Times the path was declared Failed.
+    pub failures: u64,
+    /// Times a Failed path answered a probe and was re-admitted.
+    pub readmissions: u64,
 }
 
 /// Path tuning shared by all paths of a connection.
@@ -94,6 +121,16 @@ pub struct Path {
     consecutive_rtos: u8,
     /// A probe should be sent on this path.
     pub need_probe: bool,
+    /// Recent loss rate, 0..=65535 (EWMA over resolved packets).
+    loss_rate: u16,
+    /// Recent ECN CE rate, 0..=65535 (EWMA over acknowledged packets).
+    ecn_rate: u16,
+    /// Health from the two rates and the probe state, 1..=1024 (0 before reset).
+    health: u16,
+    /// Packets still to be acknowledged while Probing.
+    probation: u16,
+    /// Smooth weighted round-robin credit (kept by the connection's path picker).
+    pub credit: i32,
     // Receive side.
     /// Receive side: which PSNs of the peer's space arrived.
     pub recv: PsnWindow,
@@ -126,6 +163,11 @@ impl Path {
             backoff: 0,
             consecutive_rtos: 0,
             need_probe: false,
+            loss_rate: 0,
+            ecn_rate: 0,
+            health: FULL_HEALTH,
+            probation: 0,
+            credit: 0,
             recv: PsnWindow::new(cfg.initial_psn),
             recv_pending: false,
             last_ts: 0,
@@ -151,6 +193,11 @@ impl Path {
         self.backoff = 0;
         self.consecutive_rtos = 0;
         self.need_probe = false;
+        self.loss_rate = 0;
+        self.ecn_rate = 0;
+        self.health = FULL_HEALTH;
+        self.probation = 0;
+        self.credit = 0;
         self.recv = PsnWindow::new(cfg.initial_psn);
         self.recv_pending = false;
         self.last_ts = 0;
@@ -158,9 +205,79 @@ impl Path {
         self.stats = PathStats::default();
     }
 
-    /// Window room for a data packet (state is judged by the caller).
-    pub fn has_window(&self) -> bool {
-        self.cc.has_room(self.inflight.unresolved()) && self.inflight.has_room()
+    /// The path may carry new data (Active or Probing).
+    pub fn usable(&self) -> bool {
+        matches!(self.state, PathState::Active | PathState::Probing)
+    }
+
+    /// Window room for a data packet (state is judged by the caller): the congestion window
+    /// scaled by the path's health relative to `best_health`, the best of the connection's
+    /// paths (at least one packet): when every path is equally lossy, none is held back.
+    pub fn has_window(&self, best_health: u16) -> bool {
+        let n = self.inflight.unresolved();
+        // n < cwnd * health / best, without a division.
+        let room = u64::from(n) * u64::from(best_health.max(1))
+            < u64::from(self.cc.cwnd()) * u64::from(self.health);
+        self.cc.has_room(n) && (n == 0 || room) && self.inflight.has_room()
+    }
+
+    /// Health, 1..=1024: recent loss and ECN rates, a tail-loss probe outstanding.
+    pub fn health(&self) -> u16 {
+        self.health
+    }
+
+    /// Recent loss rate of the path, in 1/65536.
+    pub fn loss_rate(&self) -> u16 {
+        self.loss_rate
+    }
+
+    /// Recent ECN CE rate of the path, in 1/65536.
+    pub fn ecn_rate(&self) -> u16 {
+        self.ecn_rate
+    }
+
+    /// Selection weight: the health, halved when the smoothed RTT is over twice `best_srtt`
+    /// (the best of the connection's paths) and quartered over four times (cheap: shifts).
+    pub fn weight(&self, best_srtt: u64) -> i32 {
+        let srtt = self.rtt.srtt();
+        let shift = if best_srtt == 0 || srtt < best_srtt.saturating_mul(2) {
+            0
+        } else if srtt < best_srtt.saturating_mul(4) {
+            1
+        } else {
+            2
+        };
+        (i32::from(self.health) >> shift).max(1)
+    }
+
+    fn update_health(&mut self) {
+        let mut w: u64 = u64::from(FULL_HEALTH);
+        // 5% loss: two thirds; a dead route (100%): 1/11.
+        w = w * 65_536 / (65_536 + 10 * u64::from(self.loss_rate));
+        // ECN also shrinks the congestion window: only a mild preference here.
+        w = w * 65_536 / (65_536 + 2 * u64::from(self.ecn_rate));
+        if self.probe_armed {
+            w /= 8;
+        }
+        self.health = w.clamp(1, u64::from(FULL_HEALTH)) as u16;
+    }
+
+    /// `hits` of `n` events (lost of resolved, marked of acknowledged); gain n / (n + 64).
+    fn ewma(rate: u16, hits: u32, n: u32) -> u16 {
+        if n == 0 {
+            return rate;
+        }
+        let x = i64::from(hits.min(n)) * 65_535 / i64::from(n);
+        let r = i64::from(rate);
+        let n = i64::from(n);
+        (r + (x - r) * n / (n + 64)).clamp(0, 65_535) as u16
+    }
+
+    fn fail(&mut self) {
+        if self.state != PathState::Failed {
+            self.stats.failures += 1;
+        }
+        self.state = PathState::Failed;
     }
 
     /// Records a packet sent now and returns its PSN.
@@ -183,9 +300,11 @@ impl Path {
         ack: &PathAck,
         report: impl FnMut(SentItem, Outcome, u64),
     ) -> AckSummary {
-        let sum = self.inflight.on_ack(ack, report);
+        let sum = self.inflight.on_ack(now, self.rtt.srtt(), ack, report);
         self.stats.acked += u64::from(sum.acked);
         self.stats.lost += u64::from(sum.lost);
+        self.stats.reordered += u64::from(sum.reordered);
+        self.stats.spurious += u64::from(sum.spurious);
         if sum.acked > 0 {
             let sample = (now as u32).wrapping_sub(ack.echo_ts);
             self.rtt.sample(u64::from(sample));
@@ -194,18 +313,46 @@ impl Path {
             self.need_probe = false;
             self.backoff = 0;
             self.consecutive_rtos = 0;
-            self.state = PathState::Active;
+            match self.state {
+                PathState::Active => {}
+                PathState::Suspect => self.state = PathState::Active,
+                PathState::Failed => {
+                    self.state = PathState::Probing;
+                    self.probation = PROBATION;
+                    self.stats.readmissions += 1;
+                }
+                PathState::Probing => {
+                    let left = self.probation.saturating_sub(sum.acked.min(0xffff) as u16);
+                    self.probation = left;
+                    if left == 0 {
+                        self.state = PathState::Active;
+                    }
+                }
+            }
             self.cc.on_ack(sum.acked);
         }
         if ack.ecn_ce > 0 {
             self.stats.ecn_ce += u64::from(ack.ecn_ce);
             self.cc.on_ecn(now, self.rtt.srtt(), u32::from(ack.ecn_ce));
         }
+        // Spurious losses were delivered after all: they count against the loss rate no more.
+        let delivered = sum.acked + sum.spurious;
+        self.loss_rate = Self::ewma(self.loss_rate, sum.lost, delivered + sum.lost);
+        self.ecn_rate = Self::ewma(self.ecn_rate, u32::from(ack.ecn_ce), sum.acked);
+        self.update_health();
         sum
     }
 
-    /// The deadline of this path's timer, if armed.
+    /// The deadline of this path's timer, if armed: the reordering timer of its loss
+    /// detection, or the probe / retransmission timer.
     pub fn deadline(&self) -> Option<u64> {
+        super::timer::min_deadline(
+            self.inflight.loss_deadline(self.rtt.srtt()),
+            self.probe_deadline(),
+        )
+    }
+
+    fn probe_deadline(&self) -> Option<u64> {
         if self.probe_armed {
             return Some(
                 self.probe_at
@@ -231,34 +378,49 @@ impl Path {
         rng: &mut XorShift,
         report: impl FnMut(SentItem, Outcome, u64),
     ) -> u32 {
-        match self.deadline() {
+        let mut report = report;
+        let srtt = self.rtt.srtt();
+        let mut lost = 0;
+        if self.inflight.loss_deadline(srtt).is_some_and(|d| d <= now) {
+            lost = self.inflight.detect_lost(now, srtt, &mut report);
+            self.stats.lost += u64::from(lost);
+            self.loss_rate = Self::ewma(self.loss_rate, lost, lost);
+            self.update_health();
+        }
+        match self.probe_deadline() {
             Some(d) if d <= now => {}
-            _ => return 0,
+            _ => return lost,
         }
         if !self.probe_armed {
             // Tail-loss probe.
             self.probe_armed = true;
             self.probe_at = now;
             self.need_probe = true;
-            return 0;
+            self.update_health();
+            return lost;
         }
-        let lost = self.inflight.on_timeout(report);
+        let timed_out = self.inflight.on_timeout(&mut report);
         self.stats.timeouts += 1;
-        self.stats.lost += u64::from(lost);
+        self.stats.lost += u64::from(timed_out);
         self.backoff = self.backoff.saturating_add(1).min(16);
         self.consecutive_rtos = self.consecutive_rtos.saturating_add(1);
-        self.state = if self.consecutive_rtos >= self.fail_after {
-            PathState::Failed
-        } else {
-            PathState::Suspect
-        };
+        if self.consecutive_rtos >= self.fail_after || self.state == PathState::Probing {
+            self.fail();
+        } else if self.state == PathState::Active {
+            self.state = PathState::Suspect;
+        }
+        // Another route: the old one may be what failed.
         self.sport = rng.source_port(self.sport);
         self.stats.entropy_changes += 1;
+        self.rtt.route_changed();
         self.cc.on_timeout();
         self.probe_armed = true;
         self.probe_at = now;
         self.need_probe = true;
-        lost
+        let n = timed_out.max(1);
+        self.loss_rate = Self::ewma(self.loss_rate, n, n);
+        self.update_health();
+        lost + timed_out
     }
 
     /// Receive side: a sequenced packet arrived on this path.
@@ -339,9 +501,78 @@ mod tests {
         };
         let s = p.on_ack(d3 + 50_000, &ack, |_, _, _| {});
         assert_eq!(s.acked, 1);
-        assert_eq!(p.state, PathState::Active);
+        // Re-admitted on probation; Active once PROBATION packets are acknowledged.
+        assert_eq!(p.state, PathState::Probing);
+        assert!(p.usable());
+        assert_eq!((p.stats.failures, p.stats.readmissions), (1, 1));
         assert_eq!(p.rtt.srtt(), 50_000);
         assert_eq!(p.deadline(), None);
+        let t = d3 + 60_000;
+        for _ in 0..PROBATION {
+            p.on_send(t, SentItem::default(), false);
+        }
+        let ack = PathAck {
+            cum_psn: p.inflight.next_psn(),
+            echo_ts: t as u32,
+            ..PathAck::default()
+        };
+        p.on_ack(t + 50_000, &ack, |_, _, _| {});
+        assert_eq!(p.state, PathState::Active);
+        assert_eq!(p.stats.failures, 1);
+    }
+
+    #[test]
+    fn loss_lowers_health_and_window_then_recovers() {
+        let mut rng = XorShift::new(3);
+        let mut c = cfg();
+        c.initial_cwnd = 64;
+        let mut p = Path::new(0, 0, &c, &mut rng);
+        assert_eq!((p.health(), p.weight(0)), (FULL_HEALTH, 1024));
+        // Every other packet lost, for a while.
+        let mut t = 0u64;
+        for _ in 0..20 {
+            let first = p.inflight.next_psn();
+            for _ in 0..8 {
+                p.on_send(t, SentItem::default(), false);
+            }
+            let mut sack = [0u64; super::super::super::wire::SACK_WORDS];
+            for k in (1..8).step_by(2) {
+                sack[0] |= 1 << (k - 1);
+            }
+            let ack = PathAck {
+                cum_psn: first,
+                echo_ts: t as u32,
+                sack,
+                ..PathAck::default()
+            };
+            t += 10_000;
+            p.on_ack(t, &ack, |_, _, _| {});
+            t += 1_000_000;
+            p.on_timer(t, &mut rng, |_, _, _| {});
+            let ack = PathAck {
+                cum_psn: p.inflight.next_psn(),
+                echo_ts: t as u32,
+                ..PathAck::default()
+            };
+            p.on_ack(t, &ack, |_, _, _| {});
+        }
+        assert!(p.loss_rate() > 20_000, "{}", p.loss_rate());
+        assert!(p.health() < 400, "{}", p.health());
+        let h = p.health();
+        // Clean traffic brings it back.
+        for _ in 0..50 {
+            for _ in 0..8 {
+                p.on_send(t, SentItem::default(), false);
+            }
+            let ack = PathAck {
+                cum_psn: p.inflight.next_psn(),
+                echo_ts: t as u32,
+                ..PathAck::default()
+            };
+            t += 10_000;
+            p.on_ack(t, &ack, |_, _, _| {});
+        }
+        assert!(p.health() > 1000 && p.health() > h, "{}", p.health());
     }
 
     #[test]
@@ -351,7 +582,7 @@ mod tests {
         for _ in 0..4 {
             p.on_send(0, SentItem::default(), false);
         }
-        assert!(!p.has_window());
+        assert!(!p.has_window(FULL_HEALTH));
         let ack = PathAck {
             cum_psn: 4,
             echo_ts: 0,

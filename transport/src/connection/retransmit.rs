@@ -1,10 +1,19 @@
 //! Sender-side loss detection on one path: the in-flight table of the path's PSN space.
 //!
-//! Each path delivers in order (it is one ECMP route), so when an ACK shows PSN `h` received,
-//! every unresolved PSN below `h` on the same path was **lost**, not reordered: its data is
-//! handed back at once to be resent (on any path, as a new packet). What an ACK does not
-//! resolve, the path's timers do ([`super::path`]): a tail-loss probe, then a retransmission
-//! timeout that declares every unresolved packet lost.
+//! Every path has its own PSN space, so reordering *across* paths (the normal case when
+//! packets are sprayed over routes of different delays) never looks like loss. A path is one
+//! ECMP route and normally delivers in order; when it does not (a route change, a reordering
+//! link), the rule below tolerates it. A packet is declared **lost** when a packet sent after
+//! it on the same path has been acknowledged and it has been outstanding for longer than the
+//! RTT of that later packet plus a reordering window (RACK, RFC 8985, per path): its data is
+//! handed back at once to be resent (on any path, as a new packet). The reordering window is
+//! a quarter of the smoothed RTT, widened to cover every reordering the path has shown (a
+//! hole later filled by its original packet: retransmissions carry new PSNs, so a filled
+//! hole is always reordering), and narrowed again after a long run without any.
+//!
+//! What an ACK does not resolve, the path's timers do ([`super::path`]): the reordering
+//! timer for packets inside the window, a tail-loss probe, then a retransmission timeout that
+//! declares every unresolved packet lost.
 
 use super::super::wire::{seq_lt, PathAck, SACK_BITS};
 
@@ -39,29 +48,50 @@ pub enum ItemKind {
 /// How a packet was resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// The path acknowledged it.
+    /// The path acknowledged it (possibly after it was declared lost: then its data arrived
+    /// after all, and the owner may stop waiting for the retransmission).
     Acked,
-    /// A later PSN on the same path was acknowledged.
+    /// A later PSN on the same path was acknowledged and the reordering window passed.
     Lost,
     /// The path's retransmission timer expired.
     TimedOut,
 }
 
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+enum SlotState {
+    /// Nothing, or resolved for good.
+    #[default]
+    Free,
+    /// Sent, neither acknowledged nor declared lost.
+    Live,
+    /// Declared lost by the reordering rule; an ACK for it later is a spurious loss.
+    Lost,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {
-    live: bool,
+    state: SlotState,
     sent_at: u64,
     item: SentItem,
 }
 
-/// Result of applying one ACK entry.
+/// Result of applying one ACK entry or running loss detection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AckSummary {
     /// Packets newly acknowledged.
     pub acked: u32,
     /// Packets newly declared lost.
     pub lost: u32,
+    /// Acknowledged packets that arrived after a later packet of the path (reordering).
+    pub reordered: u32,
+    /// Of those, packets that had already been declared lost (spurious losses).
+    pub spurious: u32,
 }
+
+/// After this many acknowledged packets without reordering, the learned reordering window
+/// is halved.
+const REORDER_DECAY_ACKS: u32 = 1024;
 
 /// In-flight table of one path: PSNs `[una, next)`, at most 256 of them.
 #[derive(Clone, Debug)]
@@ -69,6 +99,14 @@ pub struct InFlight {
     una: u32,
     next: u32,
     unresolved: u32,
+    /// Highest PSN acknowledged so far (valid when `has_high`).
+    high: u32,
+    has_high: bool,
+    /// RTT of the packet `high` (sent last among the acknowledged ones), ns.
+    rack_rtt: u64,
+    /// Reordering window learned from observed reordering, ns.
+    reo_learned: u64,
+    acks_since_reorder: u32,
     slots: [Slot; SACK_BITS],
 }
 
@@ -79,6 +117,11 @@ impl InFlight {
             una: initial_psn,
             next: initial_psn,
             unresolved: 0,
+            high: initial_psn,
+            has_high: false,
+            rack_rtt: 0,
+            reo_learned: 0,
+            acks_since_reorder: 0,
             slots: [Slot::default(); SACK_BITS],
         }
     }
@@ -88,6 +131,11 @@ impl InFlight {
         self.una = initial_psn;
         self.next = initial_psn;
         self.unresolved = 0;
+        self.high = initial_psn;
+        self.has_high = false;
+        self.rack_rtt = 0;
+        self.reo_learned = 0;
+        self.acks_since_reorder = 0;
         for s in self.slots.iter_mut() {
             *s = Slot::default();
         }
@@ -112,6 +160,13 @@ impl InFlight {
         (self.next.wrapping_sub(self.una) as usize) < SACK_BITS
     }
 
+    /// The reordering window for a path whose smoothed RTT is `srtt`: a quarter of it, or
+    /// the reordering learned on the path if that is larger (at most 4 * `srtt`).
+    pub fn reorder_window(&self, srtt: u64) -> u64 {
+        let learned = self.reo_learned.min(srtt.saturating_mul(4));
+        (srtt / 4).max(learned)
+    }
+
     /// Records a packet sent now; returns its PSN, or None without room.
     pub fn push(&mut self, now: u64, item: SentItem) -> Option<u32> {
         if !self.has_room() {
@@ -119,7 +174,7 @@ impl InFlight {
         }
         let psn = self.next;
         *self.slot(psn)? = Slot {
-            live: true,
+            state: SlotState::Live,
             sent_at: now,
             item,
         };
@@ -128,50 +183,126 @@ impl InFlight {
         Some(psn)
     }
 
-    /// Applies a path ACK entry: reports newly acknowledged packets, then every unresolved
-    /// packet below the highest acknowledged PSN as lost.
+    fn learn_reordering(&mut self, extent: u64) {
+        // A quarter more than the largest extent seen, so the next one like it passes.
+        let want = extent.saturating_add(extent / 4);
+        self.reo_learned = self.reo_learned.max(want);
+        self.acks_since_reorder = 0;
+    }
+
+    /// Applies a path ACK entry: reports newly acknowledged packets (also those declared lost
+    /// before, counted as spurious), then runs loss detection ([`InFlight::detect_lost`]).
     pub fn on_ack(
         &mut self,
+        now: u64,
+        srtt: u64,
         ack: &PathAck,
         mut report: impl FnMut(SentItem, Outcome, u64),
     ) -> AckSummary {
         let mut sum = AckSummary::default();
-        let span = self.next.wrapping_sub(self.una);
-        let mut highest: Option<u32> = None;
-        for i in 0..span {
-            let psn = self.una.wrapping_add(i);
+        let prev_high = self.has_high.then_some(self.high);
+        // Every PSN whose slot may still be meaningful: the last 256 sent (slots of PSNs below
+        // `una` can only be Lost ones kept to notice a late arrival).
+        let low = self.next.wrapping_sub(SACK_BITS as u32);
+        for i in 0..SACK_BITS as u32 {
+            let psn = low.wrapping_add(i);
             if !ack.acks(psn) {
                 continue;
             }
-            highest = Some(psn);
-            if let Some(s) = self.slot(psn) {
-                if s.live {
-                    s.live = false;
-                    let (item, at) = (s.item, s.sent_at);
-                    sum.acked += 1;
-                    report(item, Outcome::Acked, at);
+            let below_una = seq_lt(psn, self.una);
+            let rack_rtt = self.rack_rtt;
+            let Some(s) = self.slot(psn) else { continue };
+            let state = s.state;
+            if state == SlotState::Free || (below_una && state == SlotState::Live) {
+                continue;
+            }
+            let (item, at) = (s.item, s.sent_at);
+            s.state = SlotState::Free;
+            let rtt = now.saturating_sub(at);
+            let reordered = prev_high.is_some_and(|h| seq_lt(psn, h));
+            if reordered {
+                sum.reordered += 1;
+                self.learn_reordering(rtt.saturating_sub(rack_rtt));
+            }
+            if state == SlotState::Lost {
+                sum.spurious += 1;
+            } else {
+                sum.acked += 1;
+                if !self.has_high || !seq_lt(psn, self.high) {
+                    self.high = psn;
+                    self.has_high = true;
+                    self.rack_rtt = rtt;
                 }
             }
+            report(item, Outcome::Acked, at);
         }
-        if let Some(h) = highest {
-            for i in 0..span {
-                let psn = self.una.wrapping_add(i);
-                if !seq_lt(psn, h) {
-                    break;
-                }
-                if let Some(s) = self.slot(psn) {
-                    if s.live {
-                        s.live = false;
-                        let (item, at) = (s.item, s.sent_at);
-                        sum.lost += 1;
-                        report(item, Outcome::Lost, at);
-                    }
-                }
+        self.unresolved = self.unresolved.saturating_sub(sum.acked);
+        if sum.reordered == 0 {
+            self.acks_since_reorder = self.acks_since_reorder.saturating_add(sum.acked);
+            if self.acks_since_reorder >= REORDER_DECAY_ACKS {
+                self.acks_since_reorder = 0;
+                self.reo_learned /= 2;
             }
         }
-        self.unresolved = self.unresolved.saturating_sub(sum.acked + sum.lost);
+        sum.lost = self.detect_lost(now, srtt, &mut report);
         self.advance();
         sum
+    }
+
+    /// Declares lost every unresolved packet sent before the highest acknowledged one and
+    /// outstanding for longer than that one's RTT plus the reordering window. Returns how
+    /// many.
+    pub fn detect_lost(
+        &mut self,
+        now: u64,
+        srtt: u64,
+        mut report: impl FnMut(SentItem, Outcome, u64),
+    ) -> u32 {
+        if !self.has_high {
+            return 0;
+        }
+        let wait = self.rack_rtt.saturating_add(self.reorder_window(srtt));
+        let (high, span) = (self.high, self.next.wrapping_sub(self.una));
+        let mut n = 0;
+        for i in 0..span {
+            let psn = self.una.wrapping_add(i);
+            if !seq_lt(psn, high) {
+                break;
+            }
+            if let Some(s) = self.slot(psn) {
+                if s.state == SlotState::Live && now.saturating_sub(s.sent_at) >= wait {
+                    s.state = SlotState::Lost;
+                    n += 1;
+                    let (item, at) = (s.item, s.sent_at);
+                    report(item, Outcome::Lost, at);
+                }
+            }
+        }
+        self.unresolved = self.unresolved.saturating_sub(n);
+        self.advance();
+        n
+    }
+
+    /// When [`InFlight::detect_lost`] will next declare a packet lost, if no ACK comes first.
+    pub fn loss_deadline(&self, srtt: u64) -> Option<u64> {
+        if !self.has_high {
+            return None;
+        }
+        let wait = self.rack_rtt.saturating_add(self.reorder_window(srtt));
+        let span = self.next.wrapping_sub(self.una);
+        for i in 0..span {
+            let psn = self.una.wrapping_add(i);
+            if !seq_lt(psn, self.high) {
+                break;
+            }
+            if let Some(s) = self.slots.get(psn as usize % SACK_BITS) {
+                if s.state == SlotState::Live {
+                    // The oldest such packet is the first due (PSN order is send order).
+                    return Some(s.sent_at.saturating_add(wait));
+                }
+            }
+        }
+        None
     }
 
     /// Retransmission timeout: every unresolved packet is lost.
@@ -181,8 +312,8 @@ impl InFlight {
         for i in 0..span {
             let psn = self.una.wrapping_add(i);
             if let Some(s) = self.slot(psn) {
-                if s.live {
-                    s.live = false;
+                if s.state == SlotState::Live {
+                    s.state = SlotState::Free;
                     n += 1;
                     let (item, at) = (s.item, s.sent_at);
                     report(item, Outcome::TimedOut, at);
@@ -198,7 +329,7 @@ impl InFlight {
         while self.una != self.next {
             let una = self.una;
             match self.slot(una) {
-                Some(s) if s.live => break,
+                Some(s) if s.state == SlotState::Live => break,
                 _ => self.una = una.wrapping_add(1),
             }
         }
@@ -232,8 +363,12 @@ mod tests {
     }
 
     fn run(f: &mut InFlight, a: &PathAck) -> Vec<(u32, Outcome)> {
+        run_at(f, 1_000, 0, a)
+    }
+
+    fn run_at(f: &mut InFlight, now: u64, srtt: u64, a: &PathAck) -> Vec<(u32, Outcome)> {
         let mut v = Vec::new();
-        f.on_ack(a, |it, o, _| v.push((it.seg, o)));
+        f.on_ack(now, srtt, a, |it, o, _| v.push((it.seg, o)));
         v
     }
 
@@ -293,6 +428,41 @@ mod tests {
         assert_eq!(n, 256);
         assert!(f.has_room());
         assert_eq!(f.push(0, item(1)), Some(256));
+    }
+
+    #[test]
+    fn reordering_inside_the_window_is_not_loss_and_is_learned() {
+        let mut f = InFlight::new(0);
+        // Sent 1 us apart; srtt 40 us: reordering window 10 us.
+        for s in 0..4 {
+            f.push(u64::from(s) * 1_000, item(s));
+        }
+        // 1 and 2 acked at 41/42 us (RTT 40 us), 0 not yet: within the window, no loss.
+        assert_eq!(run_at(&mut f, 42_000, 40_000, &ack(0, &[1, 2])).len(), 2);
+        assert_eq!(f.unresolved(), 2);
+        // The reordering timer: 0 was sent at 0, wait = rack RTT 40 us + 10 us.
+        assert_eq!(f.loss_deadline(40_000), Some(50_000));
+        // 0 arrives at 48 us: reordered, not lost; learned 8 us (+25%) < 10 us.
+        let v = run_at(&mut f, 48_000, 40_000, &ack(3, &[]));
+        assert_eq!(v, std::vec![(0, Outcome::Acked)]);
+        assert_eq!(f.unresolved(), 1);
+        // Now a gap that passes the window is lost by the timer path.
+        for s in 4..8 {
+            f.push(50_000 + u64::from(s), item(s));
+        }
+        run_at(&mut f, 90_000, 40_000, &ack(3, &[5, 6, 7]));
+        let mut lost = Vec::new();
+        f.detect_lost(200_000, 40_000, |it, o, _| lost.push((it.seg, o)));
+        assert_eq!(lost, std::vec![(4, Outcome::Lost)]); // 3 was lost by the ACK itself
+                                                         // 4 arrives after all: acked (spurious), and the window grows to cover it.
+        let mut v = Vec::new();
+        let sum = f.on_ack(200_001, 40_000, &ack(3, &[4, 5, 6, 7]), |it, o, _| {
+            v.push((it.seg, o))
+        });
+        assert_eq!(v, std::vec![(4, Outcome::Acked)]);
+        assert_eq!((sum.spurious, sum.reordered), (1, 1));
+        assert!(f.reorder_window(40_000) > 100_000);
+        assert_eq!(f.unresolved(), 0);
     }
 
     #[test]

@@ -8,6 +8,8 @@ pub struct RttEstimator {
     rto: u64,
     min_rto: u64,
     max_rto: u64,
+    /// Smallest sample since the last route change (0: none yet).
+    min_rtt: u64,
     has_sample: bool,
 }
 
@@ -24,12 +26,16 @@ impl RttEstimator {
             rto: initial_rto.clamp(min_rto, max_rto),
             min_rto,
             max_rto,
+            min_rtt: 0,
             has_sample: false,
         }
     }
 
     /// Feeds one RTT sample (ns).
     pub fn sample(&mut self, r: u64) {
+        if self.min_rtt == 0 || r < self.min_rtt {
+            self.min_rtt = r.max(1);
+        }
         if !self.has_sample {
             self.srtt = r;
             self.rttvar = r / 2;
@@ -55,6 +61,17 @@ impl RttEstimator {
     /// Smoothed RTT (0 before the first sample).
     pub fn srtt(&self) -> u64 {
         self.srtt
+    }
+
+    /// Smallest RTT sample since the last [`RttEstimator::route_changed`] (0 before one).
+    pub fn min_rtt(&self) -> u64 {
+        self.min_rtt
+    }
+
+    /// The path moved to another route (new UDP source port): its base RTT is unknown again.
+    /// The smoothed RTT and RTO stay as they are until samples of the new route come in.
+    pub fn route_changed(&mut self) {
+        self.min_rtt = 0;
     }
 
     /// RTT variation (0 before the first sample).
@@ -107,6 +124,9 @@ mod tests {
         assert!(r.rttvar() < 1_000);
         // Clamped at min_rto from below.
         assert!(r.rto() >= 10_000 && r.rto() < 110_000);
+        assert_eq!(r.min_rtt(), 100_000);
+        r.route_changed();
+        assert_eq!(r.min_rtt(), 0);
     }
 
     #[test]
