@@ -20,6 +20,11 @@ pub struct SenderSlot {
 
 /// Divides a receiver's inbound capacity equally among its active senders.
 ///
+/// While arrivals carry CE marks, the granted total is lowered to `1 - F/2` of the target (F:
+/// the fraction of data packets marked in the last interval), so a queue built before the
+/// grants took hold (the senders' first window) drains instead of standing; it climbs back
+/// by 1/16 per unmarked interval.
+///
 /// Time is cut into epochs of `epoch_ns`. A sender is active while data from it arrived in the
 /// current or the previous epoch; so a new sender counts from its first packet (its share and
 /// everyone else's change with the next ACK each of them gets: within an RTT), and a sender
@@ -38,7 +43,19 @@ pub struct RateAllocator {
     cur: u32,
     prev: u32,
     carried: u32,
+    /// Drain: the fraction of the target granted, in 1/`SCALE_ONE`, lowered while arrivals
+    /// carry CE marks (the receiver's last hop, or another hop on the way, is queueing).
+    scale: u32,
+    interval_ns: u64,
+    interval_start: u64,
+    arrived: u32,
+    marked: u32,
 }
+
+/// `scale` of 1.0.
+pub const SCALE_ONE: u32 = 1024;
+/// Default drain interval: the marked fraction of arrivals is measured this long.
+pub const DEFAULT_INTERVAL_NS: u64 = 50_000;
 
 /// Default epoch: long against a data-centre RTT, short against a human.
 pub const DEFAULT_EPOCH_NS: u64 = 500_000;
@@ -54,6 +71,8 @@ impl RateAllocator {
             target_permille: DEFAULT_TARGET_PERMILLE,
             epoch_ns: DEFAULT_EPOCH_NS,
             epoch: 1,
+            scale: SCALE_ONE,
+            interval_ns: DEFAULT_INTERVAL_NS,
             ..RateAllocator::default()
         }
     }
@@ -61,6 +80,12 @@ impl RateAllocator {
     /// Sets the epoch length (at least 1 us) and returns the allocator.
     pub fn with_epoch(mut self, epoch_ns: u64) -> Self {
         self.epoch_ns = epoch_ns.max(1_000);
+        self
+    }
+
+    /// Sets the drain interval (at least 1 us; about two base RTTs) and returns the allocator.
+    pub fn with_interval(mut self, interval_ns: u64) -> Self {
+        self.interval_ns = interval_ns.max(1_000);
         self
     }
 
@@ -101,8 +126,37 @@ impl RateAllocator {
         self.epoch_start = self.epoch_start.saturating_add(passed.saturating_mul(len));
     }
 
-    /// Data from the sender of `slot` arrived at `now`.
-    pub fn note_data(&mut self, now: u64, slot: &mut SenderSlot) {
+    fn drain(&mut self, now: u64) {
+        if self.scale == 0 {
+            self.scale = SCALE_ONE;
+        }
+        let len = match self.interval_ns {
+            0 => DEFAULT_INTERVAL_NS,
+            l => l.max(1_000),
+        };
+        if now.saturating_sub(self.interval_start) < len {
+            return;
+        }
+        // scale follows 1 - F/2 down at once, and climbs back by 1/16 per interval.
+        let f = u64::from(self.marked.min(self.arrived)) * u64::from(SCALE_ONE)
+            / u64::from(self.arrived.max(1));
+        let target = SCALE_ONE - (f as u32) / 2;
+        self.scale = if target < self.scale {
+            target
+        } else {
+            self.scale.saturating_add(SCALE_ONE / 16).min(target)
+        };
+        self.arrived = 0;
+        self.marked = 0;
+        self.interval_start = now;
+    }
+
+    /// `packets` data packets from the sender of `slot` arrived by `now`, `marked` of them
+    /// with ECN CE.
+    pub fn note_data(&mut self, now: u64, slot: &mut SenderSlot, packets: u32, marked: u32) {
+        self.drain(now);
+        self.arrived = self.arrived.saturating_add(packets);
+        self.marked = self.marked.saturating_add(marked);
         self.advance(now);
         if slot.epoch == self.epoch {
             return;
@@ -138,7 +192,10 @@ impl RateAllocator {
             0 => DEFAULT_TARGET_PERMILLE,
             p => p,
         };
-        let target = u64::from(self.capacity_mbps) * u64::from(permille) / 1000;
+        self.drain(now);
+        let target = u64::from(self.capacity_mbps) * u64::from(permille) / 1000
+            * u64::from(self.scale)
+            / u64::from(SCALE_ONE);
         Grant {
             rate_mbps: (target / u64::from(n)).clamp(1, u64::from(u32::MAX)) as u32,
             share: (65_536 / u64::from(n)).clamp(1, 65_535) as u16,
@@ -156,7 +213,7 @@ mod tests {
         let mut s = [SenderSlot::default(); 4];
         let t = 1_000;
         assert_eq!(a.grant(t, &s[0]), Grant::default(), "not active yet");
-        a.note_data(t, &mut s[0]);
+        a.note_data(t, &mut s[0], 1, 0);
         assert_eq!(
             a.grant(t, &s[0]),
             Grant {
@@ -164,7 +221,7 @@ mod tests {
                 share: 65_535
             }
         );
-        a.note_data(t + 10, &mut s[1]);
+        a.note_data(t + 10, &mut s[1], 1, 0);
         assert_eq!(
             a.grant(t + 10, &s[0]).rate_mbps,
             4_750,
@@ -172,22 +229,22 @@ mod tests {
         );
         // Next epoch: both keep sending; then a third joins early in the epoch.
         let t2 = t + 150_000;
-        a.note_data(t2, &mut s[2]);
+        a.note_data(t2, &mut s[2], 1, 0);
         assert_eq!(a.active(t2), 3, "the two of the previous epoch still count");
-        a.note_data(t2 + 5, &mut s[0]);
-        a.note_data(t2 + 6, &mut s[1]);
-        a.note_data(t2 + 7, &mut s[1]);
+        a.note_data(t2 + 5, &mut s[0], 1, 0);
+        a.note_data(t2 + 6, &mut s[1], 1, 0);
+        a.note_data(t2 + 7, &mut s[1], 1, 0);
         assert_eq!(a.active(t2 + 7), 3, "no double counting");
         assert_eq!(a.grant(t2, &s[2]).rate_mbps, 3_166);
         assert_eq!(a.grant(t2, &s[2]).share, 21_845);
         // Sender 1 stops; after its last epoch has passed only 0 and 2 remain.
         let t3 = t + 250_000;
-        a.note_data(t3, &mut s[0]);
-        a.note_data(t3, &mut s[2]);
+        a.note_data(t3, &mut s[0], 1, 0);
+        a.note_data(t3, &mut s[2], 1, 0);
         assert_eq!(a.active(t3), 3);
         let t4 = t + 350_000;
-        a.note_data(t4, &mut s[0]);
-        a.note_data(t4, &mut s[2]);
+        a.note_data(t4, &mut s[0], 1, 0);
+        a.note_data(t4, &mut s[2], 1, 0);
         assert_eq!(a.active(t4), 2);
         assert_eq!(a.grant(t4, &s[1]), Grant::default(), "inactive: no grant");
         // A long silence forgets everyone.
@@ -195,11 +252,27 @@ mod tests {
     }
 
     #[test]
+    fn marks_drain() {
+        let mut a = RateAllocator::new(10_000).with_interval(10_000);
+        let mut s = SenderSlot::default();
+        a.note_data(0, &mut s, 10, 10);
+        assert_eq!(a.grant(0, &s).rate_mbps, 9_500);
+        a.note_data(10_000, &mut s, 10, 0);
+        assert_eq!(a.grant(10_000, &s).rate_mbps, 4_750, "all marked: half");
+        a.note_data(20_000, &mut s, 10, 0);
+        assert_eq!(a.grant(20_000, &s).rate_mbps, 5_343, "climbs back by 1/16");
+        for k in 3..20 {
+            a.note_data(k * 10_000, &mut s, 10, 0);
+        }
+        assert_eq!(a.grant(200_000, &s).rate_mbps, 9_500);
+    }
+
+    #[test]
     fn zeroed_allocator_is_usable() {
         let mut a = RateAllocator::default();
         a.set_capacity(1_000);
         let mut s = SenderSlot::default();
-        a.note_data(5_000_000, &mut s);
+        a.note_data(5_000_000, &mut s, 1, 0);
         assert_eq!(a.grant(5_000_000, &s).rate_mbps, 950);
     }
 }

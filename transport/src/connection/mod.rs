@@ -240,7 +240,8 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     cc: ConnCc,
     /// Receiver side: data arrived since the last `update_allocation`; our registration with
     /// the device's allocator; the grant our ACKs carry.
-    rx_data: bool,
+    rx_packets: u32,
+    rx_marked: u32,
     rx_slot: SenderSlot,
     grant: Grant,
 }
@@ -276,7 +277,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             rr_event: 0,
             stats: ConnStats::default(),
             cc: new_cc(&cfg, num_paths),
-            rx_data: false,
+            rx_packets: 0,
+            rx_marked: 0,
             rx_slot: SenderSlot::default(),
             grant: Grant::default(),
         })
@@ -315,7 +317,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.rr_event = 0;
         self.stats = ConnStats::default();
         self.cc = new_cc(&cfg, num_paths);
-        self.rx_data = false;
+        self.rx_packets = 0;
+        self.rx_marked = 0;
         self.rx_slot = SenderSlot::default();
         self.grant = Grant::default();
         Ok(())
@@ -374,13 +377,16 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
 
     /// Receiver side of congestion control: reports to `alloc`, the allocator of the device
     /// this connection receives on (one per device, shared by every connection into it),
-    /// whether data arrived since the last call, and takes the grant the next ACKs carry to
+    /// the data (and CE-marked data) that arrived since the last call, and takes the grant the next ACKs carry to
     /// the peer. Call it after feeding arrivals and before `poll_transmit`. A connection
     /// whose caller never calls it sends no grant (its ACKs carry rate 0 and share 0).
     pub fn update_allocation(&mut self, now: u64, alloc: &mut RateAllocator) {
-        if self.rx_data {
-            alloc.note_data(now, &mut self.rx_slot);
-            self.rx_data = false;
+        if self.rx_packets > 0 {
+            // Marks drain the grants only when ECN is in use.
+            let marked = if self.cfg.cc.ecn { self.rx_marked } else { 0 };
+            alloc.note_data(now, &mut self.rx_slot, self.rx_packets, marked);
+            self.rx_packets = 0;
+            self.rx_marked = 0;
         }
         self.grant = alloc.grant(now, &self.rx_slot);
     }
@@ -712,7 +718,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             p.on_receive(b.psn, b.timestamp, ecn_ce);
         }
         // Inbound data makes the peer one of the device's active senders.
-        self.rx_data |= !matches!(view.header.ext, Ext::Probe);
+        if !matches!(view.header.ext, Ext::Probe) {
+            self.rx_packets = self.rx_packets.saturating_add(1);
+            self.rx_marked = self.rx_marked.saturating_add(u32::from(ecn_ce));
+        }
         self.unacked = self.unacked.saturating_add(1);
         if b.flags.has(Flags::ACK_REQ)
             || self.unacked >= self.cfg.ack_every

@@ -4,6 +4,8 @@
 //! through an event queue. Everything is seeded.
 #![allow(dead_code)]
 
+pub mod fabric;
+
 use metaroce_transport::connection::{Config, Connection, Event, Transmit};
 use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
 use metaroce_transport::stream::{
