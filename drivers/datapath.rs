@@ -44,7 +44,7 @@ pub(crate) const PATHS: usize = 8;
 pub(crate) const STREAMS: usize = 16;
 
 /// The unified connection to one peer device.
-pub(crate) type Conn = Connection<PATHS, STREAMS>;
+pub(crate) type Conn = Connection<PATHS, [stream::Stream; STREAMS]>;
 
 /// Largest datagram we send or queue.
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;

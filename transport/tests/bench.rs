@@ -4,14 +4,14 @@
 
 mod sim;
 
-use metaroce_transport::connection::{Connection, Event};
+use metaroce_transport::connection::Event;
 use metaroce_transport::stream::{SendWqe, StreamConfig, WrOpcode};
 use sim::*;
 
 #[test]
 #[ignore]
 fn core_cost_per_datagram() {
-    type C = Connection<8, 4>;
+    type C = Conn;
     let mk = |l: u32, r: u32| {
         let mut cfg = sim::config(l, r, 1);
         cfg.mtu = 4096;

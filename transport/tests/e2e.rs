@@ -388,7 +388,7 @@ fn zeroed_connection_is_inert_until_reset_and_sizes() {
     c.handle_timeout(1_000_000);
     let _ = c.handle_packet(0, &[1, 0, 0, 0], false, &mut mem);
     eprintln!(
-        "size_of Connection<{PATHS}, {STREAMS}> = {} bytes; Path = {}; Stream = {}",
+        "size_of Connection<{PATHS}, SimSlots> = {} bytes; Path = {}; Stream = {}",
         std::mem::size_of::<Conn>(),
         std::mem::size_of::<metaroce_transport::connection::path::Path>(),
         std::mem::size_of::<metaroce_transport::stream::Stream>()
@@ -473,7 +473,7 @@ fn ecn_marks_are_echoed_and_shrink_windows() {
 fn two_hundred_fifty_six_paths() {
     use metaroce_transport::connection::Connection;
     use metaroce_transport::stream::StreamConfig;
-    type Big = Connection<256, 1>;
+    type Big = Connection<256, [metaroce_transport::stream::Stream; 1]>;
     let mk = |l: u32, r: u32| -> Box<Big> {
         // SAFETY: all-zero is a valid connection (see `Connection::reset`), reset before use.
         let mut c: Box<Big> = unsafe { Box::new_zeroed().assume_init() };
@@ -601,29 +601,38 @@ fn sending_to_a_closed_qp_fails_fast() {
 fn config_is_validated() {
     use metaroce_transport::connection::{Config, ConfigError, Connection};
     let ok = Config::new(1, 2);
-    assert!(Connection::<8, 1>::new(ok).is_ok());
+    assert!(Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(ok).is_ok());
     let mut c = ok;
     c.num_paths = 9;
     assert_eq!(
-        Connection::<8, 1>::new(c).err(),
+        Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
         Some(ConfigError::PathCount)
     );
     c.num_paths = 0;
     assert_eq!(
-        Connection::<8, 1>::new(c).err(),
+        Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
         Some(ConfigError::PathCount)
     );
     let mut c = ok;
     c.mtu = 0;
-    assert_eq!(Connection::<8, 1>::new(c).err(), Some(ConfigError::Mtu));
+    assert_eq!(
+        Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
+        Some(ConfigError::Mtu)
+    );
     let mut c = ok;
     c.path.min_rto = 0;
-    assert_eq!(Connection::<8, 1>::new(c).err(), Some(ConfigError::Timers));
+    assert_eq!(
+        Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
+        Some(ConfigError::Timers)
+    );
     let mut c = ok;
     c.stall_timeout = 0;
-    assert_eq!(Connection::<8, 1>::new(c).err(), Some(ConfigError::Timers));
+    assert_eq!(
+        Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
+        Some(ConfigError::Timers)
+    );
     // Streams: duplicate QP numbers and a full table are refused.
-    let mut conn = Connection::<8, 1>::new(ok).unwrap();
+    let mut conn = Connection::<8, [metaroce_transport::stream::Stream; 1]>::new(ok).unwrap();
     let s = conn
         .open_stream(metaroce_transport::stream::StreamConfig::new(5, 6))
         .unwrap();

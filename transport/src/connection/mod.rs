@@ -8,12 +8,15 @@
 //!
 //! - `path`: a path's state, window and timers; `sack`: the receiver's per-path SACK window and
 //!   per-message segment windows; `retransmit`: the sender's in-flight table and loss
-//!   detection; `rtt`: the RTT estimator; `timer`: the timers the caller arms.
+//!   detection; `rtt`: the RTT estimator; `timer`: the timers the caller arms; `streams`:
+//!   where the streams live (caller storage, [`StreamSlots`]) and the index and lists that
+//!   find the ones needing attention without scanning the rest.
 
 pub mod path;
 pub mod retransmit;
 pub mod rtt;
 pub mod sack;
+pub mod streams;
 pub mod timer;
 
 use super::congestion::{CcConfig, CcStats, ConnCc, Grant, RateAllocator, SenderSlot};
@@ -31,6 +34,8 @@ use super::wire::{
 };
 use path::{Path, PathConfig, PathState, PathStats};
 use retransmit::{ItemKind, Outcome, SentItem};
+use streams::{Sched, ACK, EVENT, FREE, TIMER, WORK};
+pub use streams::{StreamSlots, MAX_STREAMS};
 use timer::{Earliest, Timer};
 
 /// Connection settings. Both ends must agree on `mtu`, `initial_psn` and the path count.
@@ -181,6 +186,10 @@ pub struct ConnStats {
     pub probes_out: u64,
     /// Path retransmission timeouts, all paths.
     pub timeouts: u64,
+    /// Duplicate request packets received, all streams (already placed or completed).
+    pub duplicates: u64,
+    /// RNR NAKs received, all streams.
+    pub rnr_naks_in: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -216,13 +225,15 @@ enum Work {
     },
 }
 
-/// One MetaRoCE connection with up to `PATHS` paths and `STREAMS` streams.
-pub struct Connection<const PATHS: usize, const STREAMS: usize> {
+/// One MetaRoCE connection with up to `PATHS` paths and its streams in `S` (for example
+/// `[Stream; N]`, or storage that grows as streams open).
+pub struct Connection<const PATHS: usize, S: StreamSlots> {
     cfg: Config,
     rng: XorShift,
     paths: [Path; PATHS],
     num_paths: usize,
-    streams: [Stream; STREAMS],
+    /// The QP index and the lists of streams needing attention.
+    sched: Sched,
     naks: [PendingNak; NAK_QUEUE],
     nak_head: usize,
     nak_len: usize,
@@ -232,9 +243,6 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     ack_at: u64,
     unacked: u16,
     rr_ack_path: usize,
-    rr_ack_stream: usize,
-    rr_stream: usize,
-    rr_event: usize,
     stats: ConnStats,
     /// Sender side: connection window, pacer, the peer's grant.
     cc: ConnCc,
@@ -244,12 +252,22 @@ pub struct Connection<const PATHS: usize, const STREAMS: usize> {
     rx_marked: u32,
     rx_slot: SenderSlot,
     grant: Grant,
+    /// Last: the caller's storage.
+    streams: S,
 }
 
-impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
-    /// A connection configured with `cfg`. It is large (tens to hundreds of KiB, depending on
-    /// `PATHS` and `STREAMS`): in the kernel, zero-allocate and use [`Connection::reset`].
+impl<const PATHS: usize, const N: usize> Connection<PATHS, [Stream; N]> {
+    /// A connection configured with `cfg`, with room for `N` streams. It is large (tens to
+    /// hundreds of KiB, depending on `PATHS` and `N`): in the kernel, zero-allocate and use
+    /// [`Connection::reset`].
     pub fn new(cfg: Config) -> Result<Self, ConfigError> {
+        Self::with_streams(cfg, core::array::from_fn(|_| Stream::closed()))
+    }
+}
+
+impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
+    /// A connection configured with `cfg`, its streams in `streams` (all closed).
+    pub fn with_streams(cfg: Config, streams: S) -> Result<Self, ConfigError> {
         let num_paths = Self::check(&cfg)?;
         let mut rng = XorShift::new(cfg.seed);
         let planes = cfg.planes.max(1);
@@ -263,7 +281,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             rng,
             paths,
             num_paths,
-            streams: core::array::from_fn(|_| Stream::closed()),
+            sched: Sched::default(),
+            streams,
             naks: [PendingNak::default(); NAK_QUEUE],
             nak_head: 0,
             nak_len: 0,
@@ -272,9 +291,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             ack_at: 0,
             unacked: 0,
             rr_ack_path: 0,
-            rr_ack_stream: 0,
-            rr_stream: 0,
-            rr_event: 0,
             stats: ConnStats::default(),
             cc: new_cc(&cfg, num_paths),
             rx_packets: 0,
@@ -289,7 +305,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
     /// plain data whose all-zero bit pattern is a valid value (integers, bools, arrays,
     /// `#[repr(u8)]` enums whose variant 0 is the empty state, no `Option` fields, no
     /// references), so a caller can allocate a zeroed connection and call this: how the
-    /// kernel, with its small stacks, makes one.
+    /// kernel, with its small stacks, makes one. The stream storage must be valid as all-zero
+    /// too (a `[Stream; N]` is); every stream in it is closed.
     pub fn reset(&mut self, cfg: Config) -> Result<(), ConfigError> {
         let num_paths = Self::check(&cfg)?;
         self.cfg = cfg;
@@ -299,9 +316,13 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             p.reset(i as u16, (i % planes) as u8, &cfg.path, &mut self.rng);
         }
         self.num_paths = num_paths;
-        for s in self.streams.iter_mut() {
-            s.reset(None);
+        for i in 0..self.streams.slot_count() {
+            if let Some(s) = self.streams.slot_mut(i) {
+                s.reset(None);
+                s.links = streams::Links::default();
+            }
         }
+        self.sched = Sched::default();
         for n in self.naks.iter_mut() {
             *n = PendingNak::default();
         }
@@ -312,9 +333,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         self.ack_at = 0;
         self.unacked = 0;
         self.rr_ack_path = 0;
-        self.rr_ack_stream = 0;
-        self.rr_stream = 0;
-        self.rr_event = 0;
         self.stats = ConnStats::default();
         self.cc = new_cc(&cfg, num_paths);
         self.rx_packets = 0;
@@ -407,30 +425,79 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         &self.cc.stats
     }
 
-    /// Opens a stream (QP) on this connection.
+    /// Opens a stream (QP) on this connection, growing the stream storage if it is full and
+    /// can grow.
     pub fn open_stream(&mut self, cfg: StreamConfig) -> Result<StreamId, ConfigError> {
-        if self
-            .streams
-            .iter()
-            .any(|s| s.open && s.cfg.local_qp == cfg.local_qp)
-        {
+        let (sched, slots) = (&mut self.sched, &mut self.streams);
+        sched.adopt(slots);
+        if sched.lookup(slots, cfg.local_qp).is_some() {
             return Err(ConfigError::DuplicateQp);
         }
-        let (i, s) = self
-            .streams
-            .iter_mut()
-            .enumerate()
-            .find(|(_, s)| !s.open)
-            .ok_or(ConfigError::NoStreamSlot)?;
+        if sched.len(FREE) == 0 && sched.known() < MAX_STREAMS && slots.grow() {
+            sched.adopt(slots);
+        }
+        // Slots on the free list are closed; the check only guards against misuse.
+        let i = loop {
+            let i = sched.pop(slots, FREE).ok_or(ConfigError::NoStreamSlot)?;
+            if slots.slot(i).is_some_and(|s| !s.open) {
+                break i;
+            }
+        };
+        let s = slots.slot_mut(i).ok_or(ConfigError::NoStreamSlot)?;
         s.reset(Some(cfg));
+        sched.index_insert(slots, i);
         Ok(StreamId(i as u16))
     }
 
     /// Closes a stream; everything outstanding on it is dropped without completions.
     pub fn close_stream(&mut self, id: StreamId) {
-        if let Some(s) = self.streams.get_mut(usize::from(id.0)) {
+        let i = usize::from(id.0);
+        let (sched, slots) = (&mut self.sched, &mut self.streams);
+        if !slots.slot(i).is_some_and(|s| s.open) {
+            return;
+        }
+        sched.index_remove(slots, i);
+        if let Some(s) = slots.slot_mut(i) {
             s.reset(None);
         }
+        sched.push(slots, FREE, i);
+    }
+
+    /// Stream slots in use by the connection (open or free for reuse).
+    pub fn stream_slots(&self) -> usize {
+        self.sched.known()
+    }
+
+    /// The stream storage.
+    pub fn streams(&self) -> &S {
+        &self.streams
+    }
+
+    /// With no stream open, lets the storage drop its slots ([`StreamSlots::release`]);
+    /// false (nothing done) while a stream is open. The paths keep their state: the peer's
+    /// connection continues with the same sequence spaces when a stream opens again.
+    pub fn release_streams(&mut self) -> bool {
+        let known = self.sched.known();
+        if self.sched.len(FREE) != known
+            || (0..known).any(|i| self.streams.slot(i).is_some_and(|s| s.open))
+        {
+            return false;
+        }
+        self.streams.release();
+        self.sched = Sched::default();
+        // Whatever slots remain (fixed storage keeps them) are adopted afresh.
+        for i in 0..self.streams.slot_count() {
+            if let Some(s) = self.streams.slot_mut(i) {
+                s.links = streams::Links::default();
+            }
+        }
+        true
+    }
+
+    /// Stream `i` changed: look at it for work, events and timers.
+    fn touch(&mut self, i: usize) {
+        let stall = self.cfg.stall_timeout;
+        self.sched.touch(&mut self.streams, i, stall);
     }
 
     /// Moves a stream (QP) to the error state on the caller's request (`ib_modify_qp` to
@@ -442,6 +509,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             s.set_error(CqStatus::WrFlushErr);
             s.error_reported = true;
         }
+        self.touch(usize::from(id.0));
         Ok(())
     }
 
@@ -465,24 +533,28 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         s.cfg.rnr_retry = rnr_retry;
         s.cfg.ack_timeout = ack_timeout;
         s.req.reset(send_msn);
+        self.touch(usize::from(id.0));
         Ok(())
     }
 
     /// Requester and responder counters of a stream.
     pub fn stream_stats(&self, id: StreamId) -> Option<(RequesterStats, ResponderStats)> {
         self.streams
-            .get(usize::from(id.0))
+            .slot(usize::from(id.0))
             .filter(|s| s.open)
             .map(|s| (s.req.stats, s.resp.stats))
     }
 
     /// The stream's error state, if any.
     pub fn stream_error(&self, id: StreamId) -> Option<CqStatus> {
-        self.streams.get(usize::from(id.0)).and_then(|s| s.error())
+        self.streams
+            .slot(usize::from(id.0))
+            .filter(|s| s.open)
+            .and_then(|s| s.error())
     }
 
     fn open_stream_mut(&mut self, id: StreamId) -> Result<&mut Stream, PostError> {
-        match self.streams.get_mut(usize::from(id.0)) {
+        match self.streams.slot_mut(usize::from(id.0)) {
             Some(s) if s.open => Ok(s),
             _ => Err(PostError::NoSuchStream),
         }
@@ -493,19 +565,31 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         let mtu = self.cfg.mtu;
         let s = self.open_stream_mut(id)?;
         let failed = s.error().is_some();
-        s.req.post(wqe, mtu, now, failed)
+        s.req.post(wqe, mtu, now, failed)?;
+        self.touch(usize::from(id.0));
+        Ok(())
     }
 
     /// Posts a receive WQE.
     pub fn post_recv(&mut self, id: StreamId, wqe: RecvWqe) -> Result<(), PostError> {
         let s = self.open_stream_mut(id)?;
-        s.resp.post_recv(wqe)
+        s.resp.post_recv(wqe)?;
+        if s.error().is_some() {
+            // Flushed at once: an event.
+            self.touch(usize::from(id.0));
+        }
+        Ok(())
     }
 
-    fn stream_by_qp(&self, qp: u32) -> Option<usize> {
-        self.streams
-            .iter()
-            .position(|s| s.open && s.cfg.local_qp == qp)
+    /// The open stream whose local QP is `qp` (O(1): a hash index).
+    pub fn stream_by_qp(&self, qp: u32) -> Option<StreamId> {
+        self.sched
+            .lookup(&self.streams, qp)
+            .map(|i| StreamId(i as u16))
+    }
+
+    fn stream_index(&self, qp: u32) -> Option<usize> {
+        self.sched.lookup(&self.streams, qp)
     }
 
     // ---------------------------------------------------------------- receiving
@@ -534,7 +618,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         match view.header.ext {
             Ext::Ack(h) => {
                 self.stats.acks_in += 1;
-                let (paths, streams) = (&mut self.paths, &mut self.streams);
+                let stall = self.cfg.stall_timeout;
+                let (paths, streams, sched) = (&mut self.paths, &mut self.streams, &mut self.sched);
                 let mut cc = CcSample::default();
                 for pa in view.ack_paths() {
                     let i = usize::from(pa.path_id);
@@ -547,7 +632,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                     }
                     if let Some(p) = paths.get_mut(i) {
                         let sum = p.on_ack(now, &pa, |item, outcome, _| {
-                            resolve(streams, now, item, outcome)
+                            resolve(streams, sched, stall, now, item, outcome)
                         });
                         cc.add(sum.acked, pa.ecn_ce, p.rtt.srtt());
                     }
@@ -559,12 +644,13 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                     share: h.share,
                 });
                 for sa in view.ack_streams() {
-                    if let Some(s) = streams
-                        .iter_mut()
-                        .find(|s| s.open && s.cfg.local_qp == sa.qp)
-                    {
+                    let Some(i) = sched.lookup(streams, sa.qp) else {
+                        continue;
+                    };
+                    if let Some(s) = streams.slot_mut(i) {
                         s.req.on_stream_ack(now, sa.completed_msn);
                     }
+                    sched.touch(streams, i, stall);
                 }
                 Ok(())
             }
@@ -574,12 +660,15 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                     *c += 1;
                 }
                 let i = self
-                    .stream_by_qp(b.dst_qp)
+                    .stream_index(b.dst_qp)
                     .ok_or(RecvError::UnknownStream)?;
-                if let Some(s) = self.streams.get_mut(i) {
+                if let Some(s) = self.streams.slot_mut(i) {
                     let rnr_retry = s.cfg.rnr_retry;
+                    let before = s.req.stats.rnr_naks;
                     s.req.on_nak(now, b.msn, n.code, n.value, rnr_retry);
+                    self.stats.rnr_naks_in += s.req.stats.rnr_naks.wrapping_sub(before);
                 }
+                self.touch(i);
                 Ok(())
             }
             _ => self.handle_sequenced(now, &view, ecn_ce, mem),
@@ -603,7 +692,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         let verdict = if let Ext::Probe = view.header.ext {
             Verdict::Accept
         } else {
-            let Some(si) = self.stream_by_qp(b.dst_qp) else {
+            let Some(si) = self.stream_index(b.dst_qp) else {
                 // No such QP (closed, or never opened). Acknowledge the packet on its path so
                 // the sender does not resend it as lost, and NAK requests so it fails fast.
                 self.stats.dropped_in += 1;
@@ -619,9 +708,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 }
                 return Err(RecvError::UnknownStream);
             };
-            let Some(s) = self.streams.get_mut(si) else {
+            let Some(s) = self.streams.slot_mut(si) else {
                 return Err(RecvError::UnknownStream);
             };
+            let dups_before = s.resp.stats.duplicates;
             let rnr_us = s.cfg.rnr_timer_us;
             let solicited = b.flags.has(Flags::SOLICITED);
             let v = if s.error().is_some() {
@@ -699,12 +789,16 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             if let Some(code) = s.resp.failed() {
                 s.set_error(CqStatus::from_nak(code));
             }
-            if !matches!(
+            self.stats.duplicates += s.resp.stats.duplicates.wrapping_sub(dups_before);
+            let report = !matches!(
                 view.header.ext,
                 Ext::ReadResponse(_) | Ext::AtomicResponse(_)
-            ) {
+            );
+            if report {
                 s.ack_dirty = true;
+                self.sched.push(&mut self.streams, ACK, si);
             }
+            self.touch(si);
             if let Verdict::Nak(code, value) = v {
                 self.queue_nak(b.src_qp, b.dst_qp, b.msn, code, value);
             }
@@ -777,14 +871,10 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         for (i, p) in self.paths.iter().take(self.num_paths).enumerate() {
             e.offer(p.deadline(), Timer::Path(i));
         }
-        for (i, s) in self.streams.iter().enumerate() {
-            if s.open && s.error().is_none() {
-                e.offer(
-                    s.req.deadline(s.ack_timeout(self.cfg.stall_timeout)),
-                    Timer::Stream(i),
-                );
-            }
-        }
+        e.offer(
+            self.sched.timer_hint(),
+            Timer::Stream(self.sched.front(TIMER).unwrap_or(0)),
+        );
         e.get()
     }
 
@@ -795,27 +885,59 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             self.ack_armed = false;
         }
         self.cc.on_timer(now);
-        let (paths, streams, rng) = (&mut self.paths, &mut self.streams, &mut self.rng);
+        let stall = self.cfg.stall_timeout;
+        let (paths, streams, sched, rng) = (
+            &mut self.paths,
+            &mut self.streams,
+            &mut self.sched,
+            &mut self.rng,
+        );
         for p in paths.iter_mut().take(self.num_paths) {
             if p.deadline().is_some_and(|d| d <= now) {
                 p.on_timer(now, rng, |item, outcome, _| {
-                    resolve(streams, now, item, outcome)
+                    resolve(streams, sched, stall, now, item, outcome)
                 });
             }
         }
         self.stats.timeouts = self.paths.iter().map(|p| p.stats.timeouts).sum();
-        for s in self.streams.iter_mut() {
+        if self.sched.timer_hint().is_some_and(|d| d <= now) {
+            self.stream_timers(now);
+        }
+    }
+
+    /// Fires the streams' due completion timeouts and RNR back-offs: one pass over the
+    /// streams on the TIMER list (those with outstanding work), which leaves on it only those
+    /// that still have a deadline and makes the hint exact.
+    fn stream_timers(&mut self, now: u64) {
+        let stall_default = self.cfg.stall_timeout;
+        let (streams, sched) = (&mut self.streams, &mut self.sched);
+        let mut earliest: Option<u64> = None;
+        for _ in 0..sched.len(TIMER) {
+            let Some(i) = sched.pop(streams, TIMER) else {
+                break;
+            };
+            let Some(s) = streams.slot_mut(i) else {
+                continue;
+            };
             if !s.open || s.error().is_some() {
                 continue;
             }
-            let stall = s.ack_timeout(self.cfg.stall_timeout);
+            let stall = s.ack_timeout(stall_default);
             if s.req.deadline(stall).is_some_and(|d| d <= now) {
                 let retry_cnt = s.cfg.retry_cnt;
                 if s.req.on_timer(now, stall, retry_cnt) {
                     s.req.fail_retry_exceeded();
                 }
+                sched.push(streams, WORK, i);
+                sched.push(streams, EVENT, i);
+            }
+            let Some(s) = streams.slot(i) else { continue };
+            if let Some(d) = s.req.deadline(stall) {
+                earliest = Some(earliest.map_or(d, |e| e.min(d)));
+                sched.push(streams, TIMER, i);
             }
         }
+        sched.set_timer_hint(earliest);
     }
 
     // ---------------------------------------------------------------- sending
@@ -848,16 +970,16 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             if !self.cc.has_room(in_flight) {
                 return None;
             }
-            let rr = self.rr_stream;
             let pi = self.pick_path()?;
             let work = self.pick_work(now)?;
             if !self.cc.ready(now) {
                 // Held by the pacer (`poll_timeout` now includes its deadline); the next
                 // call picks the same work again.
-                self.rr_stream = rr;
                 return None;
             }
             self.commit_path();
+            // Round-robin: the stream goes to the back of the WORK list.
+            self.sched.rotate(&mut self.streams, WORK);
             if let Some(t) = self.emit_data(now, pi, work, buf, mem) {
                 self.cc.on_send(now, t.len);
                 return Some(t);
@@ -935,17 +1057,23 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         Some(i)
     }
 
-    /// Round-robin over streams; within a stream, responses first, then requests.
+    /// The first stream on the WORK list with something to send (the caller moves it to the
+    /// back when it sends: round-robin); within a stream, responses first, then requests. A
+    /// stream found with nothing to send leaves the list (something that gives it work puts
+    /// it back).
     fn pick_work(&mut self, now: u64) -> Option<Work> {
-        let n = STREAMS;
-        for k in 0..n {
-            let i = (self.rr_stream + k) % n;
-            let s = self.streams.get_mut(i)?;
+        let (streams, sched) = (&mut self.streams, &mut self.sched);
+        loop {
+            let i = sched.front(WORK)?;
+            let Some(s) = streams.slot_mut(i) else {
+                sched.pop(streams, WORK);
+                continue;
+            };
             if !s.open || s.error().is_some() {
+                sched.pop(streams, WORK);
                 continue;
             }
             if let Some(r) = s.resp.next_segment() {
-                self.rr_stream = (i + 1) % n;
                 return Some(Work::Response {
                     stream: i,
                     msn: r.msn,
@@ -955,7 +1083,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 });
             }
             if let Some(r) = s.req.next_segment(now) {
-                self.rr_stream = (i + 1) % n;
                 return Some(Work::Request {
                     stream: i,
                     msn: r.msn,
@@ -964,8 +1091,8 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                     retransmit: r.retransmit,
                 });
             }
+            sched.pop(streams, WORK);
         }
-        None
     }
 
     fn transmit(&mut self, path: usize, len: usize, ecn_capable: bool) -> Option<Transmit> {
@@ -1004,7 +1131,14 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             .iter()
             .take(self.num_paths)
             .any(|p| p.recv_pending);
-        let any_stream = self.streams.iter().any(|s| s.open && s.ack_dirty);
+        // Stale entries (closed, or already reported) leave the front of the ACK list.
+        while let Some(i) = self.sched.front(ACK) {
+            if self.streams.slot(i).is_some_and(|s| s.open && s.ack_dirty) {
+                break;
+            }
+            self.sched.pop(&mut self.streams, ACK);
+        }
+        let any_stream = self.sched.len(ACK) != 0;
         if !any_path && !any_stream {
             self.ack_now = false;
             self.ack_armed = false;
@@ -1019,11 +1153,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             ..AckHeader::default()
         };
         let mut w = AckWriter::new(buf, base, info).ok()?;
-        let dirty_streams = self
-            .streams
-            .iter()
-            .filter(|s| s.open && s.ack_dirty)
-            .count();
+        let dirty_streams = self.sched.len(ACK);
         let stream_room = dirty_streams.min(255).saturating_mul(STREAM_ACK_LEN);
         let mut left_over = false;
         for p in self.paths.iter_mut().take(self.num_paths) {
@@ -1040,31 +1170,39 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 break;
             }
         }
-        for s in self.streams.iter_mut() {
-            if !s.open || !s.ack_dirty {
+        while let Some(i) = self.sched.front(ACK) {
+            let Some(s) = self.streams.slot_mut(i) else {
+                self.sched.pop(&mut self.streams, ACK);
                 continue;
-            }
-            let e = super::wire::StreamAck {
-                qp: s.cfg.remote_qp,
-                completed_msn: s.resp.completed_msn(),
             };
-            if w.push_stream(&e).is_err() {
-                left_over = true;
-                break;
+            if s.open && s.ack_dirty {
+                let e = super::wire::StreamAck {
+                    qp: s.cfg.remote_qp,
+                    completed_msn: s.resp.completed_msn(),
+                };
+                if w.push_stream(&e).is_err() {
+                    left_over = true;
+                    break;
+                }
+                s.ack_dirty = false;
+                self.sched.note_reported(i);
             }
-            s.ack_dirty = false;
+            self.sched.pop(&mut self.streams, ACK);
         }
-        // Also repeat the state of a few other open streams, round-robin: an ACK that carried
-        // a stream's last change may have been lost, and a requester with nothing left in
-        // flight would otherwise wait for its completion timeout.
-        let n = STREAMS;
+        // Also repeat the state of a few recently reported streams, round-robin: an ACK that
+        // carried a stream's last change may have been lost, and a requester with nothing
+        // left in flight would otherwise wait for its completion timeout.
         let mut extra = 0;
-        for k in 0..n {
+        for _ in 0..streams::REPEAT {
             if extra >= EXTRA_STREAM_ACKS || w.remaining() < STREAM_ACK_LEN {
                 break;
             }
-            let i = (self.rr_ack_stream + k) % n;
-            let Some(s) = self.streams.get(i) else { break };
+            let Some(i) = self.sched.next_repeat() else {
+                break;
+            };
+            let Some(s) = self.streams.slot(i) else {
+                continue;
+            };
             if !s.open || s.error().is_some() {
                 continue;
             }
@@ -1076,7 +1214,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 break;
             }
             extra += 1;
-            self.rr_ack_stream = (i + 1) % n;
         }
         let len = w.finish();
         self.ack_now = left_over;
@@ -1164,7 +1301,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 attempt,
                 retransmit,
             } => {
-                let s = self.streams.get_mut(stream)?;
+                let s = self.streams.slot_mut(stream)?;
                 let cfg = s.cfg;
                 let info = s.req.segment_info(msn, seg, mtu)?;
                 let opcode = match info.opcode {
@@ -1235,6 +1372,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                         });
                 if let Err(e) = res {
                     s.req.fail_local(msn, e);
+                    self.touch(stream);
                     return None;
                 }
                 let item = SentItem {
@@ -1253,7 +1391,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 kind,
                 retransmit,
             } => {
-                let s = self.streams.get_mut(stream)?;
+                let s = self.streams.slot_mut(stream)?;
                 let cfg = s.cfg;
                 let opcode = match kind {
                     ResponseKind::Read { .. } => Opcode::ReadResponse,
@@ -1285,6 +1423,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                             let src = va.wrapping_add(u64::from(offset));
                             if mem.read_remote(rkey, src, dst).is_err() {
                                 s.resp.abort_response(msn);
+                                self.touch(stream);
                                 self.queue_nak(
                                     cfg.remote_qp,
                                     cfg.local_qp,
@@ -1323,7 +1462,7 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
         header.base.psn = psn;
         let hl = header.emit(buf).ok()?;
         let len = hl.checked_add(header.payload_len() as usize)?;
-        let s = self.streams.get_mut(si)?;
+        let s = self.streams.slot_mut(si)?;
         match item.kind {
             ItemKind::Request => s.req.mark_sent(item.msn, item.seg),
             _ => s.resp.mark_sent(item.msn, item.seg),
@@ -1337,15 +1476,16 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
 
     // ---------------------------------------------------------------- events
 
-    /// The next completion or stream event, round-robin over streams; None when there is none.
+    /// The next completion or stream event of the streams on the EVENT list; None when there
+    /// is none. A stream stays first on the list while it has events, and leaves it when it
+    /// has none.
     pub fn poll_event(&mut self) -> Option<Event> {
-        let n = STREAMS;
-        for k in 0..n {
-            let i = (self.rr_event + k) % n;
-            let s = self.streams.get_mut(i)?;
-            if !s.open {
+        loop {
+            let i = self.sched.front(EVENT)?;
+            let Some(s) = self.streams.slot_mut(i).filter(|s| s.open) else {
+                self.sched.pop(&mut self.streams, EVENT);
                 continue;
-            }
+            };
             if let Some(code) = s.resp.failed() {
                 if s.error().is_none() {
                     s.set_error(CqStatus::from_nak(code));
@@ -1354,7 +1494,6 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
             if let Some(status) = s.error() {
                 if !s.error_reported {
                     s.error_reported = true;
-                    self.rr_event = (i + 1) % n;
                     return Some(Event::StreamError {
                         stream: StreamId(i as u16),
                         status,
@@ -1366,16 +1505,14 @@ impl<const PATHS: usize, const STREAMS: usize> Connection<PATHS, STREAMS> {
                 if fatal {
                     s.set_error(cqe.status);
                 }
-                self.rr_event = (i + 1) % n;
                 return Some(Event::SendCompletion(cqe));
             }
             let src_qp = s.cfg.remote_qp;
             if let Some(cqe) = s.resp.pop_completion(StreamId(i as u16), src_qp, in_error) {
-                self.rr_event = (i + 1) % n;
                 return Some(Event::RecvCompletion(cqe));
             }
+            self.sched.pop(&mut self.streams, EVENT);
         }
-        None
     }
 }
 
@@ -1433,8 +1570,16 @@ fn base_header(
 }
 
 /// Routes a resolved packet to its owner.
-fn resolve(streams: &mut [Stream], now: u64, item: SentItem, outcome: Outcome) {
-    let Some(s) = streams.get_mut(usize::from(item.stream)) else {
+fn resolve<S: StreamSlots>(
+    streams: &mut S,
+    sched: &mut Sched,
+    stall: u64,
+    now: u64,
+    item: SentItem,
+    outcome: Outcome,
+) {
+    let i = usize::from(item.stream);
+    let Some(s) = streams.slot_mut(i) else {
         return;
     };
     if !s.open {
@@ -1445,6 +1590,7 @@ fn resolve(streams: &mut [Stream], now: u64, item: SentItem, outcome: Outcome) {
             .req
             .on_outcome(now, item.msn, item.seg, item.attempt, outcome),
         ItemKind::Response => s.resp.on_outcome(item.msn, item.seg, outcome),
-        ItemKind::Probe => {}
+        ItemKind::Probe => return,
     }
+    sched.touch(streams, i, stall);
 }

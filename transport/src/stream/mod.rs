@@ -5,7 +5,7 @@
 //! - [`responder`]: posted receive WQEs, placement of arriving data in any order, in-order
 //!   completion, READ and atomic responses (rxe's `resp`).
 //!
-//! Sizes are fixed by the constants below; a stream is a few tens of KiB.
+//! Sizes are fixed by the constants below; a stream is about 11 KiB, whether idle or busy.
 
 pub mod requester;
 pub mod responder;
@@ -15,14 +15,20 @@ use super::wire::NakCode;
 pub use requester::Requester;
 pub use responder::Responder;
 
-/// Send queue depth (outstanding send WQEs) per stream.
-pub const SQ_DEPTH: usize = 64;
-/// Receive queue depth per stream.
-pub const RQ_DEPTH: usize = 64;
+/// Send queue depth (posted, unfinished send WQEs) per stream. The caller keeps the rest of a
+/// QP's send queue (the kernel: the ring userspace posts to) and feeds the stream as WQEs
+/// complete, so this bounds only the messages in progress, not the QP's queue depth.
+pub const SQ_DEPTH: usize = 16;
+/// Receive queue depth per stream (receive WQEs handed to the stream); as with the send
+/// queue, the caller holds the rest. Twice the message window, so that receives completed
+/// but not yet polled never make a message in the window wait for one.
+pub const RQ_DEPTH: usize = 32;
 /// Messages a requester may have beyond the responder's completion point; the responder keeps
 /// one assembly slot per message in this window.
-pub const MSG_WINDOW: u32 = 32;
-/// READ/atomic responses a responder serves at once per stream.
+pub const MSG_WINDOW: u32 = 16;
+/// READ/atomic responses a responder serves at once per stream: twice `MAX_RD_ATOMIC`, since
+/// a response's slot frees only when the ACK of its last packet arrives, which may come after
+/// the requester, having seen the response, sent its next READ.
 pub const RESP_DEPTH: usize = 16;
 /// READ/atomic requests a requester has outstanding at once per stream.
 pub const MAX_RD_ATOMIC: u32 = 8;
@@ -33,6 +39,7 @@ pub const RNR_RETRY_INFINITE: u8 = 7;
 // indices stay consistent when the 32-bit MSN/RSN wrap.
 const _: () = assert!(SQ_DEPTH.is_power_of_two() && RQ_DEPTH.is_power_of_two());
 const _: () = assert!(MSG_WINDOW.is_power_of_two() && MSG_WINDOW as usize <= SQ_DEPTH);
+const _: () = assert!(RESP_DEPTH >= 2 * MAX_RD_ATOMIC as usize);
 
 /// A stream's index in its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -303,6 +310,9 @@ pub struct Stream {
     pub resp: Responder,
     /// The responder's completion point changed (or a duplicate arrived): tell the peer.
     pub ack_dirty: bool,
+    /// The slot's place in the connection's lists and QP index (not the stream's state:
+    /// `reset` keeps it).
+    pub(crate) links: super::connection::streams::Links,
 }
 
 impl Stream {
@@ -317,6 +327,7 @@ impl Stream {
             req: Requester::new(),
             resp: Responder::new(),
             ack_dirty: false,
+            links: super::connection::streams::Links::default(),
         }
     }
 

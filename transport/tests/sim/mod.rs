@@ -6,17 +6,78 @@
 
 pub mod fabric;
 
-use metaroce_transport::connection::{Config, Connection, Event, Transmit};
+use metaroce_transport::connection::{Config, Connection, Event, StreamSlots, Transmit};
 use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
 use metaroce_transport::stream::{
-    CqStatus, Cqe, RecvWqe, SendWqe, StreamConfig, StreamId, WrOpcode,
+    CqStatus, Cqe, RecvWqe, SendWqe, Stream, StreamConfig, StreamId, WrOpcode,
 };
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 pub const PATHS: usize = 8;
 pub const STREAMS: usize = 4;
-pub type Conn = Connection<PATHS, STREAMS>;
+pub type Conn = Connection<PATHS, SimSlots>;
+
+/// Streams per chunk of [`SimSlots`].
+pub const CHUNK: usize = 64;
+/// Most chunks.
+pub const MAX_CHUNKS: usize = 128;
+
+/// Stream storage made the way the kernel makes its own: chunks allocated as streams open,
+/// valid as all-zero bytes (no chunks), so a zeroed connection holding it is valid. Counts
+/// every slot access, so tests can check that a packet's cost does not grow with the number
+/// of streams.
+pub struct SimSlots {
+    chunks: [Option<Box<[Stream; CHUNK]>>; MAX_CHUNKS],
+    count: usize,
+    /// Slot accesses so far.
+    pub visits: std::cell::Cell<u64>,
+}
+
+impl Default for SimSlots {
+    fn default() -> Self {
+        SimSlots {
+            chunks: std::array::from_fn(|_| None),
+            count: 0,
+            visits: std::cell::Cell::new(0),
+        }
+    }
+}
+
+impl SimSlots {
+    fn at(&self, i: usize) -> Option<&Stream> {
+        self.visits.set(self.visits.get() + 1);
+        self.chunks.get(i / CHUNK)?.as_ref()?.get(i % CHUNK)
+    }
+}
+
+impl StreamSlots for SimSlots {
+    fn slot_count(&self) -> usize {
+        self.count * CHUNK
+    }
+    fn slot(&self, i: usize) -> Option<&Stream> {
+        self.at(i)
+    }
+    fn slot_mut(&mut self, i: usize) -> Option<&mut Stream> {
+        self.visits.set(self.visits.get() + 1);
+        self.chunks.get_mut(i / CHUNK)?.as_mut()?.get_mut(i % CHUNK)
+    }
+    fn grow(&mut self) -> bool {
+        let Some(c) = self.chunks.get_mut(self.count) else {
+            return false;
+        };
+        // SAFETY: an all-zero `Stream` is a valid closed stream (see `Connection::reset`).
+        *c = Some(unsafe { Box::<[Stream; CHUNK]>::new_zeroed().assume_init() });
+        self.count += 1;
+        true
+    }
+    fn release(&mut self) {
+        for c in self.chunks.iter_mut() {
+            *c = None;
+        }
+        self.count = 0;
+    }
+}
 /// Size of each endpoint's memory region.
 pub const REGION: usize = 5 << 20;
 
@@ -295,7 +356,7 @@ impl Sim {
         let mut cb = config(200, 100, seed ^ 0xb);
         tweak(&mut ca);
         tweak(&mut cb);
-        let mut a = Box::new(Conn::new(ca).expect("config"));
+        let mut a = Box::new(Conn::with_streams(ca, SimSlots::default()).expect("config"));
         // B is made the way the kernel makes one: zeroed allocation, then `reset` in place.
         let mut b = zeroed_conn();
         b.reset(cb).expect("config");
