@@ -11,7 +11,8 @@
 //!   delay them);
 //!   timers are a delayed work item on the module's workqueue. So one mutex per peer is all
 //!   the locking the transport needs, and transmitting needs no special context.
-//! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way.
+//! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way. The
+//!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
 
 use crate::{
     counters::{Counter, Counters},
@@ -24,6 +25,7 @@ use crate::{
         work::{self, CpuThreads, KthreadWork},
     },
     transport::{
+        congestion::RateAllocator,
         connection::{Config, Connection, Event, RecvError},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
         stream::{self, CqOpcode, CqStatus, StreamConfig, StreamId, WrOpcode},
@@ -145,7 +147,19 @@ pub(crate) struct Engine {
     rx_thread: SpinLockIrq<Option<CpuThreads<Engine>>>,
     #[pin]
     tick: DelayedWork<Engine, 2>,
+    /// Divides the device's inbound capacity among the peers sending to it (congestion
+    /// control's receiver side; every peer's connection reports to it).
+    #[pin]
+    alloc: Mutex<RateAllocator>,
 }
+
+/// Inbound capacity the rate allocator divides, Mbit/s: 10 Gbit/s, what veth reports and a
+/// common NIC speed. Reading the netdev's ethtool speed is still to do; a slower real link
+/// is protected by ECN (the allocator's drain and the senders' windows).
+const INBOUND_CAPACITY_MBPS: u32 = 10_000;
+/// Pacing burst: the timer work item has jiffy resolution (up to 4 ms at HZ=250), so the
+/// pacer must let that much out at once or it would hold senders below their rate.
+const PACING_BURST_NS: u64 = 4_000_000;
 
 impl_has_delayed_work! {
     impl HasDelayedWork<Self, 2> for Engine { self.tick }
@@ -216,6 +230,7 @@ impl Engine {
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),
                 tick <- new_delayed_work!("metaroce_tick"),
+                alloc <- new_mutex!(RateAllocator::new(INBOUND_CAPACITY_MBPS), "metaroce_alloc"),
             }),
             GFP_KERNEL,
         )?;
@@ -273,6 +288,7 @@ impl Engine {
         // ACK as soon as a batch of arrivals is processed: the timer only has jiffy
         // resolution, and a delayed ACK would cost a millisecond of latency.
         cfg.path.ack_delay = 0;
+        cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         conn.reset(cfg).map_err(|_| EINVAL)?;
         let mut buf = KVec::new();
@@ -405,6 +421,7 @@ impl Engine {
             srq_held,
         } = p;
         let mut mem = Mem { verbs: &self.verbs };
+        conn.update_allocation(now, &mut self.alloc.lock());
         while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
             let payload = buf.get(..t.len).unwrap_or(&[]);
             // The socket counts what it sends and what fails (tx_packets, tx_errors); a
