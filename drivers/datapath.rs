@@ -364,10 +364,17 @@ impl Engine {
         if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
             *slot = Some(qp.clone());
         }
-        qp.inner.lock().binding = Some(Binding {
-            peer: peer.clone(),
-            stream,
-        });
+        {
+            let mut inner = qp.inner.lock();
+            // A new stream counts its WQEs from zero.
+            if let Some(store) = inner.inline.as_mut() {
+                store.clear();
+            }
+            inner.binding = Some(Binding {
+                peer: peer.clone(),
+                stream,
+            });
+        }
         self.run(&peer, &mut p);
         Ok(())
     }
@@ -527,7 +534,7 @@ impl Engine {
         for (i, qp) in qps.iter().enumerate() {
             let Some(qp) = qp else { continue };
             let sid = StreamId(i as u16);
-            let inner = qp.inner.lock();
+            let mut inner = qp.inner.lock();
             // Receives are taken from RTR on, sends only in RTS; in the error state the
             // rings are flushed instead (`Qp::flush`).
             let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
@@ -585,8 +592,19 @@ impl Engine {
                     *held += 1;
                 }
             }
+            if let (Some(store), Some((req, _))) = (inner.inline.as_mut(), conn.stream_stats(sid)) {
+                store.release(req.completed);
+            }
             while let Some(Ok(Some(wqe))) = sending.then(|| inner.queues.sq.peek()) {
-                let Some(twqe) = send_wqe(&wqe, qp.sq_sig_all) else {
+                let stash = stash_inline(&mut inner, &wqe, qp.qpn, conn.stream_stats(sid));
+                let twqe = match stash {
+                    Stash::NotInline => send_wqe(&wqe, qp.sq_sig_all, None),
+                    Stash::Stored(sge) => send_wqe(&wqe, qp.sq_sig_all, Some(sge)),
+                    // Every slot holds a payload still in flight: wait for completions.
+                    Stash::Full => break,
+                    Stash::Invalid => None,
+                };
+                let Some(twqe) = twqe else {
                     inner.queues.sq.pop();
                     let cqe = verbs::cqe(
                         wqe.wr_id,
@@ -599,7 +617,13 @@ impl Engine {
                 };
                 match conn.post_send(now, sid, twqe) {
                     Ok(()) => inner.queues.sq.pop(),
-                    Err(_) => break,
+                    Err(_) => {
+                        // Not taken: its payload is stashed again next time.
+                        if let (Stash::Stored(_), Some(store)) = (stash, inner.inline.as_mut()) {
+                            store.unstore_newest();
+                        }
+                        break;
+                    }
                 }
             }
         }
@@ -715,6 +739,14 @@ fn access_error(e: verbs::MrError) -> AccessError {
 
 impl Memory for Mem<'_> {
     fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
+        if sge.lkey == verbs::INLINE_LKEY {
+            // An inline payload: in the store of the QP named by the address's high half.
+            let qp = self.verbs.qp((sge.addr >> 32) as u32).ok_or(AccessError::Key)?;
+            let at = (sge.addr as u32 as usize).saturating_add(offset as usize);
+            let inner = qp.inner.lock();
+            let store = inner.inline.as_ref().ok_or(AccessError::Key)?;
+            return store.read(at, out).ok_or(AccessError::Bounds);
+        }
         let mr = self.verbs.mr(sge.lkey, None).ok_or(AccessError::Key)?;
         let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
         mr.read(va, out, 0).map_err(access_error)
@@ -783,8 +815,63 @@ fn recv_sgl(wqe: &RecvWqe) -> Option<SgList> {
     SgList::new(list.get(..n)?)
 }
 
-/// A send WQE copied out of the ring, validated and translated; None if it is unusable.
-fn send_wqe(w: &SendWqe, sq_sig_all: bool) -> Option<stream::SendWqe> {
+/// What became of a send WQE's inline payload.
+#[derive(Clone, Copy)]
+enum Stash {
+    NotInline,
+    /// Kept; the SGE that stands for it.
+    Stored(Sge),
+    /// No free slot now.
+    Full,
+    /// Inline on a QP without inline support, too long, or on an opcode without payload.
+    Invalid,
+}
+
+/// Keeps the inline payload of `wqe` (if it has one) in the QP's store.
+fn stash_inline(
+    inner: &mut verbs::QpInner,
+    wqe: &SendWqe,
+    qpn: u32,
+    stats: Option<(stream::requester::RequesterStats, stream::responder::ResponderStats)>,
+) -> Stash {
+    if !is_inline(wqe) {
+        return Stash::NotInline;
+    }
+    let (Some(store), Some((req, _))) = (inner.inline.as_mut(), stats) else {
+        return Stash::Invalid;
+    };
+    let bytes = crate::sys::send_wqe_inline(wqe);
+    let Some(data) = bytes.get(..wqe.inline_len as usize) else {
+        return Stash::Invalid;
+    };
+    let carries_payload = matches!(
+        wqe.opcode,
+        bindings::ib_wr_opcode_IB_WR_SEND
+            | bindings::ib_wr_opcode_IB_WR_SEND_WITH_IMM
+            | bindings::ib_wr_opcode_IB_WR_RDMA_WRITE
+            | bindings::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM
+    );
+    if !carries_payload {
+        return Stash::Invalid;
+    }
+    match store.store(req.posted, data) {
+        Some(offset) => Stash::Stored(Sge {
+            addr: (u64::from(qpn) << 32) | u64::from(offset),
+            len: wqe.inline_len,
+            lkey: verbs::INLINE_LKEY,
+        }),
+        None => Stash::Full,
+    }
+}
+
+/// Whether a send WQE carries its payload inline.
+fn is_inline(w: &SendWqe) -> bool {
+    w.send_flags & bindings::ib_send_flags_IB_SEND_INLINE as u32 != 0
+}
+
+/// A send WQE copied out of the ring, validated and translated (`inline`: the SGE standing for
+/// its inline payload, kept in the QP's [`verbs::InlineStore`]); None if it is unusable.
+fn send_wqe(w: &SendWqe, sq_sig_all: bool, inline: Option<Sge>) -> Option<stream::SendWqe> {
     use bindings as b;
     let opcode = match w.opcode {
         b::ib_wr_opcode_IB_WR_SEND => WrOpcode::Send,
@@ -796,20 +883,25 @@ fn send_wqe(w: &SendWqe, sq_sig_all: bool) -> Option<stream::SendWqe> {
         b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::FetchAdd,
         _ => return None,
     };
-    if w.send_flags & b::ib_send_flags_IB_SEND_INLINE as u32 != 0 {
-        // The device reports max_inline_data 0.
-        return None;
-    }
-    let n = w.num_sge as usize;
-    if n > crate::transport::memory::MAX_SGE {
-        return None;
-    }
-    let sges = crate::sys::send_wqe_sges(w);
-    let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
-    for (d, s) in list.iter_mut().zip(sges.iter().take(n)) {
-        *d = *s;
-    }
-    let local = SgList::new(list.get(..n)?)?;
+    let local = match inline {
+        Some(sge) => SgList::single(sge),
+        None => {
+            let n = w.num_sge as usize;
+            if n > crate::transport::memory::MAX_SGE {
+                return None;
+            }
+            let sges = crate::sys::send_wqe_sges(w);
+            let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
+            for (d, s) in list.iter_mut().zip(sges.iter().take(n)) {
+                // The inline key is ours to give, not userspace's to name.
+                if s.lkey == verbs::INLINE_LKEY {
+                    return None;
+                }
+                *d = *s;
+            }
+            SgList::new(list.get(..n)?)?
+        }
+    };
     let mut t = stream::SendWqe::new(w.wr_id, opcode, local).remote(w.remote_addr, w.rkey);
     if matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {
         t = t.imm(w.imm_data);

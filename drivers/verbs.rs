@@ -36,8 +36,8 @@ pub(crate) mod limits {
     pub(crate) const MAX_SRQ_WR: u32 = 1 << 14;
     /// SGEs per WQE: what the transport core carries.
     pub(crate) const MAX_SGE: u32 = 4;
-    /// Inline data is not carried yet (the transport takes SGEs only).
-    pub(crate) const MAX_INLINE: u32 = 0;
+    /// Inline payload per send WQE (what the WQE's SGE area holds).
+    pub(crate) const MAX_INLINE: u32 = crate::sys::bindings::METAROCE_MAX_INLINE;
     /// Outstanding RDMA READ / atomic operations per QP, each way.
     pub(crate) const MAX_RD_ATOM: u32 = 16;
 }
@@ -464,6 +464,8 @@ pub(crate) struct QpInner {
     pub(crate) state: QpState,
     pub(crate) attrs: QpAttrs,
     pub(crate) queues: QpQueues,
+    /// Inline payloads of its send WQEs in the transport (None without `max_inline_data`).
+    pub(crate) inline: Option<InlineStore>,
     /// Its stream on the connection to its peer, from RTS on.
     pub(crate) binding: Option<crate::datapath::Binding>,
 }
@@ -492,6 +494,86 @@ pub(crate) struct Caps {
     pub(crate) max_inline_data: u32,
 }
 
+/// The lkey of the one SGE that stands for an inline payload: its address is the QP number
+/// (high 32 bits) and the payload's offset in that QP's [`InlineStore`]. No MR has it (MR keys
+/// are `index << 8 | generation` with fewer than 2^16 indices), and a WQE from userspace naming
+/// it is refused.
+pub(crate) const INLINE_LKEY: u32 = u32::MAX;
+const _: () = assert!((limits::MAX_MR as u64) << 8 < INLINE_LKEY as u64);
+
+/// Inline payloads a QP may have in the transport at once.
+pub(crate) const INLINE_SLOTS: usize = 16;
+const INLINE_SLOT: usize = limits::MAX_INLINE as usize;
+
+/// A QP's inline payloads while the transport holds their WQEs (it reads the payload when it
+/// sends, and again when it resends): slots used in posting order and freed in completion
+/// order, as RC completes in order.
+pub(crate) struct InlineStore {
+    buf: KVVec<u8>,
+    /// Per slot: the WQE's position in its stream's posting order (the requester's `posted`
+    /// count before it); the slot is free once more WQEs than that have completed.
+    owner: [u64; INLINE_SLOTS],
+    tail: usize,
+    len: usize,
+}
+
+impl InlineStore {
+    pub(crate) fn new() -> Result<Self> {
+        let mut buf = KVVec::with_capacity(INLINE_SLOTS * INLINE_SLOT, GFP_KERNEL)?;
+        buf.resize(INLINE_SLOTS * INLINE_SLOT, 0, GFP_KERNEL)?;
+        Ok(InlineStore {
+            buf,
+            owner: [0; INLINE_SLOTS],
+            tail: 0,
+            len: 0,
+        })
+    }
+
+    /// Forgets every payload (the QP's stream was reopened).
+    pub(crate) fn clear(&mut self) {
+        self.tail = 0;
+        self.len = 0;
+    }
+
+    /// Frees the slots of WQEs among the first `completed` of the stream.
+    pub(crate) fn release(&mut self, completed: u64) {
+        while self.len > 0 && self.owner.get(self.tail).is_some_and(|&o| o < completed) {
+            self.tail = (self.tail + 1) % INLINE_SLOTS;
+            self.len -= 1;
+        }
+    }
+
+    /// Keeps `data` for the WQE at position `posted`; returns its offset, or None if every
+    /// slot is in use (or `data` is too long).
+    pub(crate) fn store(&mut self, posted: u64, data: &[u8]) -> Option<u32> {
+        if self.len == INLINE_SLOTS || data.len() > INLINE_SLOT {
+            return None;
+        }
+        let slot = (self.tail + self.len) % INLINE_SLOTS;
+        let at = slot * INLINE_SLOT;
+        self.buf.get_mut(at..at + data.len())?.copy_from_slice(data);
+        *self.owner.get_mut(slot)? = posted;
+        self.len += 1;
+        Some(at as u32)
+    }
+
+    /// Takes back the newest payload (its WQE was not taken after all).
+    pub(crate) fn unstore_newest(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+
+    /// Copies the bytes at `offset` into `out`.
+    pub(crate) fn read(&self, offset: usize, out: &mut [u8]) -> Option<()> {
+        let end = offset.checked_add(out.len())?;
+        // A payload never crosses its slot.
+        if end > (offset / INLINE_SLOT + 1) * INLINE_SLOT {
+            return None;
+        }
+        out.copy_from_slice(self.buf.get(offset..end)?);
+        Some(())
+    }
+}
+
 /// The parts `Qp::new` takes.
 pub(crate) struct QpParts {
     pub(crate) qpn: u32,
@@ -502,6 +584,7 @@ pub(crate) struct QpParts {
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: Caps,
     pub(crate) queues: QpQueues,
+    pub(crate) inline: Option<InlineStore>,
 }
 
 impl Qp {
@@ -519,6 +602,7 @@ impl Qp {
                     state: QpState::Reset,
                     attrs: QpAttrs::default(),
                     queues: p.queues,
+                    inline: p.inline,
                     binding: None,
                 },
                 "metaroce_qp"
@@ -546,7 +630,12 @@ impl Qp {
             },
             max_send_sge: cap.max_send_sge.max(1),
             max_recv_sge: if has_srq { 0 } else { cap.max_recv_sge.max(1) },
-            max_inline_data: limits::MAX_INLINE,
+            // A QP that asks for none gets none (and no inline store).
+            max_inline_data: if cap.max_inline_data > 0 {
+                limits::MAX_INLINE
+            } else {
+                0
+            },
         })
     }
 
@@ -659,6 +748,10 @@ impl Verbs {
     }
 
     /// The MR that `key` names, if it belongs to `pd` (or any PD when `pd` is None).
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
+        self.qps.lock().get(qpn, |qp| qp.qpn == qpn)
+    }
+
     pub(crate) fn mr(&self, key: u32, pd: Option<usize>) -> Option<Arc<Mr>> {
         self.mrs
             .lock()

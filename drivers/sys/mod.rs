@@ -60,6 +60,14 @@ pub(crate) fn send_wqe_sges(
     })
 }
 
+/// The inline payload area of a send WQE (its whole union, as bytes).
+pub(crate) fn send_wqe_inline(
+    w: &bindings::metaroce_send_wqe,
+) -> [u8; bindings::METAROCE_MAX_INLINE as usize] {
+    // SAFETY: both views of the union are plain bytes.
+    unsafe { w.data.inline_data }
+}
+
 /// Turns a driver result into the errno convention of the RDMA core's ops.
 pub(crate) fn to_errno(result: kernel::error::Result) -> kernel::ffi::c_int {
     match result {

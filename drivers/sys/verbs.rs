@@ -12,7 +12,7 @@ use super::{
     to_errno,
     umem::UserMemory,
 };
-use crate::verbs::{limits, Caps, Cq, Mr, Qp, QpParts, QpQueues, QpState, Srq};
+use crate::verbs::{limits, Caps, Cq, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq};
 use core::{
     mem::{offset_of, size_of},
     ptr::{self, NonNull},
@@ -520,6 +520,11 @@ unsafe fn create_qp_inner(
         max_inline_data: cap.max_inline_data,
         reserved: 0,
     };
+    let inline = if cap.max_inline_data > 0 {
+        Some(InlineStore::new()?)
+    } else {
+        None
+    };
     let qpn = verbs.qps.lock().reserve(1)?;
     let parts = QpParts {
         qpn,
@@ -530,6 +535,7 @@ unsafe fn create_qp_inner(
         sq_sig_all: init.sq_sig_type == bindings::ib_sig_type_IB_SIGNAL_ALL_WR,
         cap,
         queues: QpQueues { sq, rq },
+        inline,
     };
     let qp = match Arc::pin_init(Qp::new(parts), GFP_KERNEL) {
         Ok(qp) => qp,

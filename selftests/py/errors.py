@@ -25,12 +25,14 @@ from pyverbs.device import Context
 from pyverbs.mr import MR
 from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.wr import RecvWR, SendWR, SGE
 
 GID_INDEX = 1  # the IPv4 RoCEv2 GID
 MR_SIZE = 256 * 1024
 ALL_REMOTE = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
               | e.IBV_ACCESS_REMOTE_ATOMIC)
+INLINE = 128  # max_inline_data every test QP asks for
 RNR_TIMER_SMALL = 1  # 0.01 ms
 RNR_TIMER_DEFAULT = 12  # 0.64 ms
 
@@ -76,7 +78,8 @@ class Endpoint:
         self.side = side
         self.scq = CQ(side.ctx, 64)
         self.rcq = CQ(side.ctx, 64)
-        cap = QPCap(max_send_wr=32, max_recv_wr=32, max_send_sge=1, max_recv_sge=1)
+        cap = QPCap(max_send_wr=32, max_recv_wr=32, max_send_sge=1, max_recv_sge=1,
+                    max_inline_data=INLINE)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.scq, rcq=self.rcq, cap=cap)
         self.qp = QP(side.pd, init)
         self.mr = MR(side.pd, size, access)
@@ -312,11 +315,11 @@ class Client:
             self.peer("destroy", name=name)
 
     def post(self, ep, opcode, length, rkey=None, addr=None, offset=0, imm=0,
-             compare_add=0, swap=0):
+             compare_add=0, swap=0, inline=False):
         self.n += 1
         wr = SendWR(wr_id=self.n, opcode=opcode, num_sge=1, imm_data=imm,
                     sg=[SGE(ep.mr.buf + offset, length, ep.mr.lkey)])
-        wr.send_flags = e.IBV_SEND_SIGNALED
+        wr.send_flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_INLINE if inline else 0)
         if opcode in (e.IBV_WR_ATOMIC_CMP_AND_SWP, e.IBV_WR_ATOMIC_FETCH_AND_ADD):
             wr.set_wr_atomic(rkey, addr, compare_add, swap)
         elif rkey is not None:
@@ -467,7 +470,7 @@ class Client:
 
     # -- 6: data integrity --------------------------------------------------------------------
 
-    def integrity(self, what, size):
+    def integrity(self, what, size, inline=False):
         def run():
             ep, remote = self.data
             payload = os.urandom(size)
@@ -475,7 +478,10 @@ class Client:
             if what == "write":
                 ep.mr.write(payload, size, loff)
                 wr = self.post(ep, e.IBV_WR_RDMA_WRITE, size, remote["rkey"],
-                               remote["addr"] + roff, offset=loff)
+                               remote["addr"] + roff, offset=loff, inline=inline)
+                if inline:
+                    # The payload was taken at post time: changing the buffer now is harmless.
+                    ep.mr.write(bytes(size), size, loff)
                 self.expect(ep, wr, e.IBV_WC_SUCCESS, timeout=30)
                 got = self.remote_read(roff, size)
             elif what == "read":
@@ -492,11 +498,15 @@ class Client:
                           offset=roff)
                 ep.mr.write(payload, size, loff)
                 if what == "send_imm":
-                    wr = self.post(ep, e.IBV_WR_SEND_WITH_IMM, size, offset=loff, imm=imm)
+                    wr = self.post(ep, e.IBV_WR_SEND_WITH_IMM, size, offset=loff, imm=imm,
+                                   inline=inline)
                 else:
                     # The data goes to another place than the receive buffer, to tell them apart.
                     wr = self.post(ep, e.IBV_WR_RDMA_WRITE_WITH_IMM, size, remote["rkey"],
-                                   remote["addr"] + roff + 7, offset=loff, imm=imm)
+                                   remote["addr"] + roff + 7, offset=loff, imm=imm,
+                                   inline=inline)
+                if inline:
+                    ep.mr.write(bytes(size), size, loff)
                 self.expect(ep, wr, e.IBV_WC_SUCCESS, timeout=30)
                 rw = self.peer("poll_recv", name="data", timeout=10)["wcs"]
                 assert rw, "no receive completion"
@@ -511,6 +521,38 @@ class Client:
                 got = self.remote_read(roff + (0 if what == "send_imm" else 7), size)
             assert len(got) == size and got == payload, first_diff(got, payload)
         return run
+
+    def inline_burst(self):
+        """More inline WRITEs posted at once than the driver keeps payloads for: all complete,
+        each lands byte-exact."""
+        ep, remote = self.data
+        n, size = 30, 100
+        payloads = [os.urandom(size) for _ in range(n)]
+        first = self.n + 1
+        for i, p in enumerate(payloads):
+            ep.mr.write(p, size, 0)
+            self.post(ep, e.IBV_WR_RDMA_WRITE, size, remote["rkey"], remote["addr"] + i * size,
+                      inline=True)
+        ep.mr.write(bytes(size), size, 0)
+        wcs = poll(ep.scq, n, 30)
+        assert len(wcs) == n, f"{len(wcs)} of {n} completions"
+        for k, wc in enumerate(wcs):
+            assert wc.status == e.IBV_WC_SUCCESS and wc.wr_id == first + k, wc_dict(wc)
+        got = self.remote_read(0, n * size)
+        assert got == b"".join(payloads), first_diff(got, b"".join(payloads))
+
+    def inline_too_long(self):
+        """An inline payload beyond the QP's max_inline_data is refused at post time."""
+        ep, remote = self.data
+        attr, init = ep.qp.query(e.IBV_QP_CAP)
+        cap = init.cap.max_inline_data
+        assert cap >= INLINE, f"max_inline_data {cap}, asked for {INLINE}"
+        try:
+            self.post(ep, e.IBV_WR_RDMA_WRITE, cap + 1, remote["rkey"], remote["addr"],
+                      inline=True)
+        except PyverbsRDMAError:
+            return
+        raise AssertionError(f"a {cap + 1}-byte inline post was accepted")
 
     def remote_read(self, offset, length):
         return bytes.fromhex(self.peer("read", name="data", offset=offset, length=length)["data"])
@@ -639,6 +681,14 @@ class Client:
                             ("write_imm", "WRITE_WITH_IMM (IBV_WC_RECV_RDMA_WITH_IMM, imm)")):
             for size in (1, 1000, 5000, 100 * 1024):
                 check(f"data: {label}, {size} B byte-exact", self.integrity(what, size))
+        for what, label in (("write", "RDMA WRITE"), ("send_imm", "SEND_WITH_IMM"),
+                            ("write_imm", "WRITE_WITH_IMM")):
+            for size in (1, INLINE):
+                check(f"data: inline {label}, {size} B byte-exact (buffer cleared after post)",
+                      self.integrity(what, size, inline=True))
+        check("data: 30 inline WRITEs posted at once all complete, byte-exact",
+              self.inline_burst)
+        check("inline beyond max_inline_data: post_send fails", self.inline_too_long)
         check("data: CMP_SWP returns the old value, swaps only on a match", self.atomics)
         check("data: FETCH_ADD returns the old value, target holds the sum", self.fetch_add)
         self.drop("data")

@@ -38,6 +38,8 @@ perftest "ib_atomic_bw" ib_atomic_bw -n 200
 perftest "ib_write_lat 2 bytes" ib_write_lat -s 2 -n 200
 perftest "ib_read_lat 2 bytes" ib_read_lat -s 2 -n 100
 perftest "ib_send_lat 2 bytes" ib_send_lat -s 2 -n 200
+perftest "ib_write_lat 64 bytes inline (-I 64)" ib_write_lat -s 64 -I 64 -n 200
+perftest "ib_send_bw 128 bytes inline (-I 128)" ib_send_bw -s 128 -I 128 -n 500
 perftest "ib_atomic_lat" ib_atomic_lat -n 100
 
 # A lossy, reordering, duplicating, corrupting link in the data direction (ns1 -> ns2).
