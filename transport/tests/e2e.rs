@@ -678,3 +678,35 @@ fn caller_can_move_a_stream_to_error_and_flush() {
     assert_eq!(sim.ep[0].send_cqes[1].status, CqStatus::RemOpErr);
     assert!(sim.ep[0].conn.stream_error(sa).is_some());
 }
+
+#[test]
+fn a_plane_that_is_down_carries_nothing_until_it_is_up() {
+    let plane_of = |i: usize| i % 2;
+    let sent_on = |sim: &Sim, plane: usize| -> u64 {
+        (0..sim.ep[0].conn.path_count())
+            .filter(|&i| plane_of(i) == plane)
+            .map(|i| sim.ep[0].conn.path_stats(i).unwrap().sent)
+            .sum()
+    };
+    for plane1_up in [false, true] {
+        let mut sim = Sim::with_config(LinkConfig::clean(), 11, |c| c.planes = 2);
+        for ep in sim.ep.iter_mut() {
+            ep.conn.set_plane_up(1, false);
+            assert!(!ep.conn.plane_up(1) && ep.conn.plane_up(0));
+            // Down, then up again before any traffic: as after a HELLO.
+            ep.conn.set_plane_up(1, plane1_up);
+        }
+        let r = run_workload(&mut sim, &bulk(40, 8192), 2_000_000_000);
+        assert!(r.completed, "{r:?}");
+        assert!(sent_on(&sim, 0) > 0);
+        if plane1_up {
+            assert!(sent_on(&sim, 1) > 0, "plane 1 unused while up");
+        } else {
+            for ep in sim.ep.iter() {
+                for i in (0..ep.conn.path_count()).filter(|&i| plane_of(i) == 1) {
+                    assert_eq!(ep.conn.path_stats(i).unwrap().sent, 0, "path {i} sent");
+                }
+            }
+        }
+    }
+}

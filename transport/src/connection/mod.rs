@@ -120,6 +120,8 @@ pub enum RecvError {
     UnknownPath,
     /// Destination QP is not an open stream.
     UnknownStream,
+    /// A device-level packet (HELLO): the caller's to handle, not the connection's.
+    DeviceLevel,
 }
 
 /// A datagram ready in the caller's buffer.
@@ -243,6 +245,9 @@ pub struct Connection<const PATHS: usize, S: StreamSlots> {
     ack_at: u64,
     unacked: u16,
     rr_ack_path: usize,
+    /// Planes (bit per plane number) that may carry packets: the caller clears a plane the
+    /// peer cannot be reached on (not learned yet, or its netdev down).
+    planes_up: u32,
     stats: ConnStats,
     /// Sender side: connection window, pacer, the peer's grant.
     cc: ConnCc,
@@ -291,6 +296,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             ack_at: 0,
             unacked: 0,
             rr_ack_path: 0,
+            planes_up: u32::MAX,
             stats: ConnStats::default(),
             cc: new_cc(&cfg, num_paths),
             rx_packets: 0,
@@ -333,6 +339,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.ack_at = 0;
         self.unacked = 0;
         self.rr_ack_path = 0;
+        self.planes_up = u32::MAX;
         self.stats = ConnStats::default();
         self.cc = new_cc(&cfg, num_paths);
         self.rx_packets = 0;
@@ -671,6 +678,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 self.touch(i);
                 Ok(())
             }
+            Ext::Hello(_) => Err(RecvError::DeviceLevel),
             _ => self.handle_sequenced(now, &view, ecn_ce, mem),
         }
     }
@@ -1018,9 +1026,11 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// changes (the credits are only read).
     fn spray(&mut self, commit: bool) -> Option<usize> {
         let n = self.num_paths;
+        let planes_up = self.planes_up;
         let paths = self.paths.get_mut(..n)?;
-        let any_usable = paths.iter().any(|p| p.usable());
-        let eligible = |p: &Path| p.usable() || !any_usable;
+        let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
+        let any_usable = paths.iter().any(|p| p.usable() && up(p));
+        let eligible = |p: &Path| up(p) && (p.usable() || !any_usable);
         let (mut best_health, mut best_srtt) = (0u16, u64::MAX);
         for p in paths.iter().filter(|p| eligible(p)) {
             best_health = best_health.max(p.health());
@@ -1110,19 +1120,40 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// A path for control packets (ACK, NAK): round-robin over Active paths, else any.
     fn control_path(&mut self) -> usize {
         let n = self.num_paths.max(1);
-        for k in 0..n {
-            let i = (self.rr_ack_path + k) % n;
-            if self
-                .paths
-                .get(i)
-                .is_some_and(|p| p.state == PathState::Active)
-            {
-                self.rr_ack_path = (i + 1) % n;
-                return i;
+        let planes_up = self.planes_up;
+        let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
+        // An Active path on a plane that is up; else any path on a plane that is up.
+        for active_only in [true, false] {
+            for k in 0..n {
+                let i = (self.rr_ack_path + k) % n;
+                if self
+                    .paths
+                    .get(i)
+                    .is_some_and(|p| up(p) && (!active_only || p.state == PathState::Active))
+                {
+                    self.rr_ack_path = (i + 1) % n;
+                    return i;
+                }
             }
         }
         self.rr_ack_path = (self.rr_ack_path + 1) % n;
         self.rr_ack_path
+    }
+
+    /// Lets plane `plane` carry packets, or stops it (its paths are then left alone: their
+    /// packets in flight are recovered on the other planes as they time out). All planes are
+    /// up after [`Connection::new`] and [`Connection::reset`].
+    pub fn set_plane_up(&mut self, plane: u8, up: bool) {
+        if up {
+            self.planes_up |= plane_bit(plane);
+        } else {
+            self.planes_up &= !plane_bit(plane);
+        }
+    }
+
+    /// Whether plane `plane` may carry packets.
+    pub fn plane_up(&self, plane: u8) -> bool {
+        self.planes_up & plane_bit(plane) != 0
     }
 
     fn emit_ack(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
@@ -1252,11 +1283,9 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     }
 
     fn emit_probe(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
-        let i = self
-            .paths
-            .iter()
-            .take(self.num_paths)
-            .position(|p| p.need_probe && p.inflight.has_room())?;
+        let i = self.paths.iter().take(self.num_paths).position(|p| {
+            p.need_probe && p.inflight.has_room() && plane_bit(p.plane) & self.planes_up != 0
+        })?;
         let mut base = base_header(&self.cfg, self.paths.get(i), Opcode::Probe, None, now);
         base.flags = Flags(Flags::ACK_REQ);
         let p = self.paths.get_mut(i)?;
@@ -1567,6 +1596,11 @@ fn base_header(
         // The wire carries the clock modulo 2^32.
         timestamp: now as u32,
     }
+}
+
+/// The bit of `plane` in a plane mask (planes beyond 31 share bit 31).
+fn plane_bit(plane: u8) -> u32 {
+    1u32 << plane.min(31)
 }
 
 /// Routes a resolved packet to its owner.

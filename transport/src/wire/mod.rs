@@ -7,10 +7,14 @@
 
 mod ack;
 mod bytes;
+mod hello;
 mod packet;
 
 pub use ack::{
     AckHeader, AckWriter, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN,
+};
+pub use hello::{
+    HelloEntry, HelloHeader, PlaneAddr, HELLO_ENTRY_LEN, HELLO_HEADER_LEN, MAX_PLANES,
 };
 pub use packet::{
     AtomicExt, BaseHeader, DataExt, Ext, Header, NakCode, NakExt, Packet, PacketView, ReadReqExt,
@@ -56,6 +60,8 @@ pub enum Opcode {
     Nak = 0x11,
     /// Probe: takes a PSN, asks for an ACK.
     Probe = 0x12,
+    /// HELLO: a device's planes and addresses (device-level, unsequenced).
+    Hello = 0x13,
 }
 
 impl Opcode {
@@ -74,6 +80,7 @@ impl Opcode {
             0x10 => Opcode::Ack,
             0x11 => Opcode::Nak,
             0x12 => Opcode::Probe,
+            0x13 => Opcode::Hello,
             _ => return Err(ParseError::UnknownOpcode(v)),
         })
     }
@@ -83,9 +90,9 @@ impl Opcode {
         matches!(self, Opcode::SendWithImm | Opcode::RdmaWriteWithImm)
     }
 
-    /// Takes a PSN on its path and is acknowledged (everything but ACK and NAK).
+    /// Takes a PSN on its path and is acknowledged (everything but ACK, NAK and HELLO).
     pub fn is_sequenced(self) -> bool {
-        !matches!(self, Opcode::Ack | Opcode::Nak)
+        !matches!(self, Opcode::Ack | Opcode::Nak | Opcode::Hello)
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::ack::{AckHeader, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN};
 use super::bytes::{Reader, Writer};
+use super::hello::{self, HelloEntry, HelloHeader, HELLO_ENTRY_LEN, HELLO_HEADER_LEN};
 use super::{EmitError, Flags, Opcode, ParseError, BASE_HEADER_LEN, VERSION};
 
 /// The 32-byte header at the start of every packet (see `docs/wire-format.md`).
@@ -163,6 +164,8 @@ pub enum Ext {
     Nak(NakExt),
     /// PROBE (no extension).
     Probe,
+    /// HELLO (the plane entries follow as payload).
+    Hello(HelloHeader),
 }
 
 /// Base header plus extension header: everything in a packet but the payload (for ACKs: but
@@ -200,6 +203,21 @@ impl<'a> PacketView<'a> {
             .filter_map(|c| PathAck::parse(c).ok())
     }
 
+    /// The plane entries of a HELLO (empty for other packets).
+    pub fn hello_entries(&self) -> impl Iterator<Item = HelloEntry> + 'a {
+        let n = match self.header.ext {
+            Ext::Hello(h) => usize::from(h.plane_count),
+            _ => 0,
+        };
+        let bytes = self
+            .payload
+            .get(..n.saturating_mul(HELLO_ENTRY_LEN))
+            .unwrap_or(&[]);
+        bytes
+            .chunks_exact(HELLO_ENTRY_LEN)
+            .filter_map(|c| HelloEntry::parse(c).ok())
+    }
+
     /// The per-stream entries of an ACK (empty for other packets).
     pub fn ack_streams(&self) -> impl Iterator<Item = StreamAck> + 'a {
         let (p, s) = match self.header.ext {
@@ -235,6 +253,49 @@ fn check_data(offset: u32, total: u32, payload_len: u32, rest: &[u8]) -> Result<
 }
 
 impl Packet {
+    /// Writes a HELLO carrying `entries` (planes strictly increasing) into `buf`; returns its
+    /// length. `base` gives the connection id and timestamp; its opcode, flags, QPs, path,
+    /// PSN and MSN are set here.
+    pub fn emit_hello(
+        buf: &mut [u8],
+        base: BaseHeader,
+        reply: bool,
+        epoch: u32,
+        entries: &[HelloEntry],
+    ) -> Result<usize, EmitError> {
+        let plane_count = u8::try_from(entries.len()).map_err(|_| EmitError::Inconsistent)?;
+        if entries
+            .windows(2)
+            .any(|w| w.get(1).map(|b| b.plane) <= w.first().map(|a| a.plane))
+        {
+            return Err(EmitError::Inconsistent);
+        }
+        let h = Header {
+            base: BaseHeader {
+                opcode: Opcode::Hello,
+                flags: Flags::default(),
+                dst_qp: 0,
+                src_qp: 0,
+                path_id: 0,
+                plane: 0,
+                psn: 0,
+                msn: 0,
+                ..base
+            },
+            ext: Ext::Hello(HelloHeader {
+                reply,
+                plane_count,
+                epoch,
+            }),
+        };
+        let hl = h.emit(buf)?;
+        let mut w = Writer::new(buf.get_mut(hl..).ok_or(EmitError::BufferTooSmall)?);
+        for e in entries {
+            e.emit(&mut w)?;
+        }
+        Ok(hl + w.pos())
+    }
+
     /// The destination connection id of a datagram, without parsing the rest: for an
     /// endpoint's demultiplexing fast path. None if too short or not version 1.
     pub fn peek_conn_id(buf: &[u8]) -> Option<u32> {
@@ -390,11 +451,16 @@ impl Packet {
                 Ext::Nak(NakExt { code, value })
             }
             Opcode::Probe => Ext::Probe,
+            Opcode::Hello => {
+                let h = HelloHeader::parse(&mut r)?;
+                hello::check_entries(r.rest(), h.plane_count)?;
+                Ext::Hello(h)
+            }
         };
         let payload = r.rest();
         let carries_payload = matches!(
             ext,
-            Ext::Send(_) | Ext::Write(_) | Ext::ReadResponse(_) | Ext::Ack(_)
+            Ext::Send(_) | Ext::Write(_) | Ext::ReadResponse(_) | Ext::Ack(_) | Ext::Hello(_)
         );
         if !carries_payload && !payload.is_empty() {
             return Err(ParseError::TrailingBytes);
@@ -421,6 +487,7 @@ impl Header {
                 Ext::Ack(_) => ACK_HEADER_LEN,
                 Ext::Nak(_) => 8,
                 Ext::Probe => 0,
+                Ext::Hello(_) => HELLO_HEADER_LEN,
             }
     }
 
@@ -495,6 +562,7 @@ impl Header {
                 w.u32(n.value)?;
             }
             Ext::Probe => {}
+            Ext::Hello(h) => h.emit(&mut w)?,
         }
         Ok(w.pos())
     }
@@ -530,6 +598,7 @@ impl Header {
             Ext::Ack(_) => op == Opcode::Ack,
             Ext::Nak(_) => op == Opcode::Nak,
             Ext::Probe => op == Opcode::Probe,
+            Ext::Hello(_) => op == Opcode::Hello,
         };
         if ok {
             Ok(())

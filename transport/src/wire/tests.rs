@@ -521,3 +521,89 @@ proptest! {
         prop_assert_eq!(got, streams);
     }
 }
+
+fn hello_entries() -> Vec<HelloEntry> {
+    std::vec![
+        HelloEntry {
+            plane: 0,
+            addr: PlaneAddr::V4([10, 77, 0, 1]),
+        },
+        HelloEntry {
+            plane: 3,
+            addr: PlaneAddr::V6([0xfd; 16]),
+        },
+    ]
+}
+
+#[test]
+fn hello_roundtrip() {
+    let entries = hello_entries();
+    let mut buf = [0u8; 256];
+    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), true, 0x1234_5678, &entries)
+        .expect("emit");
+    assert_eq!(n, BASE_HEADER_LEN + HELLO_HEADER_LEN + 2 * HELLO_ENTRY_LEN);
+    let p = Packet::parse(&buf[..n]).expect("parse");
+    assert_eq!(p.header.base.opcode, Opcode::Hello);
+    assert_eq!((p.header.base.psn, p.header.base.dst_qp), (0, 0));
+    assert_eq!(p.header.base.conn_id, 0xdead_beef);
+    assert_eq!(
+        p.header.ext,
+        Ext::Hello(HelloHeader {
+            reply: true,
+            plane_count: 2,
+            epoch: 0x1234_5678,
+        })
+    );
+    assert_eq!(p.hello_entries().collect::<Vec<_>>(), entries);
+    assert!(!Opcode::Hello.is_sequenced());
+}
+
+#[test]
+fn hello_rejects_bad_entries() {
+    let entries = hello_entries();
+    let mut buf = [0u8; 256];
+    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, &entries).unwrap();
+    let hdr = BASE_HEADER_LEN + HELLO_HEADER_LEN;
+    let mutate = |at: usize, v: u8| {
+        let mut b = buf[..n].to_vec();
+        b[at] = v;
+        Packet::parse(&b).err()
+    };
+    // Unknown flag, too many planes, nonzero reserved, family, plane number, order.
+    assert_eq!(
+        mutate(BASE_HEADER_LEN, 2),
+        Some(ParseError::ReservedNonZero)
+    );
+    assert!(mutate(BASE_HEADER_LEN + 1, 17).is_some());
+    assert_eq!(
+        mutate(BASE_HEADER_LEN + 2, 1),
+        Some(ParseError::ReservedNonZero)
+    );
+    assert_eq!(mutate(hdr + 1, 5), Some(ParseError::BadField));
+    assert_eq!(mutate(hdr, 16), Some(ParseError::BadField));
+    assert_eq!(mutate(hdr + HELLO_ENTRY_LEN, 0), Some(ParseError::BadField));
+    // IPv4 entries have zero padding.
+    assert_eq!(mutate(hdr + 8, 1), Some(ParseError::ReservedNonZero));
+    // Count and length must agree.
+    assert_eq!(
+        Packet::parse(&buf[..n - 1]).err(),
+        Some(ParseError::Truncated)
+    );
+    let mut longer = buf[..n].to_vec();
+    longer.push(0);
+    assert_eq!(
+        Packet::parse(&longer).err(),
+        Some(ParseError::TrailingBytes)
+    );
+    // Emitting out of order or too many is refused.
+    let mut rev = entries.clone();
+    rev.reverse();
+    assert!(Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, &rev).is_err());
+    let many: Vec<_> = (0..17u8)
+        .map(|plane| HelloEntry {
+            plane: plane.min(15),
+            addr: PlaneAddr::V4([0; 4]),
+        })
+        .collect();
+    assert!(Packet::emit_hello(&mut [0u8; 1024], base(Opcode::Hello), false, 1, &many).is_err());
+}
