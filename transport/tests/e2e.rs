@@ -689,8 +689,11 @@ fn a_plane_that_is_down_carries_nothing_until_it_is_up() {
             .sum()
     };
     for plane1_up in [false, true] {
-        let mut sim = Sim::with_config(LinkConfig::clean(), 11, |c| c.planes = 2);
+        let mut sim = Sim::new(LinkConfig::clean(), 11);
         for ep in sim.ep.iter_mut() {
+            // A second plane joins (both sides agree on the mapping, as after a HELLO).
+            ep.conn.set_planes(2);
+            assert_eq!(ep.conn.config().planes, 2);
             ep.conn.set_plane_up(1, false);
             assert!(!ep.conn.plane_up(1) && ep.conn.plane_up(0));
             // Down, then up again before any traffic: as after a HELLO.

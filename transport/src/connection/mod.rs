@@ -1151,6 +1151,17 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         }
     }
 
+    /// Spreads the paths over `planes` planes (path `i` on plane `i mod planes`), as when the
+    /// device gains or loses a plane. Safe with packets in flight: a path keeps its sequence
+    /// space, window and UDP source port, only its plane changes. 0 is taken as 1.
+    pub fn set_planes(&mut self, planes: u8) {
+        let n = usize::from(planes.max(1));
+        self.cfg.planes = planes.max(1);
+        for (i, p) in self.paths.iter_mut().enumerate() {
+            p.plane = (i % n) as u8;
+        }
+    }
+
     /// Whether plane `plane` may carry packets.
     pub fn plane_up(&self, plane: u8) -> bool {
         self.planes_up & plane_bit(plane) != 0
