@@ -181,13 +181,7 @@ struct PeerInner {
     buf: KVec<u8>,
     /// What of the connection's and streams' counters the device counters already hold.
     reported: Reported,
-    /// Per stream on an SRQ: receive WQEs moved from the SRQ into the stream, not yet used.
-    srq_held: [u32; STREAMS],
 }
-
-/// Receive WQEs a stream may hold from its SRQ at once: enough to keep a stream busy, few
-/// enough that QPs sharing the SRQ are not starved by one of them.
-const SRQ_SHARE: u32 = 4;
 
 /// Counter values already added to the device's counters (the transport's only grow, until a
 /// stream is reopened).
@@ -301,7 +295,6 @@ impl Engine {
                     qps: [const { None }; STREAMS],
                     buf,
                     reported: Reported::default(),
-                    srq_held: [0; STREAMS],
                 }, "metaroce_peer"),
             }),
             GFP_KERNEL,
@@ -349,6 +342,7 @@ impl Engine {
                 send_msn: a.sq_psn,
                 recv_msn: a.rq_psn,
                 ack_timeout: ack_timeout_ns(a.timeout),
+                srq: qp.srq.is_some(),
             };
             (dest, cfg)
         };
@@ -357,9 +351,6 @@ impl Engine {
         let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
         if let Some(r) = p.reported.streams.get_mut(usize::from(stream.0)) {
             *r = [0; 2];
-        }
-        if let Some(h) = p.srq_held.get_mut(usize::from(stream.0)) {
-            *h = 0;
         }
         if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
             *slot = Some(qp.clone());
@@ -425,7 +416,6 @@ impl Engine {
             qps,
             buf,
             reported,
-            srq_held,
         } = p;
         let mut mem = Mem { verbs: &self.verbs };
         conn.update_allocation(now, &mut self.alloc.lock());
@@ -438,16 +428,10 @@ impl Engine {
             }
         }
         while let Some(ev) = conn.poll_event() {
-            match &ev {
-                Event::SendCompletion(c) if c.status == CqStatus::RetryExcErr => {
+            if let Event::SendCompletion(c) = &ev {
+                if c.status == CqStatus::RetryExcErr {
                     self.counters.inc(Counter::RetryExceeded);
                 }
-                Event::RecvCompletion(c) => {
-                    if let Some(h) = srq_held.get_mut(usize::from(c.stream.0)) {
-                        *h = h.saturating_sub(1);
-                    }
-                }
-                _ => {}
             }
             deliver(qps, ev);
         }
@@ -525,12 +509,7 @@ impl Engine {
 
     /// Copies posted WQEs out of the QPs' rings into their streams while there is room.
     fn post_from_rings(&self, p: &mut PeerInner, now: u64) {
-        let PeerInner {
-            conn,
-            qps,
-            srq_held,
-            ..
-        } = p;
+        let PeerInner { conn, qps, .. } = p;
         for (i, qp) in qps.iter().enumerate() {
             let Some(qp) = qp else { continue };
             let sid = StreamId(i as u16);
@@ -569,27 +548,6 @@ impl Engine {
                         }
                     }
                     Err(_) => break,
-                }
-            }
-            // A QP on an SRQ takes a few of the SRQ's WQEs at a time into its stream.
-            if let (true, Some(srq), Some(held)) = (receiving, &qp.srq, srq_held.get_mut(i)) {
-                while *held < SRQ_SHARE {
-                    let taken = srq.take_with(|wqe| match recv_sgl(wqe) {
-                        Some(local) => conn
-                            .post_recv(
-                                sid,
-                                stream::RecvWqe {
-                                    wr_id: wqe.wr_id,
-                                    local,
-                                },
-                            )
-                            .is_ok(),
-                        None => false,
-                    });
-                    if !taken {
-                        break;
-                    }
-                    *held += 1;
                 }
             }
             if let (Some(store), Some((req, _))) = (inner.inline.as_mut(), conn.stream_stats(sid)) {
@@ -781,6 +739,21 @@ impl Memory for Mem<'_> {
         let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
         mr.read(va, out, bindings::ib_access_flags_IB_ACCESS_REMOTE_READ)
             .map_err(access_error)
+    }
+
+    fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {
+        let qp = self.verbs.qp(qp)?;
+        let srq = qp.srq.as_ref()?;
+        let mut taken = None;
+        // A WQE whose SGEs the transport cannot carry stays at the head (so far as before).
+        srq.take_with(|wqe| {
+            taken = recv_sgl(wqe).map(|local| stream::RecvWqe {
+                wr_id: wqe.wr_id,
+                local,
+            });
+            taken.is_some()
+        });
+        taken
     }
 
     fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {

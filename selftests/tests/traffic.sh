@@ -32,7 +32,8 @@ perftest "ib_write_bw bidirectional" ib_write_bw -s 65536 -n 50 -b
 perftest "ib_write_bw all sizes 2 B .. 8 MiB" ib_write_bw -a -n 5
 perftest "ib_send_bw with completion events" ib_send_bw -s 65536 -n 50 -e
 perftest "ib_send_bw over an SRQ" ib_send_bw -s 65536 -n 50 --use-srq
-todo "ib_send_bw, 4 QPs sharing one SRQ" "one QP's stream starves of SRQ WQEs (RNR NAK on every packet) until its peer quits: REM_OP_ERR"
+perftest "ib_send_bw, 4 QPs sharing one SRQ" ib_send_bw -s 65536 -n 50 -q 4 --use-srq
+perftest "ib_send_bw 4 KiB, 8 QPs sharing one SRQ" ib_send_bw -s 4096 -n 200 -q 8 --use-srq
 perftest "ib_read_bw 64 KiB" ib_read_bw -s 65536 -n 50
 perftest "ib_send_bw 64 KiB" ib_send_bw -s 65536 -n 50
 perftest "ib_atomic_bw" ib_atomic_bw -n 200

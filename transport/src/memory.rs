@@ -178,4 +178,11 @@ pub trait Memory {
     fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError>;
     /// Executes an atomic and returns the original value.
     fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// The next receive WQE of the shared receive queue of QP `qp` (a stream with
+    /// `StreamConfig::srq`), taken off that queue; None if it is empty (the responder then
+    /// answers RNR). Memory without SRQs keeps the default.
+    fn shared_recv(&mut self, qp: u32) -> Option<super::stream::RecvWqe> {
+        let _ = qp;
+        None
+    }
 }

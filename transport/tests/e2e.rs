@@ -713,3 +713,63 @@ fn a_plane_that_is_down_carries_nothing_until_it_is_up() {
         }
     }
 }
+
+#[test]
+fn qps_sharing_a_receive_queue_take_wqes_as_messages_arrive() {
+    use metaroce_transport::stream::StreamConfig;
+    let mut sim = Sim::new(LinkConfig::clean().reorder(20, 20_000), 21);
+    // Two more QP pairs; on endpoint 1 both take receives from the shared queue.
+    let mut pairs = std::vec::Vec::new();
+    for (qa, qb) in [(0x31, 0x41), (0x32, 0x42)] {
+        let a = sim.ep[0]
+            .conn
+            .open_stream(StreamConfig::new(qa, qb))
+            .unwrap();
+        let mut cb = StreamConfig::new(qb, qa);
+        cb.srq = true;
+        let b = sim.ep[1].conn.open_stream(cb).unwrap();
+        pairs.push((a, b));
+    }
+    let (n, len) = (12u64, 3000u32);
+    for i in 0..2 * n {
+        let w = RecvWqe {
+            wr_id: 1000 + i,
+            local: sge(2, B_BUF + i * 4096, 4096),
+        };
+        sim.ep[1].mem.srq.push_back(w);
+    }
+    let mut want = std::vec::Vec::new();
+    for (k, (a, _)) in pairs.iter().enumerate() {
+        for i in 0..n {
+            let tag = (k as u64 * n + i) as u8 + 1;
+            let at = A_BUF + (k as u64 * n + i) * 4096;
+            sim.ep[0].mem.fill(1, at, &std::vec![tag; len as usize]);
+            want.push(tag);
+            sim.ep[0]
+                .conn
+                .post_send(0, *a, SendWqe::new(i, WrOpcode::Send, sge(1, at, len)))
+                .unwrap();
+        }
+    }
+    let total = 2 * n as usize;
+    assert!(sim.run_until(1_000_000_000, |s| s.ep[1].recv_cqes.len() >= total));
+    let mut got = std::vec::Vec::new();
+    for c in &sim.ep[1].recv_cqes {
+        assert_eq!(c.status, CqStatus::Success, "{c:?}");
+        assert_eq!(c.byte_len, len);
+        let buf = sim.ep[1]
+            .mem
+            .bytes(2, B_BUF + (c.wr_id - 1000) * 4096, len as usize);
+        assert!(
+            buf.iter().all(|&b| b == buf[0]),
+            "a receive buffer holds one message"
+        );
+        got.push(buf[0]);
+    }
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "every message landed once");
+    assert_eq!(sim.ep[1].mem.srq_taken, total as u64);
+    let rnr = sim.ep[1].conn.stats().naks_out_by_code[3];
+    assert_eq!(rnr, 0, "no RNR while the shared queue had WQEs");
+}

@@ -722,6 +722,25 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             let dups_before = s.resp.stats.duplicates;
             let rnr_us = s.cfg.rnr_timer_us;
             let solicited = b.flags.has(Flags::SOLICITED);
+            if s.cfg.srq && s.error().is_none() {
+                // A QP on a shared receive queue takes the WQEs a message needs as it arrives.
+                let rsn = match view.header.ext {
+                    Ext::Send(x) => Some(x.rsn),
+                    Ext::Write(x) if b.opcode == Opcode::RdmaWriteWithImm => Some(x.rsn),
+                    _ => None,
+                };
+                if let Some(rsn) = rsn {
+                    while s.resp.wants_recv(rsn) {
+                        let Some(w) = mem.shared_recv(s.cfg.local_qp) else {
+                            break;
+                        };
+                        // Cannot fail: `wants_recv` saw room.
+                        if s.resp.post_recv(w).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
             let v = if s.error().is_some() {
                 // A QP in error answers requests with a NAK so the peer fails fast.
                 match view.header.ext {

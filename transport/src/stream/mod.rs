@@ -66,6 +66,10 @@ pub struct StreamConfig {
     /// 4.096 us x 2^timeout): without progress for this long, the oldest unfinished message
     /// counts a retry. 0: the connection's `stall_timeout`.
     pub ack_timeout: u64,
+    /// The QP takes its receive WQEs from a shared receive queue: when a message needs one the
+    /// stream does not have, the responder asks [`super::memory::Memory::shared_recv`] for it
+    /// (at once, as the message arrives), instead of answering RNR.
+    pub srq: bool,
 }
 
 impl StreamConfig {
@@ -81,6 +85,7 @@ impl StreamConfig {
             send_msn: 0,
             recv_msn: 0,
             ack_timeout: 0,
+            srq: false,
         }
     }
 }

@@ -261,6 +261,17 @@ impl Responder {
         Ok(())
     }
 
+    /// A message with receive sequence number `rsn` would find no WQE posted for it, and the
+    /// queue has room to post up to it (so WQEs pulled from a shared queue now can serve it).
+    pub fn wants_recv(&self, rsn: u32) -> bool {
+        let ahead = seq_diff(rsn, self.rq_tail);
+        ahead >= 0 && (ahead as u64) < (RQ_DEPTH as u64).saturating_sub(self.rq_len() as u64)
+    }
+
+    fn rq_len(&self) -> usize {
+        self.rq_tail.wrapping_sub(self.rq_head) as usize
+    }
+
     /// The receive WQE with sequence number `rsn`, if posted and not yet completed.
     fn recv_wqe(&self, rsn: u32) -> Option<&RqEntry> {
         if seq_diff(rsn, self.rq_head) < 0 || seq_diff(rsn, self.rq_tail) >= 0 {

@@ -121,6 +121,10 @@ pub struct Region {
 #[derive(Default)]
 pub struct SimMemory {
     pub regions: HashMap<u32, Region>,
+    /// The shared receive queue of every stream opened with `StreamConfig::srq`.
+    pub srq: std::collections::VecDeque<RecvWqe>,
+    /// WQEs taken from `srq`.
+    pub srq_taken: u64,
 }
 
 impl SimMemory {
@@ -223,6 +227,12 @@ impl Memory for SimMemory {
         let new = op.apply(old);
         self.write(rkey, va, &new.to_ne_bytes())?;
         Ok(old)
+    }
+
+    fn shared_recv(&mut self, _qp: u32) -> Option<RecvWqe> {
+        let w = self.srq.pop_front()?;
+        self.srq_taken += 1;
+        Some(w)
     }
 }
 
