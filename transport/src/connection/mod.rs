@@ -82,6 +82,7 @@ impl Config {
                 max_rto: 100_000_000,
                 ack_delay: 10_000,
                 fail_after: 3,
+                min_reorder_window: 10_000,
             },
             ack_every: 8,
             stall_timeout: 5_000_000,
@@ -243,6 +244,13 @@ pub struct Connection<const PATHS: usize, S: StreamSlots> {
     /// The delayed-ACK timer is armed for `ack_at`.
     ack_armed: bool,
     ack_at: u64,
+    /// The armed ACK timer is for a tail repeat: one more ACK after the last one that carried
+    /// news, in case that one was lost (nothing else would prompt the next).
+    ack_repeat: bool,
+    /// The grant our ACKs carry: the current one, except that a tail repeat carries the last
+    /// one again rather than none (the allocator may no longer count an idle sender as
+    /// active).
+    ack_grant: Grant,
     unacked: u16,
     rr_ack_path: usize,
     /// Planes (bit per plane number) that may carry packets: the caller clears a plane the
@@ -294,6 +302,8 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             ack_now: false,
             ack_armed: false,
             ack_at: 0,
+            ack_repeat: false,
+            ack_grant: Grant::default(),
             unacked: 0,
             rr_ack_path: 0,
             planes_up: u32::MAX,
@@ -318,7 +328,9 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.cfg = cfg;
         self.rng = XorShift::new(cfg.seed);
         let planes = usize::from(cfg.planes.max(1));
-        for (i, p) in self.paths.iter_mut().enumerate() {
+        // Only the paths in use: the others are never touched (a zeroed connection's pages
+        // for them stay untouched).
+        for (i, p) in self.paths.iter_mut().take(num_paths).enumerate() {
             p.reset(i as u16, (i % planes) as u8, &cfg.path, &mut self.rng);
         }
         self.num_paths = num_paths;
@@ -337,6 +349,8 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.ack_now = false;
         self.ack_armed = false;
         self.ack_at = 0;
+        self.ack_repeat = false;
+        self.ack_grant = Grant::default();
         self.unacked = 0;
         self.rr_ack_path = 0;
         self.planes_up = u32::MAX;
@@ -398,6 +412,12 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             .get(path)
             .filter(|_| path < self.num_paths)
             .map(|p| p.state)
+    }
+
+    /// Path `path` itself, read-only (None beyond the paths in use): its RTT estimate,
+    /// window, health, UDP source port.
+    pub fn path(&self, path: usize) -> Option<&Path> {
+        self.paths.get(path).filter(|_| path < self.num_paths)
     }
 
     /// Receiver side of congestion control: reports to `alloc`, the allocator of the device
@@ -628,6 +648,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 let stall = self.cfg.stall_timeout;
                 let (paths, streams, sched) = (&mut self.paths, &mut self.streams, &mut self.sched);
                 let mut cc = CcSample::default();
+                let mut reorder_extent = 0;
                 for pa in view.ack_paths() {
                     let i = usize::from(pa.path_id);
                     if i >= self.num_paths {
@@ -642,6 +663,15 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                             resolve(streams, sched, stall, now, item, outcome)
                         });
                         cc.add(sum.acked, pa.ecn_ce, p.rtt.srtt());
+                        reorder_extent = reorder_extent.max(sum.reorder_extent);
+                    }
+                }
+                if reorder_extent > 0 {
+                    // Reordering within one path is the fabric's doing (a reordering link):
+                    // every path widens its reordering window, before it spuriously
+                    // retransmits to learn the same.
+                    for p in paths.iter_mut().take(self.num_paths) {
+                        p.inflight.learn_reordering(reorder_extent);
                     }
                 }
                 self.cc
@@ -705,7 +735,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 // the sender does not resend it as lost, and NAK requests so it fails fast.
                 self.stats.dropped_in += 1;
                 if let Some(p) = self.paths.get_mut(pi) {
-                    p.on_receive(b.psn, b.timestamp, ecn_ce);
+                    p.on_receive(now, b.psn, b.timestamp, ecn_ce);
                 }
                 self.ack_now = true;
                 if !matches!(
@@ -836,7 +866,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             return Ok(());
         }
         if let Some(p) = self.paths.get_mut(pi) {
-            p.on_receive(b.psn, b.timestamp, ecn_ce);
+            p.on_receive(now, b.psn, b.timestamp, ecn_ce);
         }
         // Inbound data makes the peer one of the device's active senders.
         if !matches!(view.header.ext, Ext::Probe) {
@@ -849,8 +879,9 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             || matches!(verdict, Verdict::Nak(..))
         {
             self.ack_now = true;
-        } else if !self.ack_armed {
+        } else if !self.ack_armed || self.ack_repeat {
             self.ack_armed = true;
+            self.ack_repeat = false;
             self.ack_at = now.saturating_add(self.cfg.path.ack_delay);
         }
         Ok(())
@@ -1137,19 +1168,27 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     }
 
     /// A path for control packets (ACK, NAK): round-robin over Active paths, else any.
+    ///
+    /// Preferred: Active paths that received a packet lately (within the minimum RTO of the
+    /// latest arrival on any path). A plane that delivers nothing to us (cut, or the peer
+    /// stopped using it because it failed) most likely drops our ACKs too.
     fn control_path(&mut self) -> usize {
         let n = self.num_paths.max(1);
         let planes_up = self.planes_up;
         let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
-        // An Active path on a plane that is up; else any path on a plane that is up.
-        for active_only in [true, false] {
+        let paths = self.paths.get(..self.num_paths).unwrap_or(&[]);
+        let newest = paths.iter().map(|p| p.last_rx).max().unwrap_or(0);
+        let fresh_after = newest.saturating_sub(self.cfg.path.min_rto);
+        // An Active path on a plane that is up and that received lately; else any Active
+        // path on a plane that is up; else any path on a plane that is up.
+        for (active_only, fresh) in [(true, true), (true, false), (false, false)] {
             for k in 0..n {
                 let i = (self.rr_ack_path + k) % n;
-                if self
-                    .paths
-                    .get(i)
-                    .is_some_and(|p| up(p) && (!active_only || p.state == PathState::Active))
-                {
+                if paths.get(i).is_some_and(|p| {
+                    up(p)
+                        && (!active_only || p.state == PathState::Active)
+                        && (!fresh || p.last_rx >= fresh_after)
+                }) {
                     self.rr_ack_path = (i + 1) % n;
                     return i;
                 }
@@ -1200,23 +1239,51 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             self.sched.pop(&mut self.streams, ACK);
         }
         let any_stream = self.sched.len(ACK) != 0;
-        if !any_path && !any_stream {
+        // The repeat timer fired (through `handle_timeout`, which sets `ack_now`, or found due).
+        let repeat =
+            self.ack_repeat && (self.ack_now || self.ack_deadline().is_some_and(|d| d <= now));
+        if !any_path && !any_stream && !repeat {
             self.ack_now = false;
             self.ack_armed = false;
+            self.ack_repeat = false;
             self.unacked = 0;
             return None;
         }
         let cp = self.control_path();
         let base = base_header(&self.cfg, self.paths.get(cp), Opcode::Ack, None, now);
+        if any_path || any_stream || self.grant.rate_mbps != 0 {
+            self.ack_grant = self.grant;
+        }
         let info = AckHeader {
-            rate_hint_mbps: self.grant.rate_mbps,
-            share: self.grant.share,
+            rate_hint_mbps: self.ack_grant.rate_mbps,
+            share: self.ack_grant.share,
             ..AckHeader::default()
         };
         let mut w = AckWriter::new(buf, base, info).ok()?;
         let dirty_streams = self.sched.len(ACK);
         let stream_room = dirty_streams.min(255).saturating_mul(STREAM_ACK_LEN);
         let mut left_over = false;
+        // Repeats of recent entries first, in the room the new ones leave (best effort).
+        let pending = self
+            .paths
+            .iter()
+            .take(self.num_paths)
+            .filter(|p| p.recv_pending)
+            .count();
+        let reserve = pending
+            .saturating_add(1)
+            .saturating_mul(PATH_ACK_LEN)
+            .saturating_add(stream_room);
+        for p in self.paths.iter_mut().take(self.num_paths) {
+            if w.remaining() < reserve || w.path_count() >= u8::MAX - pending.min(254) as u8 {
+                break;
+            }
+            if let Some(a) = p.take_repeat() {
+                if w.push_path(&a).is_err() {
+                    break;
+                }
+            }
+        }
         for p in self.paths.iter_mut().take(self.num_paths) {
             if !p.recv_pending {
                 continue;
@@ -1278,7 +1345,12 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         }
         let len = w.finish();
         self.ack_now = left_over;
-        self.ack_armed = false;
+        // After an ACK with news, one repeat once ACKs stop (a lost last ACK would otherwise
+        // cost the sender a probe timeout, or its completion timeout for a stream's state).
+        let news = any_path || any_stream;
+        self.ack_armed = news;
+        self.ack_repeat = news;
+        self.ack_at = now.saturating_add(self.cfg.path.min_rto.max(self.cfg.path.ack_delay));
         self.unacked = 0;
         self.stats.acks_out += 1;
         self.transmit(cp, len, false)

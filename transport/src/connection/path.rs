@@ -38,6 +38,9 @@ pub enum PathState {
 const PROBATION: u16 = 16;
 /// Full health.
 pub const FULL_HEALTH: u16 = 1024;
+/// ACKs after the one that reported a path's news that repeat its entry (an ACK lost on a
+/// broken reverse route must not cost the sender a timeout).
+pub const ACK_REPEATS: u8 = 2;
 
 /// Counters of one path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,6 +94,9 @@ pub struct PathConfig {
     pub ack_delay: u64,
     /// Consecutive timeouts after which a path is Failed.
     pub fail_after: u8,
+    /// Smallest reordering window of loss detection, ns: reordering within a path by up to
+    /// this much is never taken for loss, however short the RTT.
+    pub min_reorder_window: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +114,8 @@ pub struct Path {
     pub inflight: InFlight,
     /// Sender side: congestion window.
     pub cc: Window,
+    /// The window a fresh path starts with (a re-admitted path starts again from it).
+    cc_initial: Window,
     /// Sender side: RTT estimate and RTO.
     pub rtt: RttEstimator,
     ack_delay: u64,
@@ -136,6 +144,10 @@ pub struct Path {
     pub recv: PsnWindow,
     /// Packets were received since the last ACK.
     pub recv_pending: bool,
+    /// ACKs that will still repeat this path's entry.
+    ack_repeats: u8,
+    /// Receive side: when the latest packet arrived on this path (0: never).
+    pub last_rx: u64,
     /// Receive side: timestamp of the latest new packet (echoed in ACKs).
     pub last_ts: u32,
     /// Receive side: CE marks since the last ACK.
@@ -152,8 +164,9 @@ impl Path {
             plane,
             sport: rng.source_port(0),
             state: PathState::Active,
-            inflight: InFlight::new(cfg.initial_psn),
+            inflight: InFlight::new(cfg.initial_psn).with_reorder_floor(cfg.min_reorder_window),
             cc: Window::new(cfg.initial_cwnd, cfg.max_cwnd),
+            cc_initial: Window::new(cfg.initial_cwnd, cfg.max_cwnd),
             rtt: RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto),
             ack_delay: cfg.ack_delay,
             fail_after: cfg.fail_after.max(1),
@@ -170,6 +183,8 @@ impl Path {
             credit: 0,
             recv: PsnWindow::new(cfg.initial_psn),
             recv_pending: false,
+            ack_repeats: 0,
+            last_rx: 0,
             last_ts: 0,
             ecn_ce: 0,
             stats: PathStats::default(),
@@ -183,7 +198,9 @@ impl Path {
         self.sport = rng.source_port(0);
         self.state = PathState::Active;
         self.inflight.reset(cfg.initial_psn);
+        self.inflight.set_reorder_floor(cfg.min_reorder_window);
         self.cc = Window::new(cfg.initial_cwnd, cfg.max_cwnd);
+        self.cc_initial = self.cc;
         self.rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
         self.ack_delay = cfg.ack_delay;
         self.fail_after = cfg.fail_after.max(1);
@@ -200,6 +217,8 @@ impl Path {
         self.credit = 0;
         self.recv = PsnWindow::new(cfg.initial_psn);
         self.recv_pending = false;
+        self.ack_repeats = 0;
+        self.last_rx = 0;
         self.last_ts = 0;
         self.ecn_ce = 0;
         self.stats = PathStats::default();
@@ -317,9 +336,14 @@ impl Path {
                 PathState::Active => {}
                 PathState::Suspect => self.state = PathState::Active,
                 PathState::Failed => {
+                    // Re-admitted: what it learned while failed (losses, a window halved
+                    // down to nothing) says nothing about the route it has now.
                     self.state = PathState::Probing;
                     self.probation = PROBATION;
                     self.stats.readmissions += 1;
+                    self.cc = self.cc_initial;
+                    self.loss_rate = 0;
+                    self.ecn_rate = 0;
                 }
                 PathState::Probing => {
                     let left = self.probation.saturating_sub(sum.acked.min(0xffff) as u16);
@@ -361,17 +385,22 @@ impl Path {
         }
         if self.inflight.unresolved() > 0 {
             return Some(
-                self.timer_start
-                    .saturating_add(self.rtt.pto(self.ack_delay)),
+                self.timer_start.saturating_add(
+                    self.rtt.pto(
+                        self.ack_delay
+                            .saturating_add(self.inflight.reorder_window(self.rtt.srtt())),
+                    ),
+                ),
             );
         }
         None
     }
 
-    /// Fires the timer if due. The first expiry sends a tail-loss probe; an expiry with a
-    /// probe outstanding is a retransmission timeout: every unresolved packet is lost, the path
-    /// moves to a new UDP source port, backs off and turns Suspect (Failed after `fail_after`
-    /// in a row). Returns the number of packets declared lost.
+    /// Fires the timer if due: the reordering timer declares overdue packets lost; the first
+    /// probe-timer expiry sends a tail-loss probe; an expiry with the probe unanswered is a
+    /// retransmission timeout: every unresolved packet is lost, the path moves to a new UDP
+    /// source port, backs off and turns Suspect (Failed after `fail_after` in a row). Returns
+    /// the number of packets declared lost.
     pub fn on_timer(
         &mut self,
         now: u64,
@@ -392,7 +421,7 @@ impl Path {
             _ => return lost,
         }
         if !self.probe_armed {
-            // Tail-loss probe.
+            // Tail-loss probe (the path's health drops while it is out).
             self.probe_armed = true;
             self.probe_at = now;
             self.need_probe = true;
@@ -424,7 +453,8 @@ impl Path {
     }
 
     /// Receive side: a sequenced packet arrived on this path.
-    pub fn on_receive(&mut self, psn: u32, ts: u32, ecn_ce: bool) -> bool {
+    pub fn on_receive(&mut self, now: u64, psn: u32, ts: u32, ecn_ce: bool) -> bool {
+        self.last_rx = now;
         let new = self.recv.record(psn) == super::sack::Recorded::New;
         if new {
             self.stats.received += 1;
@@ -442,14 +472,26 @@ impl Path {
         new
     }
 
-    /// The ACK entry for this path; clears the pending state.
+    /// The ACK entry for this path; clears the pending state. The next [`ACK_REPEATS`] ACKs
+    /// repeat it ([`Path::take_repeat`]).
     pub fn take_ack(&mut self) -> PathAck {
         let a = self
             .recv
             .to_ack(self.id, self.plane, self.last_ts, self.ecn_ce);
         self.ecn_ce = 0;
         self.recv_pending = false;
+        self.ack_repeats = ACK_REPEATS;
         a
+    }
+
+    /// The entry again, for an ACK that has room (None when no repeat is due). CE marks are
+    /// not repeated: the sender must not count them twice.
+    pub fn take_repeat(&mut self) -> Option<PathAck> {
+        if self.recv_pending || self.ack_repeats == 0 {
+            return None;
+        }
+        self.ack_repeats -= 1;
+        Some(self.recv.to_ack(self.id, self.plane, self.last_ts, 0))
     }
 }
 
@@ -467,6 +509,7 @@ mod tests {
             max_rto: 10_000_000,
             ack_delay: 10_000,
             fail_after: 2,
+            min_reorder_window: 0,
         }
     }
 
@@ -480,8 +523,9 @@ mod tests {
         let d = p.deadline().unwrap();
         assert_eq!(p.on_timer(d - 1, &mut rng, |_, _, _| {}), 0);
         assert!(!p.need_probe);
+        // Tail-loss probe.
         assert_eq!(p.on_timer(d, &mut rng, |_, _, _| {}), 0);
-        assert!(p.need_probe); // tail-loss probe
+        assert!(p.need_probe);
         assert_eq!(p.state, PathState::Active);
         let d2 = p.deadline().unwrap();
         assert_eq!(p.on_timer(d2, &mut rng, |_, _, _| {}), 1);

@@ -5,7 +5,8 @@
 //! ECMP route and normally delivers in order; when it does not (a route change, a reordering
 //! link), the rule below tolerates it. A packet is declared **lost** when a packet sent after
 //! it on the same path has been acknowledged and it has been outstanding for longer than the
-//! RTT of that later packet plus a reordering window (RACK, RFC 8985, per path): its data is
+//! RTT of that later packet (or the smoothed RTT, if larger: a packet sent into a longer local
+//! queue has a longer RTT) plus a reordering window (RACK, RFC 8985, per path): its data is
 //! handed back at once to be resent (on any path, as a new packet). The reordering window is
 //! a quarter of the smoothed RTT, widened to cover every reordering the path has shown (a
 //! hole later filled by its original packet: retransmissions carry new PSNs, so a filled
@@ -87,6 +88,9 @@ pub struct AckSummary {
     pub reordered: u32,
     /// Of those, packets that had already been declared lost (spurious losses).
     pub spurious: u32,
+    /// The largest reordering extent seen (how much later than the packets sent after it
+    /// a reordered packet arrived), ns; 0 if none.
+    pub reorder_extent: u64,
 }
 
 /// After this many acknowledged packets without reordering, the learned reordering window
@@ -107,6 +111,8 @@ pub struct InFlight {
     /// Reordering window learned from observed reordering, ns.
     reo_learned: u64,
     acks_since_reorder: u32,
+    /// Smallest reordering window, ns.
+    reo_floor: u64,
     slots: [Slot; SACK_BITS],
 }
 
@@ -122,8 +128,20 @@ impl InFlight {
             rack_rtt: 0,
             reo_learned: 0,
             acks_since_reorder: 0,
+            reo_floor: 0,
             slots: [Slot::default(); SACK_BITS],
         }
+    }
+
+    /// The same with a smallest reordering window of `floor` ns.
+    pub fn with_reorder_floor(mut self, floor: u64) -> Self {
+        self.reo_floor = floor;
+        self
+    }
+
+    /// Sets the smallest reordering window, ns.
+    pub fn set_reorder_floor(&mut self, floor: u64) {
+        self.reo_floor = floor;
     }
 
     /// Re-initialises in place.
@@ -161,10 +179,11 @@ impl InFlight {
     }
 
     /// The reordering window for a path whose smoothed RTT is `srtt`: a quarter of it, or
-    /// the reordering learned on the path if that is larger (at most 4 * `srtt`).
+    /// the reordering learned on the path if that is larger (at most 8 * `srtt`), and at
+    /// least the configured floor.
     pub fn reorder_window(&self, srtt: u64) -> u64 {
-        let learned = self.reo_learned.min(srtt.saturating_mul(4));
-        (srtt / 4).max(learned)
+        let learned = self.reo_learned.min(srtt.saturating_mul(8));
+        (srtt / 4).max(learned).max(self.reo_floor)
     }
 
     /// Records a packet sent now; returns its PSN, or None without room.
@@ -183,7 +202,9 @@ impl InFlight {
         Some(psn)
     }
 
-    fn learn_reordering(&mut self, extent: u64) {
+    /// Widens the reordering window to cover a reordering of `extent` ns (seen on this path,
+    /// or on another path of the connection: the fabric reorders).
+    pub fn learn_reordering(&mut self, extent: u64) {
         // A quarter more than the largest extent seen, so the next one like it passes.
         let want = extent.saturating_add(extent / 4);
         self.reo_learned = self.reo_learned.max(want);
@@ -222,7 +243,9 @@ impl InFlight {
             let reordered = prev_high.is_some_and(|h| seq_lt(psn, h));
             if reordered {
                 sum.reordered += 1;
-                self.learn_reordering(rtt.saturating_sub(rack_rtt));
+                let extent = rtt.saturating_sub(rack_rtt).max(1);
+                sum.reorder_extent = sum.reorder_extent.max(extent);
+                self.learn_reordering(extent);
             }
             if state == SlotState::Lost {
                 sum.spurious += 1;
@@ -250,8 +273,8 @@ impl InFlight {
     }
 
     /// Declares lost every unresolved packet sent before the highest acknowledged one and
-    /// outstanding for longer than that one's RTT plus the reordering window. Returns how
-    /// many.
+    /// outstanding for longer than that one's RTT (or `srtt`, if larger) plus the reordering
+    /// window. Returns how many.
     pub fn detect_lost(
         &mut self,
         now: u64,
@@ -261,7 +284,10 @@ impl InFlight {
         if !self.has_high {
             return 0;
         }
-        let wait = self.rack_rtt.saturating_add(self.reorder_window(srtt));
+        let wait = self
+            .rack_rtt
+            .max(srtt)
+            .saturating_add(self.reorder_window(srtt));
         let (high, span) = (self.high, self.next.wrapping_sub(self.una));
         let mut n = 0;
         for i in 0..span {
@@ -288,7 +314,10 @@ impl InFlight {
         if !self.has_high {
             return None;
         }
-        let wait = self.rack_rtt.saturating_add(self.reorder_window(srtt));
+        let wait = self
+            .rack_rtt
+            .max(srtt)
+            .saturating_add(self.reorder_window(srtt));
         let span = self.next.wrapping_sub(self.una);
         for i in 0..span {
             let psn = self.una.wrapping_add(i);
