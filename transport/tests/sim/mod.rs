@@ -2,6 +2,16 @@
 //! model with loss, per-path delay and jitter (FIFO per path, so jitter reorders packets
 //! across paths only, like ECMP routes), duplication and a serialisation rate; time advances
 //! through an event queue. Everything is seeded.
+//!
+//! Two network models:
+//! - the single link ([`LinkConfig`]): one behaviour for the whole connection, a FIFO route
+//!   per path id;
+//! - an ECMP fabric ([`EcmpFabric`], [`Sim::with_fabric`]): `planes` planes of `links_per_plane`
+//!   links each; a packet's link is a hash of (plane, UDP source port), as an ECMP switch
+//!   picks it, so a path that changes entropy moves to another link. Each link has its own
+//!   loss, delay, jitter (FIFO or overtaking), rate and ECN marking, and can be cut
+//!   (blackholed, both directions) for a time interval. The endpoint's own serialisation
+//!   rate is still `LinkConfig::rate_bits_per_us`.
 #![allow(dead_code)]
 
 pub mod fabric;
@@ -14,9 +24,12 @@ use metaroce_transport::stream::{
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+/// Paths the simulated connections use unless a test configures more.
 pub const PATHS: usize = 8;
+/// Path capacity of the simulated connections (tests may use up to this many).
+pub const MAX_PATHS: usize = 256;
 pub const STREAMS: usize = 4;
-pub type Conn = Connection<PATHS, SimSlots>;
+pub type Conn = Connection<MAX_PATHS, SimSlots>;
 
 /// Streams per chunk of [`SimSlots`].
 pub const CHUNK: usize = 64;
@@ -280,6 +293,94 @@ impl LinkConfig {
     }
 }
 
+/// One link of the ECMP fabric; both directions behave alike, each has its own queue.
+/// Probabilities in parts per million.
+#[derive(Clone, Debug)]
+pub struct EcmpLink {
+    pub loss_ppm: u32,
+    /// One-way delay.
+    pub delay_ns: u64,
+    /// Fraction of packets that get an extra delay of up to `jitter_max_ns`.
+    pub jitter_ppm: u32,
+    pub jitter_max_ns: u64,
+    /// FIFO (a switch queue: a delayed packet holds back the ones behind it), or packets may
+    /// overtake each other on the link (reordering within a route).
+    pub fifo: bool,
+    /// Serialisation rate, bits per microsecond (0: unlimited).
+    pub rate_bits_per_us: u64,
+    /// Fraction of ECN-capable packets delivered with CE set.
+    pub ce_ppm: u32,
+    /// ECN-capable packets that waited longer than this in the link's queue are CE-marked
+    /// (0: never), as a switch marks above a queue threshold.
+    pub ecn_queue_ns: u64,
+    /// Blackholed (both directions) from `.0` until `.1` (simulated ns).
+    pub cut: Option<(u64, u64)>,
+}
+
+impl EcmpLink {
+    pub fn clean(delay_ns: u64, rate_bits_per_us: u64) -> Self {
+        EcmpLink {
+            loss_ppm: 0,
+            delay_ns,
+            jitter_ppm: 0,
+            jitter_max_ns: 0,
+            fifo: true,
+            rate_bits_per_us,
+            ce_ppm: 0,
+            ecn_queue_ns: 0,
+            cut: None,
+        }
+    }
+
+    pub fn is_cut(&self, now: u64) -> bool {
+        self.cut.is_some_and(|(a, b)| now >= a && now < b)
+    }
+}
+
+/// An ECMP fabric: `planes` x `links_per_plane` links, link `plane * links_per_plane + k`.
+#[derive(Clone, Debug)]
+pub struct EcmpFabric {
+    pub planes: usize,
+    pub links_per_plane: usize,
+    pub links: Vec<EcmpLink>,
+    /// ECN-capable packets that waited longer than this in the sending endpoint's own queue
+    /// are CE-marked (0: never), as a host queue with ECN marks.
+    pub nic_ecn_queue_ns: u64,
+}
+
+impl EcmpFabric {
+    /// Every link clean with delay `delay_ns` and rate `rate_bits_per_us`.
+    pub fn uniform(planes: usize, links_per_plane: usize, delay_ns: u64, rate: u64) -> Self {
+        EcmpFabric {
+            planes,
+            links_per_plane,
+            links: vec![EcmpLink::clean(delay_ns, rate); planes * links_per_plane],
+            nic_ecn_queue_ns: 30_000,
+        }
+    }
+
+    pub fn link_mut(&mut self, plane: usize, k: usize) -> &mut EcmpLink {
+        &mut self.links[plane * self.links_per_plane + k]
+    }
+
+    /// The link an ECMP switch of `plane` sends a packet with UDP source port `sport` to.
+    pub fn route(&self, plane: u8, sport: u16) -> usize {
+        let plane = usize::from(plane) % self.planes.max(1);
+        let mut h = (u64::from(sport) << 8 | plane as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 32;
+        plane * self.links_per_plane + (h % self.links_per_plane.max(1) as u64) as usize
+    }
+
+    /// Cuts every link of `plane` from `from` until `until`.
+    pub fn cut_plane(&mut self, plane: usize, from: u64, until: u64) {
+        for k in 0..self.links_per_plane {
+            self.link_mut(plane, k).cut = Some((from, until));
+        }
+    }
+}
+
 pub struct Endpoint {
     pub conn: Box<Conn>,
     pub mem: SimMemory,
@@ -310,6 +411,10 @@ pub struct NetStats {
     pub duplicated: u64,
     pub delivered: u64,
     pub bytes_delivered: u64,
+    /// ECMP fabric: packets that entered each link (both directions).
+    pub link_packets: Vec<u64>,
+    /// ECMP fabric: packets dropped because their link was cut.
+    pub cut_drops: u64,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -339,6 +444,16 @@ pub struct Sim {
     seq: u64,
     link_free: [u64; 2],
     path_last: Vec<[u64; 2]>,
+    /// The ECMP fabric, if the simulation uses one instead of the per-path single link.
+    pub fabric: Option<EcmpFabric>,
+    fab_free: Vec<[u64; 2]>,
+    fab_last: Vec<[u64; 2]>,
+    /// Every `trace_bin_ns` (0: off), the data packets endpoint 0 has had acknowledged so far,
+    /// one entry per bin from time 0 (see [`Sim::goodput_bins`]).
+    pub trace_bin_ns: u64,
+    pub trace: Vec<u64>,
+    /// Per trace bin: the largest RTO in force on endpoint 0's usable paths.
+    pub trace_rto: Vec<u64>,
 }
 
 pub fn config(local: u32, remote: u32, seed: u64) -> Config {
@@ -366,8 +481,10 @@ impl Sim {
         let mut cb = config(200, 100, seed ^ 0xb);
         tweak(&mut ca);
         tweak(&mut cb);
-        let mut a = Box::new(Conn::with_streams(ca, SimSlots::default()).expect("config"));
-        // B is made the way the kernel makes one: zeroed allocation, then `reset` in place.
+        // Both made the way the kernel makes one (a connection with room for 256 paths is
+        // too large for a test thread's stack): zeroed allocation, then `reset` in place.
+        let mut a = zeroed_conn();
+        a.reset(ca).expect("config");
         let mut b = zeroed_conn();
         b.reset(cb).expect("config");
         let sa = a.open_stream(StreamConfig::new(0x11, 0x22)).unwrap();
@@ -398,7 +515,81 @@ impl Sim {
             seq: 0,
             link_free: [0; 2],
             path_last: vec![[0; 2]; paths],
+            fabric: None,
+            fab_free: Vec::new(),
+            fab_last: Vec::new(),
+            trace_bin_ns: 0,
+            trace: Vec::new(),
+            trace_rto: Vec::new(),
         }
+    }
+
+    /// Two endpoints with `num_paths` paths each over the ECMP fabric `fabric` (paths spread
+    /// over its planes); `nic` sets the endpoints' own rate and the unused single-link
+    /// fields.
+    pub fn with_fabric(
+        fabric: EcmpFabric,
+        nic: LinkConfig,
+        num_paths: u16,
+        seed: u64,
+        tweak: impl Fn(&mut Config),
+    ) -> Self {
+        let planes = fabric.planes as u8;
+        let mut sim = Self::with_config(nic, seed, |c| {
+            c.num_paths = num_paths;
+            c.planes = planes;
+            tweak(c)
+        });
+        let n = fabric.links.len();
+        sim.fab_free = vec![[0; 2]; n];
+        sim.fab_last = vec![[0; 2]; n];
+        sim.net.link_packets = vec![0; n];
+        sim.fabric = Some(fabric);
+        sim
+    }
+
+    /// Through the ECMP fabric: the arrival time of a packet that left its endpoint at
+    /// `depart`, or None if it is lost.
+    fn fabric_hop(
+        &mut self,
+        from: usize,
+        t: &Transmit,
+        depart: u64,
+        len: usize,
+    ) -> Option<(u64, bool)> {
+        let fab = self.fabric.as_ref()?;
+        let ser = (len as u64 + 50) * 8 * 1_000 / self.link.rate_bits_per_us.max(1);
+        let nic_queued = depart.saturating_sub(ser).saturating_sub(self.now);
+        let nic_marked = fab.nic_ecn_queue_ns > 0 && nic_queued > fab.nic_ecn_queue_ns;
+        let l = fab.route(t.plane, t.src_port);
+        let link = fab.links[l].clone();
+        self.net.link_packets[l] += 1;
+        if link.is_cut(self.now) {
+            self.net.cut_drops += 1;
+            return None;
+        }
+        if self.rng.chance(link.loss_ppm) {
+            return None;
+        }
+        let mut out = depart;
+        let mut queued = 0;
+        if let Some(ser) = ((len as u64 + 50) * 8 * 1_000).checked_div(link.rate_bits_per_us) {
+            let start = out.max(self.fab_free[l][from]);
+            queued = start - out;
+            out = start + ser;
+            self.fab_free[l][from] = out;
+        }
+        let mut at = out + link.delay_ns;
+        if self.rng.chance(link.jitter_ppm) {
+            at += self.rng.below(link.jitter_max_ns);
+        }
+        if link.fifo {
+            at = at.max(self.fab_last[l][from]);
+            self.fab_last[l][from] = at;
+        }
+        let marked = nic_marked || (link.ecn_queue_ns > 0 && queued > link.ecn_queue_ns);
+        let ce = t.ecn_capable && (marked || self.rng.chance(link.ce_ppm));
+        Some((at, ce))
     }
 
     fn send(&mut self, from: usize, t: Transmit, bytes: Vec<u8>) {
@@ -414,6 +605,22 @@ impl Sim {
         let ser = (bytes.len() as u64 + 50) * 8 * 1_000 / self.link.rate_bits_per_us.max(1);
         let depart = self.now.max(self.link_free[from]) + ser;
         self.link_free[from] = depart;
+        if self.fabric.is_some() {
+            let Some((at, ce)) = self.fabric_hop(from, &t, depart, bytes.len()) else {
+                self.net.dropped += 1;
+                return;
+            };
+            self.seq += 1;
+            self.queue.push(Reverse(InFlight {
+                at,
+                seq: self.seq,
+                to,
+                path: t.path,
+                ce,
+                bytes,
+            }));
+            return;
+        }
         if self.rng.chance(self.link.loss_ppm) {
             self.net.dropped += 1;
             return;
@@ -499,7 +706,56 @@ impl Sim {
                 ep.conn.handle_timeout(self.now);
             }
         }
+        self.record_trace();
         true
+    }
+
+    fn record_trace(&mut self) {
+        if self.trace_bin_ns == 0 {
+            return;
+        }
+        let c = &self.ep[0].conn;
+        let acked: u64 = (0..c.path_count())
+            .filter_map(|p| c.path_stats(p))
+            .map(|s| s.acked)
+            .sum();
+        let rto = (0..c.path_count())
+            .filter_map(|p| c.path(p))
+            .filter(|p| p.usable())
+            .map(|p| p.rtt.rto())
+            .max()
+            .unwrap_or(0);
+        let bin = (self.now / self.trace_bin_ns) as usize;
+        let last = self.trace.last().copied().unwrap_or(0);
+        let last_rto = self.trace_rto.last().copied().unwrap_or(0);
+        while self.trace.len() < bin {
+            self.trace.push(last);
+            self.trace_rto.push(last_rto);
+        }
+        if self.trace.len() == bin {
+            self.trace.push(acked);
+            self.trace_rto.push(rto);
+        } else {
+            if let Some(v) = self.trace.last_mut() {
+                *v = acked;
+            }
+            if let Some(v) = self.trace_rto.last_mut() {
+                *v = rto;
+            }
+        }
+    }
+
+    /// Goodput of endpoint 0 per trace bin, in Mbit/s (packets of `mtu` payload bytes).
+    pub fn goodput_bins(&self, mtu: u64) -> Vec<u64> {
+        let mut prev = 0;
+        self.trace
+            .iter()
+            .map(|&v| {
+                let d = v.saturating_sub(prev);
+                prev = v;
+                d * mtu * 8 * 1_000 / self.trace_bin_ns.max(1)
+            })
+            .collect()
     }
 
     /// Runs until `done` or `deadline` (simulated ns); returns whether `done` became true.
