@@ -65,12 +65,12 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults for a data-centre fabric: 8 paths, 4 KiB MTU, RTO 200 us .. 100 ms.
+    /// Defaults for a data-centre fabric: 32 paths, 4 KiB MTU, RTO 200 us .. 100 ms.
     pub fn new(local_conn_id: u32, remote_conn_id: u32) -> Self {
         Config {
             local_conn_id,
             remote_conn_id,
-            num_paths: 8,
+            num_paths: 32,
             planes: 1,
             mtu: 4096,
             path: PathConfig {
