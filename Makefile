@@ -50,6 +50,7 @@ payload: module provider
 	cp $$(rdma-core-provider/build.sh --print-so) $(GUEST)/libmetaroce-rdmav34.so
 	cp rdma-core-provider/metaroce.driver $(GUEST)/
 	cp -r selftests $(GUEST)/selftests
+	install -D -m 755 tools/metaroce-plane $(GUEST)/rootfs/usr/local/sbin/metaroce-plane
 
 # make vm CMD='ibv_devices': run a command as root in a fresh guest; make shell: interactive.
 vm: payload image

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /* What bindgen reads to generate drivers/bindings_generated.rs (see Kbuild). */
 #include <linux/netdevice.h>
+#include <linux/inetdevice.h>
+#include <linux/rtnetlink.h>
 #include <linux/notifier.h>
 #include <net/net_namespace.h>
 #include <rdma/ib_mad.h>

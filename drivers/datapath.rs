@@ -16,12 +16,9 @@
 
 use crate::{
     counters::{Counter, Counters},
-    device::DeviceRx,
-    net::{IpAddr, RxHandler},
     sys::{
         bindings,
         netdev::NetDev,
-        udp::PlaneSocket,
         work::{self, CpuThreads, KthreadWork},
     },
     transport::{
@@ -40,6 +37,10 @@ use kernel::{
     sync::{Arc, Mutex, SpinLockIrq},
     workqueue::{DelayedWork, WorkItem},
 };
+
+mod planes;
+
+pub(crate) use planes::MAX_PLANES;
 
 /// Logical paths per connection, and streams (QPs) per connection.
 pub(crate) const PATHS: usize = 8;
@@ -133,9 +134,12 @@ pub(crate) struct Engine {
     verbs: Arc<Verbs>,
     /// Payload bytes per packet, the same on both ends (derived from the netdev MTU).
     mtu: u32,
-    /// The device's socket; taken out (and released) when the device goes away.
+    /// The device's planes (their sockets), by plane number; taken out (and released) when
+    /// the device goes away.
     #[pin]
-    tx: Mutex<Option<PlaneSocket>>,
+    planes: Mutex<planes::LocalPlanes>,
+    /// This device's incarnation, for HELLO.
+    epoch: u32,
     /// The device's hardware counters (`rdma statistic`).
     counters: Arc<Counters>,
     #[pin]
@@ -168,7 +172,9 @@ impl_has_delayed_work! {
 /// One peer device and the connection to it.
 #[pin_data]
 pub(crate) struct Peer {
-    addr: [u8; 4],
+    /// The peer's addresses on every plane (plane 0: what the QPs named), and the HELLO
+    /// exchange with it.
+    planes: planes::PeerPlanes,
     #[pin]
     inner: Mutex<PeerInner>,
 }
@@ -218,7 +224,8 @@ impl Engine {
             pin_init!(Engine {
                 verbs,
                 mtu,
-                tx <- new_mutex!(None, "metaroce_tx"),
+                planes <- new_mutex!([const { None }; MAX_PLANES], "metaroce_planes"),
+                epoch: Engine::new_epoch(),
                 counters: own_counters,
                 peers <- new_mutex!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
@@ -231,25 +238,17 @@ impl Engine {
         // The receive thread holds the engine too.
         let thread = CpuThreads::new(c_str!("metaroce_rx/%u"), engine.clone())?;
         *engine.rx_thread.lock() = Some(thread);
-        // The socket's handler holds the engine: `shutdown` breaks that cycle.
-        let rx: Arc<dyn RxHandler> =
-            Arc::new(DeviceRx::new(counters.clone(), engine.clone()), GFP_KERNEL)?;
-        let socket = match PlaneSocket::open(ndev, rx, counters) {
-            Ok(s) => s,
-            Err(e) => {
-                engine.shutdown();
-                return Err(e);
-            }
-        };
-        *engine.tx.lock() = Some(socket);
+        if let Err(e) = engine.open_plane0(ndev) {
+            engine.shutdown();
+            return Err(e);
+        }
         Ok(engine)
     }
 
-    /// The device is going away: release the socket (after which nothing arrives and
+    /// The device is going away: release the sockets (after which nothing arrives and
     /// nothing is sent); work items still queued find nothing to do.
     pub(crate) fn shutdown(&self) {
-        let socket = self.tx.lock().take();
-        drop(socket);
+        self.close_planes();
         // Nothing kicks the threads any more; stop them (this waits for runs in progress).
         let thread = self.rx_thread.lock().take();
         drop(thread);
@@ -266,13 +265,14 @@ impl Engine {
         }
     }
 
+    /// The peer with address `addr` on any plane.
     fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
-        self.peers.lock().iter().find(|p| p.addr == addr).cloned()
+        self.peers.lock().iter().find(|p| p.planes.has(addr)).cloned()
     }
 
     fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
         let mut peers = self.peers.lock();
-        if let Some(p) = peers.iter().find(|p| p.addr == addr) {
+        if let Some(p) = peers.iter().find(|p| p.planes.has(addr)) {
             return Ok(p.clone());
         }
         let mut cfg = Config::new(0, 0);
@@ -289,7 +289,7 @@ impl Engine {
         buf.extend_with(MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
         let peer = Arc::pin_init(
             pin_init!(Peer {
-                addr,
+                planes: planes::PeerPlanes::new(addr),
                 inner <- new_mutex!(PeerInner {
                     conn,
                     qps: [const { None }; STREAMS],
@@ -300,6 +300,9 @@ impl Engine {
             GFP_KERNEL,
         )?;
         peers.push(peer.clone(), GFP_KERNEL)?;
+        drop(peers);
+        // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
+        self.apply_planes(&peer, &mut peer.inner.lock().conn);
         Ok(peer)
     }
 
@@ -421,11 +424,7 @@ impl Engine {
         conn.update_allocation(now, &mut self.alloc.lock());
         while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
             let payload = buf.get(..t.len).unwrap_or(&[]);
-            // The socket counts what it sends and what fails (tx_packets, tx_errors); a
-            // lost datagram is the transport's to resend.
-            if let Some(socket) = &*self.tx.lock() {
-                let _ = socket.send(&IpAddr::V4(peer.addr), t.src_port, t.ecn_capable, payload);
-            }
+            self.transmit(peer, t.plane, t.src_port, t.ecn_capable, payload);
         }
         while let Some(ev) = conn.poll_event() {
             if let Event::SendCompletion(c) = &ev {
@@ -438,8 +437,12 @@ impl Engine {
         self.report(conn, qps, reported);
         // A connection with no QP left on it goes quiet: no probes of its paths, no timers,
         // until a QP opens a stream on it again.
+        // So does HELLO: it is repeated only while the peer has QPs and has not answered.
         let deadline = if qps.iter().any(Option::is_some) {
-            conn.poll_timeout()
+            match (conn.poll_timeout(), self.hello_tick(peer, now)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
         } else {
             None
         };
@@ -603,7 +606,7 @@ impl Engine {
             // A batch of this peer's datagrams, then one run: one ACK covers the batch.
             for _ in 0..RX_BATCH {
                 let mut q = self.rxq.lock();
-                if q.head_src() != Some(peer.addr) {
+                if !q.head_src().is_some_and(|src| peer.planes.has(src)) {
                     break;
                 }
                 let Some((meta, n)) = q.pop(&mut p.buf) else {
@@ -615,6 +618,7 @@ impl Engine {
                 let mut mem = Mem { verbs: &self.verbs };
                 match conn.handle_packet(now, data, meta.ce, &mut mem) {
                     Ok(()) => {}
+                    Err(RecvError::DeviceLevel) => self.on_hello(&peer, conn, data, now),
                     Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
                         self.counters.inc(Counter::RxNoConnection);
                     }

@@ -94,8 +94,9 @@ impl Device {
         attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG);
     }
 
-    /// `query_port`: the port's state follows the netdev.
-    pub(crate) fn query_port(&self, ndev: &NetDev<'_>, attr: &mut bindings::ib_port_attr) {
+    /// `query_port`: the port's state follows its netdev; a port without one (a plane not
+    /// added) is down.
+    pub(crate) fn query_port(&self, ndev: Option<&NetDev<'_>>, attr: &mut bindings::ib_port_attr) {
         // Speed and width were filled by the caller from the netdev's ethtool settings.
         let (speed, width) = (attr.active_speed, attr.active_width);
         *attr = bindings::ib_port_attr::default();
@@ -106,6 +107,12 @@ impl Device {
         attr.max_msg_sz = 1 << 31;
         attr.pkey_tbl_len = 1;
         attr.max_mtu = bindings::ib_mtu_IB_MTU_4096;
+        let Some(ndev) = ndev else {
+            attr.active_mtu = bindings::ib_mtu_IB_MTU_256;
+            attr.state = bindings::ib_port_state_IB_PORT_DOWN;
+            attr.phys_state = bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8;
+            return;
+        };
         attr.active_mtu = ib_mtu_for(ndev.mtu().saturating_sub(WIRE_OVERHEAD));
         attr.state = ndev.port_state();
         attr.phys_state = if attr.state == bindings::ib_port_state_IB_PORT_ACTIVE {
@@ -183,7 +190,7 @@ pub(crate) fn base_header_ok(packet: &[u8]) -> bool {
     };
     let flags = u16::from_be_bytes([hdr[2], hdr[3]]);
     hdr[0] == WIRE_VERSION as u8
-        && matches!(hdr[1], 0x00..=0x08 | 0x10..=0x12)
+        && matches!(hdr[1], 0x00..=0x08 | 0x10..=0x13)
         && flags & !KNOWN_FLAGS == 0
         && hdr[19] == 0
 }

@@ -21,6 +21,11 @@ struct net_device *metaroce_glue_notifier_info_to_dev(void *info)
 	return netdev_notifier_info_to_dev(info);
 }
 
+struct ib_device *metaroce_glue_device_to_ibdev(struct device *dev)
+{
+	return rdma_device_to_ibdev(dev);
+}
+
 enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev)
 {
 	return ib_get_curr_port_state(ndev);

@@ -59,6 +59,8 @@ fn device_ops() -> bindings::ib_device_ops {
         driver_id: DRIVER_ID,
         uverbs_abi_ver: super::UVERBS_ABI_VERSION,
         dealloc_driver: Some(dealloc_driver),
+        // The `planes` file (`sys::planes`).
+        device_group: super::planes::attribute_group(),
         query_device: Some(query_device),
         query_port: Some(query_port),
         query_pkey: Some(query_pkey),
@@ -127,15 +129,16 @@ pub(super) unsafe fn engine_of<'a>(ibdev: *const bindings::ib_device) -> Option<
     unsafe { (*ibdev.cast::<MetaDev>()).engine.as_ref() }
 }
 
-/// The netdev of port 1, with a reference held until the result is dropped.
+/// The netdev of `port` (plane `port - 1`), if it has one, with a reference held until the
+/// result is dropped.
 ///
 /// # Safety
 ///
 /// `ibdev` must be a live device.
-unsafe fn port_netdev(ibdev: *mut bindings::ib_device) -> Option<HeldNetDev> {
-    // SAFETY: `ibdev` is live; `ib_device_get_netdev` returns null or a held reference, which
-    // we hand over to `HeldNetDev`.
-    unsafe { HeldNetDev::from_held(bindings::ib_device_get_netdev(ibdev, 1)) }
+pub(super) unsafe fn port_netdev(ibdev: *mut bindings::ib_device, port: u32) -> Option<HeldNetDev> {
+    // SAFETY: `ibdev` is live; `ib_device_get_netdev` returns null (also for a port out of
+    // range) or a held reference, which we hand over to `HeldNetDev`.
+    unsafe { HeldNetDev::from_held(bindings::ib_device_get_netdev(ibdev, port)) }
 }
 
 /// `rdma link add NAME type metaroce netdev NDEV`.
@@ -178,7 +181,9 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         ptr::addr_of_mut!((*dev).engine).write(ManuallyDrop::new(engine));
         let ib = &mut *ibdev;
         ib.node_type = bindings::RDMA_NODE_IB_CA as u8;
-        ib.phys_port_cnt = 1;
+        // One port per plane: port 1 is plane 0 (this netdev), the others get theirs when a
+        // plane is added (`sys::planes`) and are down until then.
+        ib.phys_port_cnt = crate::device::MAX_PLANES;
         ib.num_comp_vectors = bindings::metaroce_glue_num_possible_cpus() as c_int;
         ib.local_dma_lkey = 0;
         ib.node_guid = node_guid;
@@ -279,21 +284,21 @@ unsafe extern "C" fn query_port(
     port: u32,
     attr: *mut bindings::ib_port_attr,
 ) -> c_int {
-    if port != 1 {
+    if port == 0 || port > crate::device::MAX_PLANES {
         return EINVAL.to_errno();
     }
     // SAFETY: the core passes its live device and an attribute struct for us to fill.
     let (dev, attr) = unsafe { (state(ibdev), &mut *attr) };
     // SAFETY: `ibdev` is live.
-    let Some(ndev) = (unsafe { port_netdev(ibdev) }) else {
-        return ENODEV.to_errno();
-    };
-    // SAFETY: `ibdev` is live and `attr` ours to fill; a netdev without ethtool speed leaves
-    // the core's defaults (SDR x4), which is not an error for us.
-    unsafe {
-        bindings::ib_get_eth_speed(ibdev, port, &mut attr.active_speed, &mut attr.active_width)
-    };
-    dev.query_port(&ndev, attr);
+    let ndev = unsafe { port_netdev(ibdev, port) };
+    if ndev.is_some() {
+        // SAFETY: `ibdev` is live and `attr` ours to fill; a netdev without ethtool speed
+        // leaves the core's defaults (SDR x4), which is not an error for us.
+        unsafe {
+            bindings::ib_get_eth_speed(ibdev, port, &mut attr.active_speed, &mut attr.active_width)
+        };
+    }
+    dev.query_port(ndev.as_deref(), attr);
     0
 }
 
@@ -306,7 +311,7 @@ unsafe extern "C" fn query_pkey(
     index: u16,
     pkey: *mut u16,
 ) -> c_int {
-    if port != 1 || index != 0 {
+    if port == 0 || port > crate::device::MAX_PLANES || index != 0 {
         return EINVAL.to_errno();
     }
     // SAFETY: the core passes a live `u16` for the result.

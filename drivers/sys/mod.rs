@@ -6,6 +6,7 @@
 //! - [`netdev`]: a counted reference to a `net_device` with safe accessors.
 //! - [`ibdev`]: the `ib_device` allocation, its ops table and the trampolines the RDMA core
 //!   calls; each turns raw pointers into references and calls safe code in `crate::device`.
+//! - [`planes`]: the `planes` sysfs file and the planes' netdev events.
 //! - [`registration`]: the module-wide registrations (link type, netdev notifier).
 //! - [`udp`]: a plane's kernel UDP sockets (receive callback, send).
 //! - [`stats`]: the hardware counter ops.
@@ -13,6 +14,7 @@
 pub(crate) mod bindings;
 pub(crate) mod ibdev;
 pub(crate) mod netdev;
+mod planes;
 mod registration;
 pub(crate) mod ring;
 pub(crate) mod umem;

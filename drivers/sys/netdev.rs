@@ -54,6 +54,31 @@ impl NetDev<'_> {
         unsafe { bindings::metaroce_glue_curr_port_state(self.as_ptr()) }
     }
 
+    /// Whether the link can carry packets: running, with carrier.
+    pub(crate) fn link_up(&self) -> bool {
+        self.port_state() == bindings::ib_port_state_IB_PORT_ACTIVE
+    }
+
+    /// The interface name (`IFNAMSIZ` bytes, NUL-padded).
+    pub(crate) fn name(&self) -> [u8; 16] {
+        let mut name = [0u8; 16];
+        // SAFETY: the type invariant keeps the netdev alive; `name` is an inline array the
+        // stack changes only under RTNL (a rename), and any bytes are valid `u8`s.
+        let src = unsafe { &(*self.ptr.as_ptr()).name };
+        for (d, s) in name.iter_mut().zip(src.iter()) {
+            *d = *s;
+        }
+        name
+    }
+
+    /// The interface's primary IPv4 address, if it has one.
+    pub(crate) fn ipv4(&self) -> Option<[u8; 4]> {
+        // SAFETY: the type invariant keeps the netdev alive; the call reads its addresses
+        // under RCU itself. Scope 0 (RT_SCOPE_UNIVERSE): a global address.
+        let addr = unsafe { bindings::inet_select_addr(self.as_ptr(), 0, 0) };
+        (addr != 0).then(|| addr.to_ne_bytes())
+    }
+
     /// Whether the interface is administratively up (`IFF_UP`).
     pub(crate) fn is_up(&self) -> bool {
         // SAFETY: the type invariant keeps the netdev alive for the call.

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! Module-wide registrations: the `metaroce` link type (`rdma link add ... type metaroce`) and
-//! the netdev notifier that removes a device when its netdev goes away.
+//! the netdev notifier that removes a device or plane when its netdev goes away and follows
+//! the planes' link states (`planes`).
 
-use super::{bindings, ibdev, netdev::NetDev, to_errno};
+use super::{bindings, ibdev, netdev::NetDev, planes, to_errno};
 use core::{cell::UnsafeCell, ptr};
 use kernel::{
     ffi::{c_char, c_int, c_ulong, c_void},
@@ -55,6 +56,7 @@ pub(crate) struct Registration {
 impl Registration {
     pub(crate) fn new(module: &'static ThisModule) -> Result<Self> {
         ibdev::set_owner(module);
+        planes::init();
         super::work::create()?;
         // SAFETY: the notifier is a static, so it outlives its registration, which `drop`
         // undoes; it is registered once.
@@ -103,15 +105,12 @@ unsafe extern "C" fn netdev_event(
     event: c_ulong,
     info: *mut c_void,
 ) -> c_int {
-    if event != bindings::netdev_cmd_NETDEV_UNREGISTER as c_ulong {
-        return bindings::NOTIFY_DONE as c_int;
-    }
     // SAFETY: netdev notifiers receive a `netdev_notifier_info` naming a live netdev.
     let ndev = unsafe { bindings::metaroce_glue_notifier_info_to_dev(info) };
     let Some(ndev) = ptr::NonNull::new(ndev) else {
         return bindings::NOTIFY_DONE as c_int;
     };
-    // SAFETY: the netdev stays alive during its own unregister notification.
-    ibdev::remove_device_of(&unsafe { NetDev::from_raw(ndev) });
+    // SAFETY: the netdev stays alive during its own notifications.
+    planes::netdev_event(event, &unsafe { NetDev::from_raw(ndev) });
     bindings::NOTIFY_OK as c_int
 }

@@ -303,6 +303,25 @@ impl PlaneSocket {
         Ok(skb)
     }
 
+    /// The plane's IPv4 address (its netdev's primary one), if it has one and is open.
+    pub(crate) fn local_v4(&self) -> Option<[u8; 4]> {
+        let _rcu = rcu::read_lock();
+        if self.sk4.load(Ordering::Acquire).is_null() {
+            return None;
+        }
+        // SAFETY: the socket is open (we are in the RCU section that `close` waits for after
+        // unpublishing it), so its namespace `net` is alive; we hold the RCU read lock the
+        // lookup requires, and the netdev it returns stays alive until we leave it.
+        let ndev = unsafe { bindings::dev_get_by_index_rcu(self.net, self.ifindex) };
+        if ndev.is_null() {
+            return None;
+        }
+        // SAFETY: `ndev` is alive for the RCU section (above); scope 0 (RT_SCOPE_UNIVERSE)
+        // asks for a global address, none wanted toward any destination in particular.
+        let addr = unsafe { bindings::inet_select_addr(ndev, 0, 0) };
+        (addr != 0).then(|| addr.to_ne_bytes())
+    }
+
     /// Closes the sockets: afterwards nothing is received and [`Self::send`] fails with
     /// `ENETDOWN`. Waits for in-flight sends and receive callbacks to finish. Idempotent.
     ///

@@ -1,0 +1,339 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The planes of a device on the data path (`docs/multiplane.md`): one [`PlaneSocket`] per
+//! plane, the peers' addresses on every plane (learned from HELLO), and the HELLO exchange.
+//!
+//! - Plane `k` is port `k + 1` of the device; plane 0 is the netdev `rdma link add` named, the
+//!   others are added and removed at run time (`sys::planes`).
+//! - A connection's paths are spread over the local planes (`Connection::set_planes`); a plane
+//!   carries packets toward a peer only while the local plane exists and its link is up and the
+//!   peer's address on it is known (`Connection::set_plane_up`).
+//! - HELLO goes out on plane 0 (or, while plane 0 is down, the first plane that can reach the
+//!   peer) when a connection is created, whenever the local plane set changes, and every 100 ms
+//!   until the peer's own HELLO arrives, as long as the peer has QPs.
+//! - Lock order: a peer's mutex, then the planes' mutex. Nothing is taken under the latter.
+
+use super::{Conn, Engine, Peer, MAX_DATAGRAM};
+use crate::{
+    counters::Counter,
+    device::DeviceRx,
+    net::{IpAddr, RxHandler},
+    sys::{netdev::NetDev, udp::PlaneSocket, udp::UDP_PORT},
+    transport::wire::{BaseHeader, Ext, Flags, HelloEntry, Opcode, Packet, PlaneAddr},
+};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use kernel::{prelude::*, sync::Arc};
+
+/// Planes one device may span (= its ports).
+pub(crate) const MAX_PLANES: usize = crate::device::MAX_PLANES as usize;
+/// HELLO is repeated this often until the peer's arrives.
+const HELLO_INTERVAL_NS: u64 = 100_000_000;
+/// UDP source port of HELLO (any value would do: it is not on a path).
+const HELLO_SRC_PORT: u16 = UDP_PORT;
+
+/// One plane of this device: its socket and whether its link is up.
+pub(crate) struct LocalPlane {
+    socket: PlaneSocket,
+    up: bool,
+}
+
+/// The planes of this device, by plane number.
+pub(crate) type LocalPlanes = [Option<LocalPlane>; MAX_PLANES];
+
+/// What this device knows of a peer's planes. Atomics, so the receive path can find a peer by
+/// any of its addresses without a lock.
+pub(crate) struct PeerPlanes {
+    /// The peer's IPv4 address on each plane, in network byte order as a `u32`; 0: unknown.
+    /// Plane 0's is the address the QPs named.
+    addrs: [AtomicU32; MAX_PLANES],
+    /// The peer's epoch, from its last HELLO (0 before).
+    epoch: AtomicU32,
+    /// The peer's HELLO arrived since ours last changed.
+    heard: AtomicBool,
+    /// When our last HELLO with `reply` set went out (0: not yet).
+    hello_sent_ns: AtomicU64,
+}
+
+impl PeerPlanes {
+    pub(super) fn new(plane0: [u8; 4]) -> Self {
+        let planes = PeerPlanes {
+            addrs: [const { AtomicU32::new(0) }; MAX_PLANES],
+            epoch: AtomicU32::new(0),
+            heard: AtomicBool::new(false),
+            hello_sent_ns: AtomicU64::new(0),
+        };
+        planes.addrs[0].store(u32::from_ne_bytes(plane0), Ordering::Relaxed);
+        planes
+    }
+
+    /// Whether `addr` is the peer's address on one of its planes.
+    pub(super) fn has(&self, addr: [u8; 4]) -> bool {
+        let a = u32::from_ne_bytes(addr);
+        a != 0 && self.addrs.iter().any(|x| x.load(Ordering::Relaxed) == a)
+    }
+
+    /// The peer's address on `plane`, if known.
+    fn addr(&self, plane: usize) -> Option<[u8; 4]> {
+        let a = self.addrs.get(plane)?.load(Ordering::Relaxed);
+        (a != 0).then(|| a.to_ne_bytes())
+    }
+}
+
+/// A datagram of our own making (HELLO): base header, HELLO header, one entry per plane.
+const HELLO_MAX: usize = 32 + 8 + 20 * MAX_PLANES;
+const _: () = assert!(HELLO_MAX <= MAX_DATAGRAM);
+
+impl Engine {
+    /// The device's epoch for HELLO: random, nonzero.
+    pub(super) fn new_epoch() -> u32 {
+        (crate::sys::work::random_u64() as u32) | 1
+    }
+
+    /// Opens plane 0's socket (device creation).
+    pub(super) fn open_plane0(self: &Arc<Self>, ndev: &NetDev<'_>) -> Result {
+        let socket = self.open_socket(ndev)?;
+        let up = ndev.link_up();
+        if let Some(slot) = self.planes.lock().get_mut(0) {
+            *slot = Some(LocalPlane { socket, up });
+        }
+        Ok(())
+    }
+
+    fn open_socket(self: &Arc<Self>, ndev: &NetDev<'_>) -> Result<PlaneSocket> {
+        // The socket's handler holds the engine: `shutdown` breaks that cycle.
+        let rx: Arc<dyn RxHandler> = Arc::new(
+            DeviceRx::new(self.counters.clone(), self.clone()),
+            GFP_KERNEL,
+        )?;
+        PlaneSocket::open(ndev, rx, self.counters.clone())
+    }
+
+    /// Whether the device is alive (plane 0 open; `shutdown` closes every plane).
+    pub(crate) fn is_open(&self) -> bool {
+        self.planes.lock().first().is_some_and(Option::is_some)
+    }
+
+    /// Adds plane `plane` on `ndev`: opens its socket, then spreads every connection over the
+    /// new plane set and tells the peers (HELLO). `EBUSY` if the plane exists, `ENODEV` if the
+    /// device is shutting down.
+    ///
+    /// Process context (opens sockets).
+    pub(crate) fn add_plane(self: &Arc<Self>, plane: usize, ndev: &NetDev<'_>) -> Result {
+        if plane == 0 || plane >= MAX_PLANES {
+            return Err(EINVAL);
+        }
+        if !self.is_open() {
+            return Err(ENODEV);
+        }
+        let socket = self.open_socket(ndev)?;
+        let up = ndev.link_up();
+        {
+            let mut planes = self.planes.lock();
+            let slot = planes.get_mut(plane).ok_or(EINVAL)?;
+            if slot.is_some() {
+                return Err(EBUSY);
+            }
+            *slot = Some(LocalPlane { socket, up });
+        }
+        self.planes_changed();
+        Ok(())
+    }
+
+    /// Removes plane `plane` (closes its socket); what was in flight on it is recovered on the
+    /// other planes. Process context (waits for RCU).
+    pub(crate) fn remove_plane(self: &Arc<Self>, plane: usize) {
+        let old = self.planes.lock().get_mut(plane).and_then(Option::take);
+        if old.is_some() {
+            // Closes the socket outside the lock.
+            drop(old);
+            self.planes_changed();
+        }
+    }
+
+    /// Plane `plane`'s link went up or down: its paths carry packets again, or stop.
+    pub(crate) fn set_plane_link(self: &Arc<Self>, plane: usize, up: bool) {
+        let changed = match self.planes.lock().get_mut(plane) {
+            Some(Some(lp)) if lp.up != up => {
+                lp.up = up;
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            for peer in self.peer_list().iter() {
+                let mut p = peer.inner.lock();
+                self.apply_planes(peer, &mut p.conn);
+                self.run(peer, &mut p);
+            }
+        }
+    }
+
+    /// The local plane set changed: every peer is told again (HELLO until answered).
+    fn planes_changed(self: &Arc<Self>) {
+        for peer in self.peer_list().iter() {
+            peer.planes.heard.store(false, Ordering::Relaxed);
+            peer.planes.hello_sent_ns.store(0, Ordering::Relaxed);
+            let mut p = peer.inner.lock();
+            self.apply_planes(peer, &mut p.conn);
+            self.run(peer, &mut p);
+        }
+    }
+
+    /// The peers, to work on without holding the list's lock.
+    pub(super) fn peer_list(&self) -> KVec<Arc<Peer>> {
+        let peers = self.peers.lock();
+        let mut v = KVec::new();
+        for p in peers.iter() {
+            if v.push(p.clone(), GFP_KERNEL).is_err() {
+                break;
+            }
+        }
+        v
+    }
+
+    /// Spreads `conn` (the connection to `peer`) over the local planes and lets a plane carry
+    /// packets only while it exists here, its link is up and the peer's address on it is known.
+    pub(super) fn apply_planes(&self, peer: &Peer, conn: &mut Conn) {
+        let mut up = [false; MAX_PLANES];
+        let mut count = 1;
+        {
+            let planes = self.planes.lock();
+            for (k, (lp, u)) in planes.iter().zip(up.iter_mut()).enumerate() {
+                if let Some(lp) = lp {
+                    count = k + 1;
+                    *u = lp.up;
+                }
+            }
+        }
+        conn.set_planes(count as u8);
+        for (k, u) in up.iter().enumerate() {
+            conn.set_plane_up(k as u8, *u && peer.planes.addr(k).is_some());
+        }
+    }
+
+    /// Sends a datagram of `peer`'s connection on `plane`, to the peer's address there.
+    pub(super) fn transmit(&self, peer: &Peer, plane: u8, src_port: u16, ecn: bool, data: &[u8]) {
+        let plane = usize::from(plane);
+        let Some(dst) = peer.planes.addr(plane) else {
+            self.counters.inc(Counter::TxErrors);
+            return;
+        };
+        // The socket counts what it sends and what fails (tx_packets, tx_errors); a lost
+        // datagram is the transport's to resend.
+        match self.planes.lock().get(plane) {
+            Some(Some(lp)) => {
+                let _ = lp.socket.send(&IpAddr::V4(dst), src_port, ecn, data);
+            }
+            _ => self.counters.inc(Counter::TxErrors),
+        }
+    }
+
+    /// Sends our HELLO to `peer`: on plane 0, or while that cannot reach the peer, on the
+    /// first plane that can.
+    fn send_hello(&self, peer: &Peer, reply: bool, now: u64) {
+        let planes = self.planes.lock();
+        let mut entries = [HelloEntry {
+            plane: 0,
+            addr: PlaneAddr::V4([0; 4]),
+        }; MAX_PLANES];
+        let mut n = 0;
+        for (k, lp) in planes.iter().enumerate() {
+            let (Some(lp), Some(e)) = (lp, entries.get_mut(n)) else {
+                continue;
+            };
+            // A plane without an IPv4 address cannot be reached: not announced.
+            if let Some(a) = lp.socket.local_v4() {
+                *e = HelloEntry {
+                    plane: k as u8,
+                    addr: PlaneAddr::V4(a),
+                };
+                n += 1;
+            }
+        }
+        let base = BaseHeader {
+            opcode: Opcode::Hello,
+            flags: Flags::default(),
+            dst_qp: 0,
+            src_qp: 0,
+            // Every connection of this driver has id 0 at both ends (`Config::new(0, 0)`).
+            conn_id: 0,
+            path_id: 0,
+            plane: 0,
+            psn: 0,
+            msn: 0,
+            timestamp: now as u32,
+        };
+        let mut buf = [0u8; HELLO_MAX];
+        let Ok(len) = Packet::emit_hello(
+            &mut buf,
+            base,
+            reply,
+            self.epoch,
+            entries.get(..n).unwrap_or(&[]),
+        ) else {
+            return;
+        };
+        let target = planes.iter().enumerate().find_map(|(k, lp)| match lp {
+            Some(lp) if lp.up => Some((lp, peer.planes.addr(k)?)),
+            _ => None,
+        });
+        if let (Some((lp, dst)), Some(data)) = (target, buf.get(..len)) {
+            let _ = lp
+                .socket
+                .send(&IpAddr::V4(dst), HELLO_SRC_PORT, false, data);
+        }
+    }
+
+    /// While `peer`'s planes are unheard: sends HELLO (asking for one back) if none went out
+    /// in the last 100 ms. Returns when the next one is due, if one is.
+    pub(super) fn hello_tick(&self, peer: &Peer, now: u64) -> Option<u64> {
+        let pp = &peer.planes;
+        if pp.heard.load(Ordering::Relaxed) {
+            return None;
+        }
+        let last = pp.hello_sent_ns.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < HELLO_INTERVAL_NS {
+            return Some(last + HELLO_INTERVAL_NS);
+        }
+        self.send_hello(peer, true, now);
+        pp.hello_sent_ns.store(now.max(1), Ordering::Relaxed);
+        Some(now + HELLO_INTERVAL_NS)
+    }
+
+    /// A HELLO from `peer` (the connection `conn`) arrived: its planes are recorded and used;
+    /// answered if it asks.
+    pub(super) fn on_hello(&self, peer: &Peer, conn: &mut Conn, data: &[u8], now: u64) {
+        let Ok(view) = Packet::parse(data) else {
+            self.counters.inc(Counter::RxMalformed);
+            return;
+        };
+        let Ext::Hello(h) = view.header.ext else {
+            return;
+        };
+        let mut addrs = [0u32; MAX_PLANES];
+        for e in view.hello_entries() {
+            // IPv6 planes are not used by this data path yet.
+            if let (PlaneAddr::V4(a), Some(slot)) = (e.addr, addrs.get_mut(usize::from(e.plane))) {
+                *slot = u32::from_ne_bytes(a);
+            }
+        }
+        let pp = &peer.planes;
+        // Plane 0 stays the address the QPs named: that is how the peer was found.
+        for (slot, a) in pp.addrs.iter().zip(addrs.iter()).skip(1) {
+            slot.store(*a, Ordering::Relaxed);
+        }
+        pp.epoch.store(h.epoch, Ordering::Relaxed);
+        pp.heard.store(true, Ordering::Relaxed);
+        self.apply_planes(peer, conn);
+        if h.reply {
+            self.send_hello(peer, false, now);
+        }
+    }
+
+    /// Closes every plane's socket (device going away).
+    pub(super) fn close_planes(&self) {
+        let planes: LocalPlanes =
+            core::mem::replace(&mut *self.planes.lock(), [const { None }; MAX_PLANES]);
+        drop(planes);
+    }
+}

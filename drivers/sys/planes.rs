@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The planes of a device, from the administrator's side (`docs/multiplane.md`).
+//!
+//! - `/sys/class/infiniband/<dev>/planes`, in the tradition of bonding's `slaves` file:
+//!   `echo +eth1 > planes` adds a plane on `eth1` (a netdev in the namespace of the device's
+//!   port 1 netdev), `echo -eth1 > planes` removes it; reading lists one line per plane,
+//!   `plane netdev address state`. Plane `k` is port `k + 1`: adding a plane gives the first
+//!   free port its netdev (`ib_device_set_netdev`), so `rdma link` and `ibv_devinfo` show it.
+//! - The netdev notifier: a plane whose netdev unregisters is removed (the whole device when
+//!   it is port 1's, as `rdma link add` made it); a plane's link going down or up sets that
+//!   plane down or up in every connection.
+//!
+//! Plane changes and netdev events are serialised by RTNL.
+
+use super::{
+    bindings, ibdev,
+    netdev::{HeldNetDev, NetDev},
+    DRIVER_ID,
+};
+use crate::device::MAX_PLANES;
+use core::{cell::UnsafeCell, fmt::Write, ptr};
+use kernel::{
+    ffi::{c_char, c_ulong},
+    prelude::*,
+};
+
+/// A C object the kernel reads through a pointer we give it once; filled in by [`init`],
+/// before anything can read it, and never written again.
+struct Static<T>(UnsafeCell<T>);
+
+// SAFETY: written only by `init`, at module load before the group can be reached (no device
+// exists yet); read-only (by the kernel) afterwards.
+unsafe impl<T> Sync for Static<T> {}
+
+impl<T> Static<T> {
+    fn get(&self) -> *mut T {
+        self.0.get()
+    }
+}
+
+static PLANES_ATTR: Static<bindings::device_attribute> =
+    // SAFETY: a plain C struct (pointers, integers, optional function pointers): all zeroes
+    // is its empty value and valid for every field.
+    Static(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+static ATTRS: Static<[*mut bindings::attribute; 2]> = Static(UnsafeCell::new([ptr::null_mut(); 2]));
+static GROUP: Static<bindings::attribute_group> =
+    // SAFETY: as for `PLANES_ATTR`.
+    Static(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+
+/// The device's attribute group (`ib_device_ops.device_group`): the `planes` file.
+pub(super) fn attribute_group() -> *const bindings::attribute_group {
+    GROUP.get()
+}
+
+/// Fills in the `planes` attribute and its group. Called once at module load, before the
+/// link type is registered (so before any device, and so any reader, exists).
+pub(super) fn init() {
+    // SAFETY: nothing reads the statics yet (see above) and this runs once, so the writes
+    // race with nothing; the pointers stored point to statics, which live forever.
+    unsafe {
+        let attr = &mut *PLANES_ATTR.get();
+        attr.attr.name = c"planes".as_char_ptr();
+        // Root may write (like bonding's `slaves`), everyone may read.
+        attr.attr.mode = 0o644;
+        attr.__bindgen_anon_1.show = Some(planes_show);
+        attr.__bindgen_anon_2.store = Some(planes_store);
+        let attrs = &mut *ATTRS.get();
+        attrs[0] = ptr::addr_of_mut!(attr.attr);
+        let group = &mut *GROUP.get();
+        group.__bindgen_anon_2.attrs = attrs.as_mut_ptr();
+    }
+}
+
+/// RTNL, held while this lives.
+struct Rtnl;
+
+impl Rtnl {
+    fn lock() -> Self {
+        // SAFETY: process context (sysfs store); not held by this thread (store handlers are
+        // not called under RTNL).
+        unsafe { bindings::rtnl_lock() };
+        Rtnl
+    }
+}
+
+impl Drop for Rtnl {
+    fn drop(&mut self) {
+        // SAFETY: taken in `lock`.
+        unsafe { bindings::rtnl_unlock() };
+    }
+}
+
+/// A `core::fmt::Write` into a byte buffer that drops what does not fit.
+struct BufWriter<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl Write for BufWriter<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let bytes = s.as_bytes();
+        let room = self.buf.len().saturating_sub(self.len);
+        let n = bytes.len().min(room);
+        if let (Some(dst), Some(src)) = (self.buf.get_mut(self.len..self.len + n), bytes.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// A netdev name (NUL-padded bytes) as text.
+fn name_str(name: &[u8; 16]) -> &str {
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    core::str::from_utf8(name.get(..len).unwrap_or(&[])).unwrap_or("?")
+}
+
+/// The listing: one line per plane, `plane netdev address state`.
+fn list_planes(ibdev: *mut bindings::ib_device, w: &mut BufWriter<'_>) {
+    for port in 1..=MAX_PLANES {
+        // SAFETY: the caller's device is live (sysfs keeps it registered while the file is
+        // being read).
+        let Some(ndev) = (unsafe { ibdev::port_netdev(ibdev, port) }) else {
+            continue;
+        };
+        let name = ndev.name();
+        let _ = write!(w, "{} {} ", port - 1, name_str(&name));
+        let _ = match ndev.ipv4() {
+            Some([a, b, c, d]) => write!(w, "{a}.{b}.{c}.{d}"),
+            None => write!(w, "-"),
+        };
+        let _ = writeln!(w, " {}", if ndev.link_up() { "up" } else { "down" });
+    }
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `planes` attribute of one of our devices, with a buffer of
+/// `PAGE_SIZE` bytes.
+unsafe extern "C" fn planes_show(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *mut c_char,
+) -> isize {
+    // SAFETY: `dev` is the `struct device` of a registered `ib_device` (our group is only on
+    // those), which stays registered while sysfs calls us.
+    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
+    // SAFETY: sysfs hands `show` a zeroed buffer of `PAGE_SIZE` bytes, ours for the call.
+    let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), kernel::page::PAGE_SIZE) };
+    let mut w = BufWriter { buf: out, len: 0 };
+    list_planes(ibdev, &mut w);
+    w.len as isize
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `planes` attribute of one of our devices, with `count`
+/// bytes of input at `buf`.
+unsafe extern "C" fn planes_store(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *const c_char,
+    count: usize,
+) -> isize {
+    // SAFETY: as in `planes_show`.
+    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
+    // SAFETY: sysfs passes `count` readable bytes, valid for the call.
+    let input = unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), count) };
+    match command(ibdev, input) {
+        Ok(()) => count as isize,
+        Err(e) => e.to_errno() as isize,
+    }
+}
+
+/// `+NAME` or `-NAME` (surrounding whitespace ignored).
+fn command(ibdev: *mut bindings::ib_device, input: &[u8]) -> Result {
+    let input = input.trim_ascii();
+    let (&op, name) = input.split_first().ok_or(EINVAL)?;
+    // A netdev name: 1 to 15 bytes, no '/', ':' or whitespace (`dev_valid_name`).
+    if name.is_empty()
+        || name.len() >= 16
+        || name
+            .iter()
+            .any(|&b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
+    {
+        return Err(EINVAL);
+    }
+    let mut cname = [0u8; 16];
+    if let Some(dst) = cname.get_mut(..name.len()) {
+        dst.copy_from_slice(name);
+    }
+    match op {
+        b'+' => add_plane(ibdev, &cname),
+        b'-' => remove_plane(ibdev, &cname),
+        _ => Err(EINVAL),
+    }
+}
+
+/// The netdev called `name` in the namespace of the device's port 1 netdev. Under RTNL.
+fn netdev_by_name(
+    ibdev: *mut bindings::ib_device,
+    name: &[u8; 16],
+    _rtnl: &Rtnl,
+) -> Result<HeldNetDev> {
+    // SAFETY: the device is live (see `planes_store`).
+    let port1 = unsafe { ibdev::port_netdev(ibdev, 1) }.ok_or(ENODEV)?;
+    // SAFETY: `port1` is held, so its namespace pointer is valid; the device is not shut
+    // down (the caller checked under RTNL), so its netdev is registered and the namespace
+    // alive. `name` is NUL-terminated (at most 15 bytes of 16); a non-null result is a
+    // reference handed over to `HeldNetDev`.
+    unsafe {
+        let net = bindings::metaroce_glue_dev_net(port1.as_ptr());
+        HeldNetDev::from_held(bindings::dev_get_by_name(net, name.as_ptr()))
+    }
+    .ok_or(ENODEV)
+}
+
+/// `+NAME`: a new plane on the netdev `name`, on the first port without a netdev.
+fn add_plane(ibdev: *mut bindings::ib_device, name: &[u8; 16]) -> Result {
+    let port = {
+        let rtnl = Rtnl::lock();
+        // SAFETY: the device is live (see `planes_store`).
+        let engine = unsafe { ibdev::engine_of(ibdev) }.ok_or(ENODEV)?;
+        if !engine.is_open() {
+            return Err(ENODEV);
+        }
+        let ndev = netdev_by_name(ibdev, name, &rtnl)?;
+        // A netdev is a plane of at most one device (ours included).
+        // SAFETY: `ndev` is held; a non-null result is a reference we put at once.
+        let other = unsafe { bindings::ib_device_get_by_netdev(ndev.as_ptr(), DRIVER_ID) };
+        if !other.is_null() {
+            // SAFETY: the reference `ib_device_get_by_netdev` gave us.
+            unsafe { bindings::ib_device_put(other) };
+            return Err(EEXIST);
+        }
+        // SAFETY: the device is live.
+        let port = (2..=MAX_PLANES)
+            .find(|&p| unsafe { ibdev::port_netdev(ibdev, p) }.is_none())
+            .ok_or(ENOSPC)?;
+        engine.add_plane((port - 1) as usize, &ndev)?;
+        // SAFETY: the device is live and `port` valid; `ndev` is registered (found by name
+        // under RTNL, which its unregistration takes) and the core takes its own reference.
+        // When it unregisters, our notifier clears the port again (`netdev_event`).
+        let err = unsafe { bindings::ib_device_set_netdev(ibdev, ndev.as_ptr(), port) };
+        if err != 0 {
+            engine.remove_plane((port - 1) as usize);
+            return Err(Error::from_errno(err));
+        }
+        port
+    };
+    // The RDMA core fills the new port's GID table from its netdev's addresses (this takes
+    // RTNL itself).
+    // SAFETY: the device is live and `port` valid.
+    unsafe { bindings::rdma_roce_rescan_port(ibdev, port) };
+    Ok(())
+}
+
+/// `-NAME`: removes the plane on the netdev `name`. Plane 0 cannot be removed (`EBUSY`):
+/// the device goes with it (`rdma link delete`).
+fn remove_plane(ibdev: *mut bindings::ib_device, name: &[u8; 16]) -> Result {
+    let rtnl = Rtnl::lock();
+    let ndev = netdev_by_name(ibdev, name, &rtnl)?;
+    let port = port_of(ibdev, &ndev).ok_or(ENOENT)?;
+    if port == 1 {
+        return Err(EBUSY);
+    }
+    detach_plane(ibdev, port);
+    Ok(())
+}
+
+/// The port whose netdev is `ndev`.
+fn port_of(ibdev: *mut bindings::ib_device, ndev: &NetDev<'_>) -> Option<u32> {
+    (1..=MAX_PLANES).find(|&p| {
+        // SAFETY: the caller's device is live.
+        unsafe { ibdev::port_netdev(ibdev, p) }.is_some_and(|n| n.as_ptr() == ndev.as_ptr())
+    })
+}
+
+/// Closes plane `port - 1` and takes the netdev off its port. Under RTNL.
+fn detach_plane(ibdev: *mut bindings::ib_device, port: u32) {
+    // SAFETY: the caller's device is live.
+    if let Some(engine) = unsafe { ibdev::engine_of(ibdev) } {
+        engine.remove_plane((port - 1) as usize);
+    }
+    // SAFETY: the device is live and `port` valid; a null netdev clears the port (the core
+    // drops its reference).
+    unsafe { bindings::ib_device_set_netdev(ibdev, ptr::null_mut(), port) };
+}
+
+/// A netdev event (under RTNL): for a netdev that is one of our planes, removes the plane
+/// (or the device, for port 1) when it unregisters, and follows its link state otherwise.
+pub(super) fn netdev_event(event: c_ulong, ndev: &NetDev<'_>) {
+    let unregister = event == bindings::netdev_cmd_NETDEV_UNREGISTER as c_ulong;
+    let link = [
+        bindings::netdev_cmd_NETDEV_UP,
+        bindings::netdev_cmd_NETDEV_DOWN,
+        bindings::netdev_cmd_NETDEV_CHANGE,
+    ]
+    .iter()
+    .any(|&e| event == e as c_ulong);
+    if !unregister && !link {
+        return;
+    }
+    // SAFETY: `ndev` is alive for the call; a non-null result is a reference we put below.
+    let ibdev = unsafe { bindings::ib_device_get_by_netdev(ndev.as_ptr(), DRIVER_ID) };
+    if ibdev.is_null() {
+        return;
+    }
+    match port_of(ibdev, ndev) {
+        Some(1) if unregister => ibdev::remove_device_of(ndev),
+        Some(port) if unregister => detach_plane(ibdev, port),
+        Some(port) => {
+            // SAFETY: we hold a reference, so the device is live.
+            if let Some(engine) = unsafe { ibdev::engine_of(ibdev) } {
+                engine.set_plane_link((port - 1) as usize, ndev.link_up());
+            }
+        }
+        None => {}
+    }
+    // SAFETY: the reference `ib_device_get_by_netdev` gave us.
+    unsafe { bindings::ib_device_put(ibdev) };
+}

@@ -1,0 +1,133 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# Multi-plane devices (docs/multiplane.md): two namespaces joined by 4 veth pairs, one subnet
+# per plane; a metaroce device per side on the plane-0 pair, planes 1-3 added through the
+# sysfs file and the metaroce-plane CLI. Checks the planes listing, that traffic is sprayed
+# over every plane, that 4 rate-limited planes carry several times what 1 does, that cutting
+# a plane in the middle of a transfer costs no error, removal through the CLI, and a clean
+# unload.
+source "$(dirname "$0")/../lib.sh"
+dmesg_mark
+modprobe metaroce
+PLANE_CLI=$(command -v metaroce-plane || echo /usr/local/sbin/metaroce-plane)
+setup_pair metaroce mroce
+NS1_IF=(veth1 pl1a pl2a pl3a)
+NS2_IF=(veth2 pl1b pl2b pl3b)
+for k in 1 2 3; do
+	$IP link add pl${k}a netns ns1 type veth peer name pl${k}b netns ns2
+	$IP -n ns1 addr add 10.77.$k.1/24 dev pl${k}a
+	$IP -n ns2 addr add 10.77.$k.2/24 dev pl${k}b
+	$IP -n ns1 link set pl${k}a up
+	$IP -n ns2 link set pl${k}b up
+done
+P1=/sys/class/infiniband/mroce1/planes
+P2=/sys/class/infiniband/mroce2/planes
+
+check_output "a new device lists plane 0 only" '^0 veth1 10\.77\.0\.1 up$' cat $P1
+
+# Throughput of ib_write_bw (Gbit/s, average), each ns1 veth limited to 5 Mbit/s by tbf: low
+# enough that 4 planes together (20 Mbit/s) stay below what the guest's CPU can push under TCG
+# (a few tens of Mbit/s), so the planes are what limits.
+tbf() { # on|off
+	local i
+	for i in "${NS1_IF[@]}"; do
+		if [ "$1" = on ]; then
+			$IP netns exec ns1 tc qdisc replace dev $i root tbf rate 5mbit burst 16kb latency 200ms
+		else
+			$IP netns exec ns1 tc qdisc del dev $i root 2>/dev/null || true
+		fi
+	done
+}
+bw_of_last() { awk '{print $4}' "$TAP_DIR/last-result"; }
+tbf on
+perftest "ib_write_bw over 1 plane at 5 Mbit/s" ib_write_bw -s 16384 -D 4
+BW1=$(bw_of_last)
+
+check "add planes 1-2 through the sysfs file" sh -c "echo +pl1a >$P1 && echo +pl2a >$P1 && echo +pl1b >$P2 && echo +pl2b >$P2"
+check "add plane 3 through metaroce-plane" sh -c "$PLANE_CLI add mroce1 pl3a && $PLANE_CLI add mroce2 pl3b"
+check_output "the planes file lists the 4 planes" \
+	'^0 veth1 10\.77\.0\.1 up
+1 pl1a 10\.77\.1\.1 up
+2 pl2a 10\.77\.2\.1 up
+3 pl3a 10\.77\.3\.1 up$' cat $P1
+check_output "metaroce-plane show lists them" '^mroce2 3 pl3b 10\.77\.3\.2 up$' $PLANE_CLI show
+# (rdma link names a port's netdev only to a caller in the netdev's namespace.)
+check_output "rdma link shows plane 3 as port 4 with its netdev" 'mroce1/4 state ACTIVE .*netdev pl3a' \
+	$IP netns exec ns1 $RDMA link show mroce1/4
+check "adding a netdev that is already a plane is refused" sh -c "! echo +veth1 >$P1"
+check "adding a netdev that does not exist is refused" sh -c "! echo +nosuch0 >$P1"
+check "removing plane 0 is refused" sh -c "! echo -veth1 >$P1"
+
+perftest "ib_write_bw over 4 planes at 5 Mbit/s each" ib_write_bw -s 16384 -D 4
+BW4=$(bw_of_last)
+tbf off
+ratio=$(awk -v a="$BW1" -v b="$BW4" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print 0 }')
+echo "# 1 plane: $BW1 Gbit/s, 4 planes: $BW4 Gbit/s, ratio $ratio"
+check "4 rate-limited planes carry >= 2.5x what 1 does (measured ${ratio}x)" \
+	awk -v r="$ratio" 'BEGIN { exit !(r >= 2.5) }'
+
+# Spraying: every plane's veth carries a fair share of the bytes of one transfer.
+tx_bytes() { $IP netns exec ns1 cat /sys/class/net/$1/statistics/tx_bytes; }
+declare -a before
+for k in 0 1 2 3; do before[$k]=$(tx_bytes ${NS1_IF[$k]}); done
+perftest "ib_write_bw over 4 planes, 64 KiB x 300" ib_write_bw -s 65536 -n 300
+total=0
+declare -a sent
+for k in 0 1 2 3; do
+	sent[$k]=$(($(tx_bytes ${NS1_IF[$k]}) - before[k]))
+	total=$((total + sent[k]))
+done
+shares=""
+ok=0
+for k in 0 1 2 3; do
+	pct=$((total > 0 ? sent[k] * 100 / total : 0))
+	shares="$shares plane$k=${pct}%"
+	# A fair share is 25% (measured 24-25%); each plane must carry 20% to 30%.
+	if [ "$pct" -lt 20 ] || [ "$pct" -gt 30 ]; then ok=1; fi
+done
+echo "# bytes per plane:$shares (total $total)"
+_tap $ok "every plane carries 20-30% of the bytes (fair: 25%;$shares)"
+
+# Cutting a plane in the middle of a transfer: the other planes finish it. TOOL runs with
+# -d mroce2 in ns2 (server) and -d mroce1 in ns1 (client).
+cut_plane_during() { # what plane delay TOOL ARGS...
+	local what="$1" k="$2" delay="$3" tool="$4" srv cli rc
+	shift 4
+	$IP netns exec ns2 timeout 90 "$tool" -d mroce2 "$@" >"$TAP_DIR/cut-server.log" 2>&1 &
+	srv=$!
+	sleep 1
+	$IP netns exec ns1 timeout 90 "$tool" -d mroce1 "$@" $NS2_ADDR >"$TAP_DIR/cut-client.log" 2>&1 &
+	cli=$!
+	sleep "$delay"
+	local cut_at=$SECONDS
+	$IP -n ns1 link set ${NS1_IF[$k]} down
+	wait $cli && rc=0 || rc=$?
+	wait $srv || rc=${rc/#0/server-failed}
+	echo "# finished $((SECONDS - cut_at)) s after the cut"
+	$IP -n ns1 link set ${NS1_IF[$k]} up
+	if [ "$rc" != 0 ]; then
+		tail -n 15 "$TAP_DIR/cut-client.log" | sed 's/^/# /'
+		tail -n 5 "$TAP_DIR/cut-server.log" | sed 's/^/# server: /'
+		echo "# (exit status $rc)"
+	else
+		grep -E '^ +[0-9]+ +[0-9]+ |bytes in' "$TAP_DIR/cut-client.log" | tail -n 1 | sed 's/^/# /'
+	fi
+	_tap "$rc" "$what"
+}
+cut_plane_during "ib_write_bw completes with plane 2 cut in the middle" 2 3 \
+	ib_write_bw -x 1 --report_gbits -s 65536 -D 6
+wait_for 10 sh -c "grep -q '^2 pl2a .* up$' $P1"
+cut_plane_during "ibv_rc_pingpong -c completes with plane 1 cut in the middle" 1 2 \
+	ibv_rc_pingpong -g 1 -n 1500 -s 4096 -c
+wait_for 10 sh -c "grep -q '^1 pl1a .* up$' $P1"
+check_output "a plane that comes back is listed up again" '^1 pl1a 10\.77\.1\.1 up$' cat $P1
+
+check "remove plane 3 through metaroce-plane" sh -c "$PLANE_CLI del mroce1 pl3a && $PLANE_CLI del mroce2 pl3b"
+check_no_output "the planes file no longer lists it" 'pl3a' cat $P1
+check_output "its port is down again, without a netdev" 'mroce1/4 state DOWN physical_state DISABLED *$' \
+	$IP netns exec ns1 $RDMA link show mroce1/4
+perftest "ib_write_bw over the 3 remaining planes" ib_write_bw -s 65536 -n 100
+
+teardown_pair
+check "rmmod metaroce" rmmod metaroce
+check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
