@@ -18,7 +18,7 @@ KDIR_FILE := $(BUILD)/kdir
 KERNEL_PROFILE ?= fast
 export KERNEL_PROFILE
 
-.PHONY: all setup kernel module provider image payload vm shell demo check check-host bench clean
+.PHONY: all setup kernel module provider image payload vm shell demo check check-host bench bench-quick clean
 
 all: payload
 
@@ -67,6 +67,15 @@ check-host:
 
 check:
 	selftests/check.sh all
+
+# make bench: metaroce, rxe and kernel TCP side by side in one guest boot (selftests/bench/);
+# report in build/bench/report.md. PROFILE=quick (or make bench-quick) takes a few minutes.
+PROFILE ?= full
+bench: payload image
+	selftests/bench/bench.sh $(PROFILE)
+
+bench-quick: payload image
+	selftests/bench/bench.sh quick
 
 clean:
 	-kdir=$$(cat $(KDIR_FILE) 2>/dev/null) && [ -n "$$kdir" ] && $(MAKE) -C $$kdir M=$(REPO) clean
