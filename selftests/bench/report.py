@@ -41,7 +41,8 @@ SCENARIOS = [
      "Not a multi-plane device (one device over several netdevs does not exist yet)."),
     ("cut", "A path cut mid-run", "phase",
      "Receiver's link throughput (all planes / the receiving host's uplink, Mb/s) before, during and after one "
-     "path is blackholed (netem loss 100% both ways) and restored; time series in cut.png."),
+     "path is blackholed (every IPv4 packet dropped on ingress at both ends; link up, shaping kept) and "
+     "restored; time series in cut.png."),
     ("incast", "Incast", "senders",
      "N senders to one receiver through a bridge whose port to the receiver is rate-limited; the sum over "
      "senders and Jain's fairness index (1 = fair)."),
@@ -103,6 +104,9 @@ class Cell:
         return statistics.median(self.values) if self.values else None
 
     def text(self):
+        return self._text().replace("|", "/").replace("\t", " ")
+
+    def _text(self):
         if self.values:
             s = fmt(self.median())
             if len(self.values) > 1:
@@ -316,7 +320,9 @@ def main():
           "metaroce, rxe (the kernel's soft-RoCE) and kernel TCP in one guest boot, on the same kernel and "
           "the same topology, with stock tools (perftest, qperf, iperf3). Each cell: median "
           "(min-max, n=repetitions). Under QEMU TCG absolute numbers are small and depend on the host's "
-          "load; compare the ratios within this run, not absolutes across runs.", "",
+          "load; compare the ratios within this run, not absolutes across runs. A 0 is what the tool "
+          "reported: nothing completed within its measurement window (perftest leaves a quarter of the "
+          "run out at each end). Failed runs keep their client and server output in raw/logs/.", "",
           "## Environment", "", "| | |", "|---|---|"]
     for k, v in list(host.items()) + list(env.items()):
         md.append(f"| {k} | {v} |")
