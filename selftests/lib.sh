@@ -119,12 +119,13 @@ teardown_pair() {
 
 # perftest "what" TOOL ARGS...: TOOL's server in ns2 on mroce2, its client in ns1 on mroce1
 # (GID index 1, the IPv4 RoCEv2 GID); both must succeed and the client must report a result
-# line. Under TCG perftest's clock calibration sometimes fails: such a run is retried once.
+# line. Under TCG perftest's clock calibration sometimes fails (more often on a loaded host):
+# such a run is retried, twice at most.
 # The client's result line is kept in $TAP_DIR/last-result.
 perftest() {
 	local what="$1" tool="$2" try out rc srv
 	shift 2
-	for try in 1 2; do
+	for try in 1 2 3; do
 		$IP netns exec ns2 timeout 120 "$tool" -d mroce2 -x 1 --report_gbits "$@" \
 			>"$TAP_DIR/perf-server.log" 2>&1 &
 		srv=$!
@@ -132,7 +133,7 @@ perftest() {
 		out=$($IP netns exec ns1 timeout 120 "$tool" -d mroce1 -x 1 --report_gbits "$@" \
 			$NS2_ADDR 2>&1) && rc=0 || rc=$?
 		wait $srv || rc=${rc/#0/server-failed}
-		if [ "$try" = 1 ] && printf '%s\n' "$out" | grep -q 'Correlation coefficient'; then
+		if [ "$try" != 3 ] && printf '%s\n' "$out" | grep -q 'Correlation coefficient'; then
 			continue
 		fi
 		break
