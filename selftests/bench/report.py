@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import sys
+import textwrap
 from collections import OrderedDict, defaultdict
 
 TRANSPORTS = ("metaroce", "rxe", "tcp")
@@ -37,10 +38,12 @@ SCENARIOS = [
     ("multipath", "Multipath fabric, one path lossy", "loss on spine 1 (%)",
      "leaf/spine fabric (selftests/fabric.sh), 4 rate-limited spines, ECMP on the 5-tuple; netem loss on spine 1."),
     ("planes", "Rate-limited planes", "planes",
-     "N veth planes, each rate-limited, each with its own device pair and one QP (TCP: one flow), summed. "
-     "Not a multi-plane device (one device over several netdevs does not exist yet)."),
+     "N veth planes, each rate-limited. metaroce: one multi-plane device per side spanning the N planes "
+     "(docs/multiplane.md) and one QP; rxe: a device pair and a QP per plane, summed; TCP: a flow per plane, "
+     "summed. The second table has metaroce the way rxe runs (a device and a QP per plane)."),
     ("cut", "A path cut mid-run", "phase",
      "Receiver's link throughput (all planes / the receiving host's uplink, Mb/s) before, during and after one "
+     "plane (metaroce: of its multi-plane device) or spine link "
      "path is blackholed (every IPv4 packet dropped on ingress at both ends; link up, shaping kept) and "
      "restored; time series in cut.png."),
     ("incast", "Incast", "senders",
@@ -286,7 +289,7 @@ def plots(rows, g, env, out):
                         label=f"{LABEL[tr]}" + (f" rep {rep}" if rep != "1" else ""))
             for tr, t in events.get(case, []):
                 ax.axvline(t, color=colors[tr], linestyle="--", alpha=0.5)
-            ax.set_title(case, fontsize=9)
+            ax.set_title("\n".join(textwrap.wrap(case, 90)), fontsize=8)
             ax.set_xlabel("s since traffic started")
             ax.set_ylabel("received Mb/s")
             ax.grid(True, alpha=0.3)

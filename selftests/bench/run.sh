@@ -370,6 +370,21 @@ planes_up() { # P: also records kernel memory per device
 		shape ns1 pa$k rate "$RATE"
 		shape ns2 pb$k rate "$RATE"
 	done
+	# A second set of planes, pqK <-> prK (10.76.K.0/24), for one multi-plane metaroce device
+	# (docs/multiplane.md) per side, made on plane 1; mp_planes sets how many it spans.
+	for k in $(seq 1 "$p"); do
+		$IP link add pq$k netns ns1 type veth peer name pr$k netns ns2
+		$IP -n ns1 addr add 10.76.$k.1/24 dev pq$k
+		$IP -n ns2 addr add 10.76.$k.2/24 dev pr$k
+		$IP -n ns1 link set pq$k up
+		$IP -n ns2 link set pr$k up
+		shape ns1 pq$k rate "$RATE"
+		shape ns2 pr$k rate "$RATE"
+	done
+	$IP netns exec ns1 $RDMA link add mrmp1 type metaroce netdev pq1
+	$IP netns exec ns2 $RDMA link add mrmp2 type metaroce netdev pr1
+	MP_PLANES=1
+	[ -f /sys/class/infiniband/mrmp1/planes ] || MP_PLANES=0
 	for t in metaroce rxe; do
 		sync
 		before=$(kmem_kib)
@@ -384,10 +399,29 @@ planes_up() { # P: also records kernel memory per device
 	done
 	PLANES_UP=$p
 }
+# mp_planes N: the multi-plane devices span planes 1..N (0 when there are none).
+MP_PLANES=0
+mp_planes() {
+	local n="$1" k
+	[ "$MP_PLANES" -gt 0 ] || return 1
+	for k in $(seq $((MP_PLANES + 1)) "$n"); do
+		echo "+pq$k" >/sys/class/infiniband/mrmp1/planes && echo "+pr$k" >/sys/class/infiniband/mrmp2/planes || return 1
+	done
+	for k in $(seq $((n + 1)) "$MP_PLANES"); do
+		echo "-pq$k" >/sys/class/infiniband/mrmp1/planes && echo "-pr$k" >/sys/class/infiniband/mrmp2/planes || return 1
+	done
+	MP_PLANES=$n
+}
+# mp_run N DUR: one QP over the multi-plane devices (mp_planes N first, outside any
+# subshell), or a reason.
+mp_run() {
+	[ "$MP_PLANES" = "$1" ] || { echo "no multi-plane device spanning $1 planes (planes file missing or refused)"; return; }
+	rdma_bw mp ns1 mrmp1 ns2 mrmp2 10.76.1.2 18515 -s 65536 -D "$2"
+}
 planes_down() {
 	local k
-	for k in $(seq 1 "$PLANES_UP"); do $IP -n ns1 link del pa$k 2>/dev/null; done
-	wait_for 10 sh -c "! $RDMA link show 2>/dev/null | grep -q 'p[0-9]'" || true
+	for k in $(seq 1 "$PLANES_UP"); do $IP -n ns1 link del pa$k 2>/dev/null; $IP -n ns1 link del pq$k 2>/dev/null; done
+	wait_for 10 sh -c "! $RDMA link show 2>/dev/null | grep -q 'p[0-9]\\|mrmp'" || true
 	PLANES_UP=0
 }
 # planes_start T N TAGPREFIX DUR: N concurrent flows of T, one per plane, in the background;
@@ -417,13 +451,16 @@ planes_run() { # T N DUR -> sum of N concurrent flows (Gb/s) or a reason
 }
 
 scenario_planes() {
-	local t rep n
+	local rep n
+	local mp="$RATE per plane; metaroce: one multi-plane device, one QP; rxe: a device + QP per plane, summed; TCP: a flow per plane, summed"
+	local each="$RATE per plane; metaroce: a device + QP per plane, summed (as rxe above)"
 	for rep in $(seq 1 "$REPS"); do
 		for n in $PLANES; do
-			for t in $TRANSPORTS; do
-				sample planes "$RATE per plane, one device + QP per plane, summed" "$n" $t bw Gb/s "$rep" \
-					"$(planes_run $t "$n" "$DUR")"
-			done
+			mp_planes "$n" || true
+			sample planes "$mp" "$n" metaroce bw Gb/s "$rep" "$(mp_run "$n" "$DUR")"
+			sample planes "$mp" "$n" rxe bw Gb/s "$rep" "$(planes_run rxe "$n" "$DUR")"
+			sample planes "$mp" "$n" tcp bw Gb/s "$rep" "$(planes_run tcp "$n" "$DUR")"
+			sample planes "$each" "$n" metaroce bw Gb/s "$rep" "$(planes_run metaroce "$n" "$DUR")"
 		done
 	done
 }
@@ -471,7 +508,7 @@ cut_sampler() {
 
 # cut_series CASE T RECV_NS "DEVS" CUT_CMD RESTORE_CMD REP FLOW_CMD...: runs FLOW_CMD (flows of
 # CUT_DUR s) under cut_sampler; records the series (Mb/s between samples, time from T0), the cut
-# and restore times, and the mean before (up to 2 s), during and after (2 s) the cut.
+# and restore times, and the mean before (from T0), during and after (2 s) the cut.
 cut_series() {
 	local case="$1" t="$2" rns="$3" devs="$4" cut="$5" restore="$6" rep="$7" spid t0 tc tb phase from to v
 	shift 7
@@ -502,7 +539,7 @@ cut_series() {
 	} >>"$CSV"
 	for phase in before during after; do
 		case $phase in
-		before) from=$(awk -v c="$tc" 'BEGIN { print (c > 2 ? c - 2 : 0) }') to=$tc ;;
+		before) from=0 to=$tc ;;
 		during) from=$(awk -v c="$tc" 'BEGIN { print c + 0.25 }') to=$tb ;;
 		after) from=$(awk -v c="$tb" 'BEGIN { print c + 0.25 }') to=$(awk -v c="$tb" 'BEGIN { print c + 2.25 }') ;;
 		esac
@@ -512,16 +549,34 @@ cut_series() {
 	done
 }
 
+# The cut takes plane 2 away (every transport's). metaroce runs one QP over the multi-plane
+# devices when there are, else a device + QP per plane like rxe.
+mp_flow() { mp_run "$1" "$2"; }
 scenario_cut() {
-	local t rep devs k
-	devs=""
-	for k in $(seq 1 "$CUT_PLANES"); do devs+="pb$k "; done
+	local t rep devs mpdevs k case
+	devs="" mpdevs=""
+	for k in $(seq 1 "$CUT_PLANES"); do devs+="pb$k " mpdevs+="pr$k "; done
+	case="plane 2 of $CUT_PLANES cut (blackholed) at ${CUT_AT}s, back at ${CUT_BACK}s"
+	if mp_planes "$CUT_PLANES"; then
+		case+="; metaroce: one QP over a multi-plane device; rxe: a device + QP per plane; TCP: a flow per plane"
+	else
+		case+="; a device + QP (TCP: a flow) per plane"
+	fi
 	for rep in $(seq 1 "$REPS"); do
 		for t in $TRANSPORTS; do
-			cut_series "plane 1 of $CUT_PLANES cut (blackholed) at ${CUT_AT}s, back at ${CUT_BACK}s" "$t" ns2 "$devs" \
-				"$(blackhole_cmd ns1 pa1); $(blackhole_cmd ns2 pb1)" \
-				"$(unblackhole_cmd ns1 pa1); $(unblackhole_cmd ns2 pb1)" "$rep" \
-				planes_run "$t" "$CUT_PLANES" "$CUT_DUR"
+			if [ "$t" = metaroce ] && mp_planes "$CUT_PLANES"; then
+				cut_series "$case" \
+					"$t" ns2 "$mpdevs" \
+					"$(blackhole_cmd ns1 pq2); $(blackhole_cmd ns2 pr2)" \
+					"$(unblackhole_cmd ns1 pq2); $(unblackhole_cmd ns2 pr2)" "$rep" \
+					mp_flow "$CUT_PLANES" "$CUT_DUR"
+			else
+				cut_series "$case" \
+					"$t" ns2 "$devs" \
+					"$(blackhole_cmd ns1 pa2); $(blackhole_cmd ns2 pb2)" \
+					"$(unblackhole_cmd ns1 pa2); $(unblackhole_cmd ns2 pb2)" "$rep" \
+					planes_run "$t" "$CUT_PLANES" "$CUT_DUR"
+			fi
 		done
 	done
 }
