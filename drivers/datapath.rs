@@ -11,6 +11,11 @@
 //!   delay them);
 //!   timers are a delayed work item on the module's workqueue. So one mutex per peer is all
 //!   the locking the transport needs, and transmitting needs no special context.
+//! - A connection carries any number of QPs: its streams live in chunks allocated as QPs
+//!   attach ([`PeerStreams`]) and freed when the last one detaches. Nothing per packet or per
+//!   run looks at every QP: a datagram's destination QP is fed from its rings just before the
+//!   datagram is handled, and a QP whose doorbell rang or that got completions is queued for
+//!   feeding ([`PeerInner::feed`]).
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way. The
 //!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
 
@@ -23,15 +28,15 @@ use crate::{
     },
     transport::{
         congestion::RateAllocator,
-        connection::{Config, Connection, Event, RecvError},
+        connection::{Config, Connection, Event, RecvError, StreamSlots},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
-        stream::{self, CqOpcode, CqStatus, StreamConfig, StreamId, WrOpcode},
-        wire::MAX_HEADER_LEN,
+        stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
+        wire::{Packet, MAX_HEADER_LEN},
     },
     verbs::{self, Cqe, Qp, QpState, RecvWqe, SendWqe, Verbs},
 };
 use kernel::{
-    alloc::KVBox,
+    alloc::{KVBox, KVVec},
     c_str, impl_has_delayed_work, new_delayed_work, new_mutex, new_spinlock_irq,
     prelude::*,
     sync::{Arc, Mutex, SpinLockIrq},
@@ -42,12 +47,68 @@ mod planes;
 
 pub(crate) use planes::MAX_PLANES;
 
-/// Logical paths per connection, and streams (QPs) per connection.
+/// Logical paths per connection.
 pub(crate) const PATHS: usize = 8;
-pub(crate) const STREAMS: usize = 16;
 
 /// The unified connection to one peer device.
-pub(crate) type Conn = Connection<PATHS, [stream::Stream; STREAMS]>;
+pub(crate) type Conn = Connection<PATHS, PeerStreams>;
+
+/// Streams per allocation: as many as fit in 128 KiB, so that a chunk uses most of its
+/// (power-of-two sized) kmalloc allocation, or of its pages if vmalloc'd.
+const CHUNK: usize = {
+    let n = (128 << 10) / core::mem::size_of::<Stream>();
+    if n == 0 {
+        1
+    } else {
+        n
+    }
+};
+/// Chunks for the most streams one connection can need: one per QP of the device.
+const MAX_CHUNKS: usize = (verbs::limits::MAX_QP as usize).div_ceil(CHUNK);
+
+/// A connection's stream storage: chunks of streams allocated as QPs attach (in process
+/// context, `GFP_KERNEL`), all freed when the last QP detaches. Valid as all-zero bytes (no
+/// chunks: an `Option<KVBox>` is `None` when zero), so the connection holding it is still
+/// made by zero-allocating.
+pub(crate) struct PeerStreams {
+    chunks: [Option<KVBox<[Stream; CHUNK]>>; MAX_CHUNKS],
+    count: usize,
+}
+
+impl StreamSlots for PeerStreams {
+    fn slot_count(&self) -> usize {
+        self.count * CHUNK
+    }
+
+    fn slot(&self, i: usize) -> Option<&Stream> {
+        self.chunks.get(i / CHUNK)?.as_ref()?.get(i % CHUNK)
+    }
+
+    fn slot_mut(&mut self, i: usize) -> Option<&mut Stream> {
+        self.chunks.get_mut(i / CHUNK)?.as_mut()?.get_mut(i % CHUNK)
+    }
+
+    fn grow(&mut self) -> bool {
+        let Some(c) = self.chunks.get_mut(self.count) else {
+            return false;
+        };
+        match crate::sys::zeroed_box::<[Stream; CHUNK]>() {
+            Ok(chunk) => {
+                *c = Some(chunk);
+                self.count += 1;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn release(&mut self) {
+        for c in self.chunks.iter_mut() {
+            *c = None;
+        }
+        self.count = 0;
+    }
+}
 
 /// Largest datagram we send or queue.
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
@@ -181,16 +242,40 @@ pub(crate) struct Peer {
 
 struct PeerInner {
     conn: KVBox<Conn>,
-    /// The QP of each stream.
-    qps: [Option<Arc<Qp>>; STREAMS],
+    /// Per stream (index: stream id): its QP and what the data path keeps for it.
+    qps: KVVec<QpSlot>,
+    /// QPs attached.
+    attached: usize,
+    /// Streams whose QP's rings are to be fed into the connection at the next run: its
+    /// doorbell rang, or completions made room. Each at most once (`QpSlot::queued`), and
+    /// room reserved for one entry per stream, so pushing never allocates.
+    feed: KVVec<StreamId>,
     /// Transmit and receive scratch buffers.
     buf: KVec<u8>,
-    /// What of the connection's and streams' counters the device counters already hold.
+    /// What of the connection's counters the device counters already hold.
     reported: Reported,
 }
 
-/// Counter values already added to the device's counters (the transport's only grow, until a
-/// stream is reopened).
+/// A stream's QP and the data path's state for it.
+#[derive(Default)]
+struct QpSlot {
+    qp: Option<Arc<Qp>>,
+    /// On the feed queue.
+    queued: bool,
+}
+
+impl PeerInner {
+    /// Queues stream `sid`'s QP for feeding at the next run.
+    fn queue_feed(&mut self, sid: StreamId) {
+        if let Some(slot) = self.qps.get_mut(usize::from(sid.0)) {
+            if slot.qp.is_some() && !slot.queued && self.feed.push(sid, GFP_KERNEL).is_ok() {
+                slot.queued = true;
+            }
+        }
+    }
+}
+
+/// Counter values already added to the device's counters (the transport's only grow).
 #[derive(Clone, Copy, Default)]
 struct Reported {
     retransmits: u64,
@@ -199,8 +284,8 @@ struct Reported {
     timeouts: u64,
     naks_out: [u64; 6],
     naks_in: [u64; 6],
-    /// Per stream: duplicates, RNR NAKs received.
-    streams: [[u64; 2]; STREAMS],
+    duplicates: u64,
+    rnr_naks: u64,
 }
 
 /// Where a QP sits on the data path: its peer and its stream there.
@@ -292,7 +377,9 @@ impl Engine {
                 planes: planes::PeerPlanes::new(addr),
                 inner <- new_mutex!(PeerInner {
                     conn,
-                    qps: [const { None }; STREAMS],
+                    qps: KVVec::new(),
+                    attached: 0,
+                    feed: KVVec::new(),
                     buf,
                     reported: Reported::default(),
                 }, "metaroce_peer"),
@@ -323,11 +410,13 @@ impl Engine {
                 ack_timeout_ns(a.timeout),
             )
             .map_err(|_| EINVAL)?;
+        p.queue_feed(b.stream);
         self.run(&b.peer, &mut p);
         Ok(())
     }
 
-    /// The QP reached RTR: open its stream on the connection to its destination.
+    /// The QP reached RTR: open its stream on the connection to its destination (the
+    /// connection's stream storage grows by a chunk if it is full).
     pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
         let (dest, cfg) = {
             let inner = qp.inner.lock();
@@ -351,13 +440,30 @@ impl Engine {
         };
         let peer = self.peer_or_new(dest)?;
         let mut p = peer.inner.lock();
+        // Room first (for the QP's slot and its place on the feed queue), so that nothing
+        // can fail once the stream is open. Its id is a free slot's or the first of a new
+        // chunk: below `stream_slots() + 1`.
+        let slots = p.conn.stream_slots().saturating_add(1);
+        let more = slots.saturating_sub(p.qps.len());
+        p.qps.reserve(more, GFP_KERNEL)?;
+        let queued = p.attached.saturating_add(1).saturating_sub(p.feed.len());
+        p.feed.reserve(queued, GFP_KERNEL)?;
         let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
-        if let Some(r) = p.reported.streams.get_mut(usize::from(stream.0)) {
-            *r = [0; 2];
+        let i = usize::from(stream.0);
+        while p.qps.len() <= i {
+            // Within the room reserved above: cannot fail.
+            if p.qps.push(QpSlot::default(), GFP_KERNEL).is_err() {
+                p.conn.close_stream(stream);
+                return Err(ENOMEM);
+            }
         }
-        if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
-            *slot = Some(qp.clone());
+        if let Some(slot) = p.qps.get_mut(i) {
+            *slot = QpSlot {
+                qp: Some(qp.clone()),
+                queued: false,
+            };
         }
+        p.attached += 1;
         {
             let mut inner = qp.inner.lock();
             // A new stream counts its WQEs from zero.
@@ -369,6 +475,7 @@ impl Engine {
                 stream,
             });
         }
+        p.queue_feed(stream);
         self.run(&peer, &mut p);
         Ok(())
     }
@@ -385,13 +492,21 @@ impl Engine {
     }
 
     /// The QP is being destroyed: close its stream; nothing completes for it afterwards.
+    /// When it was the connection's last, the stream storage is freed (the connection keeps
+    /// its paths, whose sequence numbers the peer's connection continues from).
     pub(crate) fn detach(&self, qp: &Qp) {
         let binding = qp.inner.lock().binding.take();
         if let Some(b) = binding {
             let mut p = b.peer.inner.lock();
             p.conn.close_stream(b.stream);
             if let Some(slot) = p.qps.get_mut(usize::from(b.stream.0)) {
-                *slot = None;
+                if slot.qp.take().is_some() {
+                    p.attached = p.attached.saturating_sub(1);
+                }
+            }
+            if p.attached == 0 && p.conn.release_streams() {
+                p.qps = KVVec::new();
+                p.feed = KVVec::new();
             }
         }
     }
@@ -401,6 +516,7 @@ impl Engine {
         let binding = qp.inner.lock().binding.clone();
         if let Some(b) = binding {
             let mut p = b.peer.inner.lock();
+            p.queue_feed(b.stream);
             self.run(&b.peer, &mut p);
         }
         // Work posted in the error state completes at once, flushed.
@@ -409,42 +525,56 @@ impl Engine {
         }
     }
 
-    /// Moves posted work into the connection, sends what it has to send, delivers its
-    /// completions and arms the timer.
+    /// Moves posted work of the queued QPs into the connection, sends what it has to send,
+    /// delivers its completions (queueing their QPs for feeding: there is room now) and
+    /// arms the timer.
     fn run(self: &Arc<Self>, peer: &Peer, p: &mut PeerInner) {
         let now = work::now_ns();
-        self.post_from_rings(p, now);
-        let PeerInner {
-            conn,
-            qps,
-            buf,
-            reported,
-        } = p;
-        let mut mem = Mem { verbs: &self.verbs };
-        conn.update_allocation(now, &mut self.alloc.lock());
-        while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
-            let payload = buf.get(..t.len).unwrap_or(&[]);
-            self.transmit(peer, t.plane, t.src_port, t.ecn_capable, payload);
-        }
-        while let Some(ev) = conn.poll_event() {
-            if let Event::SendCompletion(c) = &ev {
-                if c.status == CqStatus::RetryExcErr {
-                    self.counters.inc(Counter::RetryExceeded);
-                }
+        // A few rounds: completions make room for more of the rings' WQEs, which may complete
+        // at once (flushed in the error state). What is left waits for the timer.
+        for _ in 0..4 {
+            self.feed_queued(p, now);
+            let PeerInner { conn, buf, .. } = &mut *p;
+            let mut mem = Mem { verbs: &self.verbs };
+            conn.update_allocation(now, &mut self.alloc.lock());
+            while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
+                let payload = buf.get(..t.len).unwrap_or(&[]);
+                self.transmit(peer, t.plane, t.src_port, t.ecn_capable, payload);
             }
-            deliver(qps, ev);
+            while let Some(ev) = p.conn.poll_event() {
+                match &ev {
+                    Event::SendCompletion(c) => {
+                        if c.status == CqStatus::RetryExcErr {
+                            self.counters.inc(Counter::RetryExceeded);
+                        }
+                        p.queue_feed(c.stream);
+                    }
+                    Event::RecvCompletion(c) => p.queue_feed(c.stream),
+                    Event::StreamError { .. } => {}
+                }
+                deliver(&p.qps, ev);
+            }
+            if p.feed.is_empty() {
+                break;
+            }
         }
-        self.report(conn, qps, reported);
+        self.report(&p.conn, &mut p.reported);
         // A connection with no QP left on it goes quiet: no probes of its paths, no timers,
         // until a QP opens a stream on it again.
         // So does HELLO: it is repeated only while the peer has QPs and has not answered.
-        let deadline = if qps.iter().any(Option::is_some) {
-            match (conn.poll_timeout(), self.hello_tick(peer, now)) {
+        let deadline = if p.attached == 0 {
+            None
+        } else {
+            let hello = self.hello_tick(peer, now);
+            let conn = if p.feed.is_empty() {
+                p.conn.poll_timeout()
+            } else {
+                Some(now)
+            };
+            match (conn, hello) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             }
-        } else {
-            None
         };
         if let Some(deadline) = deadline {
             let ms = deadline.saturating_sub(now).div_ceil(1_000_000).clamp(1, 10);
@@ -456,7 +586,7 @@ impl Engine {
     }
 
     /// Adds what the connection counted since the last time to the device's counters.
-    fn report(&self, conn: &Conn, qps: &[Option<Arc<Qp>>; STREAMS], r: &mut Reported) {
+    fn report(&self, conn: &Conn, r: &mut Reported) {
         let s = conn.stats();
         let c = &self.counters;
         let add = |counter, now: u64, before: &mut u64| {
@@ -496,26 +626,29 @@ impl Engine {
                 add(*rcvd, *now, before);
             }
         }
-        for (i, (qp, before)) in qps.iter().zip(r.streams.iter_mut()).enumerate() {
-            if qp.is_none() {
-                continue;
+        add(Counter::Duplicates, s.duplicates, &mut r.duplicates);
+        // Each RNR NAK received means one more try after the back-off.
+        add(Counter::RnrRetries, s.rnr_naks_in, &mut r.rnr_naks);
+    }
+
+    /// Feeds the QPs on the feed queue.
+    fn feed_queued(&self, p: &mut PeerInner, now: u64) {
+        let PeerInner {
+            conn, qps, feed, ..
+        } = p;
+        for sid in feed.drain_all() {
+            if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
+                slot.queued = false;
+                Self::feed(conn, slot, sid, now);
             }
-            let Some((req, resp)) = conn.stream_stats(StreamId(i as u16)) else {
-                continue;
-            };
-            let [dups, rnrs] = before;
-            add(Counter::Duplicates, resp.duplicates, dups);
-            // Each RNR NAK received means one more try after the back-off.
-            add(Counter::RnrRetries, req.rnr_naks, rnrs);
         }
     }
 
-    /// Copies posted WQEs out of the QPs' rings into their streams while there is room.
-    fn post_from_rings(&self, p: &mut PeerInner, now: u64) {
-        let PeerInner { conn, qps, .. } = p;
-        for (i, qp) in qps.iter().enumerate() {
-            let Some(qp) = qp else { continue };
-            let sid = StreamId(i as u16);
+    /// Copies posted WQEs out of a QP's rings into its stream while there is room.
+    fn feed(conn: &mut Conn, slot: &mut QpSlot, sid: StreamId, now: u64) {
+        let QpSlot { qp, .. } = slot;
+        {
+            let Some(qp) = qp.as_ref() else { return };
             let mut inner = qp.inner.lock();
             // Receives are taken from RTR on, sends only in RTS; in the error state the
             // rings are flushed instead (`Qp::flush`).
@@ -600,9 +733,6 @@ impl Engine {
             };
             let mut p = peer.inner.lock();
             let now = work::now_ns();
-            // Receive WQEs posted since the last run must be in the stream before the data
-            // that consumes them.
-            self.post_from_rings(&mut p, now);
             // A batch of this peer's datagrams, then one run: one ACK covers the batch.
             for _ in 0..RX_BATCH {
                 let mut q = self.rxq.lock();
@@ -613,8 +743,17 @@ impl Engine {
                     break;
                 };
                 drop(q);
-                let PeerInner { conn, buf, .. } = &mut *p;
+                let PeerInner { conn, buf, qps, .. } = &mut *p;
                 let data = buf.get(..n).unwrap_or(&[]);
+                // Receive WQEs posted since the last run must be in the stream before the
+                // data that consumes them (receives have no doorbell): feed the destination
+                // QP, and only it.
+                let dst = Packet::peek_dst_qp(data).and_then(|qpn| conn.stream_by_qp(qpn));
+                if let Some(sid) = dst {
+                    if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
+                        Self::feed(conn, slot, sid, now);
+                    }
+                }
                 let mut mem = Mem { verbs: &self.verbs };
                 match conn.handle_packet(now, data, meta.ce, &mut mem) {
                     Ok(()) => {}
@@ -664,7 +803,7 @@ impl Engine {
         };
         for peer in peers.iter() {
             let mut p = peer.inner.lock();
-            if p.qps.iter().all(Option::is_none) {
+            if p.attached == 0 {
                 continue;
             }
             p.conn.handle_timeout(work::now_ns());
@@ -926,10 +1065,10 @@ fn wc_opcode(o: CqOpcode) -> u32 {
 const WC_WITH_IMM: u32 = 1 << 1;
 
 /// Hands a transport event to the QP's CQs.
-fn deliver(qps: &[Option<Arc<Qp>>; STREAMS], ev: Event) {
+fn deliver(qps: &[QpSlot], ev: Event) {
     match ev {
         Event::SendCompletion(c) | Event::RecvCompletion(c) => {
-            let Some(Some(qp)) = qps.get(usize::from(c.stream.0)) else {
+            let Some(qp) = qps.get(usize::from(c.stream.0)).and_then(|s| s.qp.as_ref()) else {
                 return;
             };
             let recv = matches!(ev, Event::RecvCompletion(_));
@@ -951,7 +1090,7 @@ fn deliver(qps: &[Option<Arc<Qp>>; STREAMS], ev: Event) {
             }
         }
         Event::StreamError { stream, .. } => {
-            if let Some(Some(qp)) = qps.get(usize::from(stream.0)) {
+            if let Some(qp) = qps.get(usize::from(stream.0)).and_then(|s| s.qp.as_ref()) {
                 qp.set_error();
             }
         }

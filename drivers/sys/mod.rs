@@ -46,8 +46,14 @@ pub(crate) fn zeroed_box<T: pin_init::Zeroable>() -> kernel::error::Result<kerne
 
 // SAFETY: the transport core documents (transport/README.md) that every type a `Connection`
 // stores is valid as all-zero bytes: integers, bools, arrays, and `#[repr(u8)]` enums whose
-// variant 0 is the empty state; no references, no `Option` of a pointer-like type.
+// variant 0 is the empty state; no references. Its stream storage, `PeerStreams`, holds a
+// count and an array of `Option<KVBox<_>>`, which is `None` when all-zero (the kernel's
+// `Box` is `repr(transparent)` over `NonNull`, and implements `ZeroableOption`).
 unsafe impl pin_init::Zeroable for crate::datapath::Conn {}
+
+// SAFETY: as the connection's, a stream's types are all valid as all-zero bytes (a closed
+// stream, see `Connection::reset`); stream storage chunks are zero-allocated.
+unsafe impl pin_init::Zeroable for crate::transport::stream::Stream {}
 
 /// The SGEs of a send WQE (the `data.sge` view of its union).
 pub(crate) fn send_wqe_sges(

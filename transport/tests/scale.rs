@@ -194,3 +194,34 @@ fn packet_cost_does_not_grow_with_idle_streams() {
     // chains grow by a look or so per lookup.
     assert!(many <= few + 5.0, "{many} vs {few}");
 }
+
+/// `Packet::peek_dst_qp` names the QP a datagram is for (what the kernel feeds from its rings
+/// before handing the datagram in), 0 for connection-level packets.
+#[test]
+fn peek_dst_qp_names_the_stream() {
+    use metaroce_transport::wire::{Opcode, Packet};
+    use std::sync::{Arc, Mutex};
+    let mut sim = Sim::new(LinkConfig::clean(), 5);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    sim.drop_if = Some(Box::new(move |from, bytes| {
+        let v = Packet::parse(bytes).unwrap();
+        let peek = Packet::peek_dst_qp(bytes).unwrap();
+        assert_eq!(peek, v.header.base.dst_qp);
+        s2.lock().unwrap().push((from, v.header.base.opcode, peek));
+        false
+    }));
+    let msgs = vec![Msg {
+        op: WrOpcode::RdmaWrite,
+        len: 3000,
+    }];
+    assert!(run_workload(&mut sim, &msgs, 1_000_000_000).completed);
+    let seen = seen.lock().unwrap();
+    assert!(seen
+        .iter()
+        .any(|&(f, op, qp)| f == 0 && op == Opcode::RdmaWrite && qp == 0x22));
+    assert!(seen
+        .iter()
+        .any(|&(f, op, qp)| f == 1 && op == Opcode::Ack && qp == 0));
+    assert_eq!(Packet::peek_dst_qp(&[1, 2, 3]), None);
+}

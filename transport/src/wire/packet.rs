@@ -306,6 +306,17 @@ impl Packet {
         Some(u32::from_be_bytes(b))
     }
 
+    /// The destination QP of a datagram, without parsing the rest (0 for connection-level
+    /// packets: ACKs, probes): lets a caller prepare that QP before handing the datagram in.
+    /// None if too short or not version 1.
+    pub fn peek_dst_qp(buf: &[u8]) -> Option<u32> {
+        if *buf.first()? != VERSION {
+            return None;
+        }
+        let b: [u8; 4] = buf.get(4..8)?.try_into().ok()?;
+        Some(u32::from_be_bytes(b))
+    }
+
     /// Parses one datagram. Never panics; every length is checked before it is used.
     pub fn parse(buf: &[u8]) -> Result<PacketView<'_>, ParseError> {
         let mut r = Reader::new(buf);
