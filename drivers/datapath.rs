@@ -550,6 +550,8 @@ impl Engine {
                         p.queue_feed(c.stream);
                     }
                     Event::RecvCompletion(c) => p.queue_feed(c.stream),
+                    // Unsignaled WQEs completed: the ring's held-back WQEs fit now.
+                    Event::SendQueueRoom(sid) => p.queue_feed(*sid),
                     Event::StreamError { .. } => {}
                 }
                 deliver(&p.qps, ev);
@@ -1094,6 +1096,7 @@ fn deliver(qps: &[QpSlot], ev: Event) {
                 qp.set_error();
             }
         }
+        Event::SendQueueRoom(_) => {}
     }
 }
 

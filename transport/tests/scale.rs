@@ -225,3 +225,31 @@ fn peek_dst_qp_names_the_stream() {
         .any(|&(f, op, qp)| f == 1 && op == Opcode::Ack && qp == 0));
     assert_eq!(Packet::peek_dst_qp(&[1, 2, 3]), None);
 }
+
+/// A send queue full of unsignaled WQEs completes without completions: the caller, holding
+/// WQEs back since its post was refused, hears of the room through `SendQueueRoom`.
+#[test]
+fn send_queue_room_after_unsignaled_completions() {
+    use metaroce_transport::stream::SQ_DEPTH;
+    let mut sim = Sim::new(LinkConfig::clean(), 11);
+    let s = sim.ep[0].stream;
+    let now = sim.now;
+    let wqe = |i: u64| {
+        let mut w =
+            SendWqe::new(i, WrOpcode::RdmaWrite, sge(1, 0x100000, 2000)).remote(0x200000, 2);
+        w.signaled = false;
+        w
+    };
+    for i in 0..SQ_DEPTH as u64 {
+        sim.ep[0].conn.post_send(now, s, wqe(i)).unwrap();
+    }
+    assert!(sim.ep[0].conn.post_send(now, s, wqe(99)).is_err());
+    let done = sim.run_until(1_000_000_000, |sim| !sim.ep[0].sq_room.is_empty());
+    assert!(done, "no SendQueueRoom");
+    assert_eq!(sim.ep[0].sq_room, vec![s]);
+    assert!(sim.ep[0].send_cqes.is_empty(), "unsignaled: no completions");
+    sim.ep[0].conn.post_send(sim.now, s, wqe(100)).unwrap();
+    // Reported once per refusal.
+    sim.run_until(sim.now + 10_000_000, |_| false);
+    assert_eq!(sim.ep[0].sq_room.len(), 1);
+}

@@ -147,6 +147,10 @@ pub enum Event {
     SendCompletion(Cqe),
     /// Completion of a receive WQE.
     RecvCompletion(Cqe),
+    /// The stream's send queue has room again after a `post_send` was refused with
+    /// `QueueFull` (its WQEs may have completed without completions: unsignaled): the caller
+    /// can post what it held back.
+    SendQueueRoom(StreamId),
     /// The stream (QP) went to the error state; its outstanding WQEs are being flushed.
     StreamError {
         /// The stream.
@@ -592,7 +596,12 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         let mtu = self.cfg.mtu;
         let s = self.open_stream_mut(id)?;
         let failed = s.error().is_some();
-        s.req.post(wqe, mtu, now, failed)?;
+        if let Err(e) = s.req.post(wqe, mtu, now, failed) {
+            if e == PostError::QueueFull {
+                s.sq_refused = true;
+            }
+            return Err(e);
+        }
         self.touch(usize::from(id.0));
         Ok(())
     }
@@ -1643,6 +1652,9 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 return Some(Event::RecvCompletion(cqe));
             }
             self.sched.pop(&mut self.streams, EVENT);
+            if s_room(self.streams.slot_mut(i)) {
+                return Some(Event::SendQueueRoom(StreamId(i as u16)));
+            }
         }
     }
 }
@@ -1673,6 +1685,17 @@ impl CcSample {
                 self.min_srtt.min(srtt)
             };
         }
+    }
+}
+
+/// The stream refused a send WQE for want of room and now has room (once per refusal).
+fn s_room(s: Option<&mut Stream>) -> bool {
+    match s {
+        Some(s) if s.sq_refused && (s.req.outstanding() as usize) < super::stream::SQ_DEPTH => {
+            s.sq_refused = false;
+            true
+        }
+        _ => false,
     }
 }
 

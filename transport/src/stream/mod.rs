@@ -315,6 +315,8 @@ pub struct Stream {
     pub resp: Responder,
     /// The responder's completion point changed (or a duplicate arrived): tell the peer.
     pub ack_dirty: bool,
+    /// A send WQE was refused for want of room: report when there is room again.
+    pub(crate) sq_refused: bool,
     /// The slot's place in the connection's lists and QP index (not the stream's state:
     /// `reset` keeps it).
     pub(crate) links: super::connection::streams::Links,
@@ -332,6 +334,7 @@ impl Stream {
             req: Requester::new(),
             resp: Responder::new(),
             ack_dirty: false,
+            sq_refused: false,
             links: super::connection::streams::Links::default(),
         }
     }
@@ -355,6 +358,7 @@ impl Stream {
         self.req.reset(self.cfg.send_msn);
         self.resp.reset(self.cfg.recv_msn);
         self.ack_dirty = false;
+        self.sq_refused = false;
     }
 
     /// The error state, if the stream is in it.

@@ -387,6 +387,8 @@ pub struct Endpoint {
     pub send_cqes: Vec<Cqe>,
     pub recv_cqes: Vec<Cqe>,
     pub stream_errors: Vec<(StreamId, CqStatus)>,
+    /// `SendQueueRoom` events.
+    pub sq_room: Vec<StreamId>,
     pub stream: StreamId,
     /// Packets this endpoint handed to the network.
     pub tx: u64,
@@ -399,6 +401,7 @@ impl Endpoint {
                 Event::SendCompletion(c) => self.send_cqes.push(c),
                 Event::RecvCompletion(c) => self.recv_cqes.push(c),
                 Event::StreamError { stream, status } => self.stream_errors.push((stream, status)),
+                Event::SendQueueRoom(s) => self.sq_room.push(s),
             }
         }
     }
@@ -499,6 +502,7 @@ impl Sim {
             send_cqes: Vec::new(),
             recv_cqes: Vec::new(),
             stream_errors: Vec::new(),
+            sq_room: Vec::new(),
             stream,
             tx: 0,
         };
