@@ -696,8 +696,12 @@ impl Engine {
                 let twqe = match stash {
                     Stash::NotInline => send_wqe(&wqe, qp.sq_sig_all, None),
                     Stash::Stored(sge) => send_wqe(&wqe, qp.sq_sig_all, Some(sge)),
-                    // Every slot holds a payload still in flight: wait for completions.
-                    Stash::Full => break,
+                    // Every slot holds a payload still in flight: wait for completions (which
+                    // may be unsignaled: ask to hear of them).
+                    Stash::Full => {
+                        conn.want_send_room(sid);
+                        break;
+                    }
                     Stash::Invalid => None,
                 };
                 let Some(twqe) = twqe else {

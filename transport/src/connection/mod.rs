@@ -606,6 +606,15 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         Ok(())
     }
 
+    /// Asks for a [`Event::SendQueueRoom`] once the stream's send queue has room, as a
+    /// refused `post_send` does: for a caller that holds a WQE back for a reason of its own
+    /// (the kernel: no room for its inline payload until WQEs complete).
+    pub fn want_send_room(&mut self, id: StreamId) {
+        if let Ok(s) = self.open_stream_mut(id) {
+            s.sq_refused = true;
+        }
+    }
+
     /// Posts a receive WQE.
     pub fn post_recv(&mut self, id: StreamId, wqe: RecvWqe) -> Result<(), PostError> {
         let s = self.open_stream_mut(id)?;

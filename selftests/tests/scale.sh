@@ -1,0 +1,62 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# Many QPs between two devices, all streams of one unified connection: perftest with 64 QPs
+# (WRITE and SEND), then 2,000 QPs at once, with the kernel memory they take printed as
+# diagnostics; afterwards the memory is given back and the kernel log is clean.
+source "$(dirname "$0")/../lib.sh"
+dmesg_mark
+modprobe metaroce
+setup_pair metaroce mroce
+
+perftest "ib_write_bw 64 QPs" ib_write_bw -s 65536 -n 10 -q 64
+perftest "ib_send_bw 64 QPs" ib_send_bw -s 16384 -n 10 -q 64
+
+# Kernel memory in KiB: slab, vmalloc, and free pages (which also see large kmallocs and
+# the user side: perftest's buffers, its mappings of the rings).
+meminfo() { awk -v k="$1" '$1 == k":" { print $2 }' /proc/meminfo; }
+snapshot() { echo "$(meminfo Slab) $(meminfo VmallocUsed) $(meminfo MemFree)"; }
+
+QPS=2000
+read -r slab0 vm0 free0 <<<"$(snapshot)"
+during="$TAP_DIR/scale-during"
+rm -f "$during"
+# Sample while the QPs exist: the largest MemFree drop seen.
+(
+	min_free=$free0
+	while [ ! -f "$TAP_DIR/scale-done" ]; do
+		read -r s v f <<<"$(snapshot)"
+		if [ "$f" -lt "$min_free" ]; then
+			min_free=$f
+			echo "$s $v $f" >"$during"
+		fi
+		sleep 0.5
+	done
+) &
+sampler=$!
+rm -f "$TAP_DIR/scale-done"
+perftest "ib_write_bw $QPS QPs (one connection between the two devices)" \
+	ib_write_bw -s 64 -n 5 -t 8 -q $QPS
+touch "$TAP_DIR/scale-done"
+wait $sampler
+rm -f "$TAP_DIR/scale-done"
+if [ -s "$during" ]; then
+	read -r slab1 vm1 free1 <"$during"
+	n=$((2 * QPS)) # both devices are in this guest
+	echo "# $QPS QPs on each of the two devices: Slab +$((slab1 - slab0)) KiB," \
+		"VmallocUsed +$((vm1 - vm0)) KiB (rings), MemFree -$((free0 - free1)) KiB (all, incl. user)"
+	echo "# per QP: Slab $(((slab1 - slab0) / n)) KiB, vmalloc $(((vm1 - vm0) / n)) KiB," \
+		"MemFree $(((free0 - free1) / n)) KiB"
+fi
+# Everything is given back once the QPs are gone (stream chunks included).
+sleep 1
+read -r slab2 vm2 free2 <<<"$(snapshot)"
+echo "# after: Slab $((slab2 - slab0)) KiB, VmallocUsed $((vm2 - vm0)) KiB, MemFree $((free0 - free2)) KiB from the start"
+check "the memory of $QPS QPs is given back (MemFree within 8 MiB of before)" \
+	test $((free0 - free2)) -lt 8192
+check_output "no transport errors with $QPS QPs (rx_no_connection, retry_exceeded 0)" \
+	'rx_no_connection 0 .*retry_exceeded 0' \
+	sh -c "$RDMA statistic show link mroce1/1 | tr '\n' ' '"
+
+teardown_pair
+check "rmmod metaroce" rmmod metaroce
+check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
