@@ -600,39 +600,31 @@ fn sending_to_a_closed_qp_fails_fast() {
 #[test]
 fn config_is_validated() {
     use metaroce_transport::connection::{Config, ConfigError, Connection};
+    type C = Connection<32, [metaroce_transport::stream::Stream; 1]>;
+    // One connection on the stack at a time (each is ~230 KiB, and unoptimised code gives
+    // every temporary its own stack slot).
+    #[inline(never)]
+    fn new(c: Config) -> Result<(), ConfigError> {
+        C::new(c).map(|_| ())
+    }
     let ok = Config::new(1, 2);
-    assert!(Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(ok).is_ok());
+    assert!(new(ok).is_ok());
     let mut c = ok;
     c.num_paths = 33;
-    assert_eq!(
-        Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
-        Some(ConfigError::PathCount)
-    );
+    assert_eq!(new(c).err(), Some(ConfigError::PathCount));
     c.num_paths = 0;
-    assert_eq!(
-        Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
-        Some(ConfigError::PathCount)
-    );
+    assert_eq!(new(c).err(), Some(ConfigError::PathCount));
     let mut c = ok;
     c.mtu = 0;
-    assert_eq!(
-        Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
-        Some(ConfigError::Mtu)
-    );
+    assert_eq!(new(c).err(), Some(ConfigError::Mtu));
     let mut c = ok;
     c.path.min_rto = 0;
-    assert_eq!(
-        Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
-        Some(ConfigError::Timers)
-    );
+    assert_eq!(new(c).err(), Some(ConfigError::Timers));
     let mut c = ok;
     c.stall_timeout = 0;
-    assert_eq!(
-        Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(c).err(),
-        Some(ConfigError::Timers)
-    );
+    assert_eq!(new(c).err(), Some(ConfigError::Timers));
     // Streams: duplicate QP numbers and a full table are refused.
-    let mut conn = Connection::<32, [metaroce_transport::stream::Stream; 1]>::new(ok).unwrap();
+    let mut conn = Box::new(C::new(ok).unwrap());
     let s = conn
         .open_stream(metaroce_transport::stream::StreamConfig::new(5, 6))
         .unwrap();
