@@ -61,7 +61,7 @@ pub(super) unsafe extern "C" fn alloc_hw_port_stats(
 pub(super) unsafe extern "C" fn get_hw_stats(
     ibdev: *mut bindings::ib_device,
     stats: *mut bindings::rdma_hw_stats,
-    _port: u32,
+    port: u32,
     _index: c_int,
 ) -> c_int {
     // SAFETY: the core passes its live device and the stats struct `alloc_hw_port_stats`
@@ -72,6 +72,12 @@ pub(super) unsafe extern "C" fn get_hw_stats(
         .min(NUM_COUNTERS);
     // SAFETY: the struct was allocated with `num_counters` values, and `n` is at most that.
     let values = unsafe { stats.value.as_mut_slice(n) };
-    dev.counters().snapshot(values);
+    // The device's counters are port 1's; the other ports (planes 1-7) have no counters of
+    // their own yet and report zeros rather than the device's again.
+    if port == 1 {
+        dev.counters().snapshot(values);
+    } else {
+        values.fill(0);
+    }
     n as c_int
 }
