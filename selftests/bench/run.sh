@@ -718,6 +718,9 @@ scenario_conns() {
 	local t rep q="$CONNS" procs="$CONN_PROCS" per k p before peak open maxopen sum v bad d
 	per=$((q / procs))
 	d=$((DUR + per / 100 + 4))
+	# Setting up and connecting a thousand QPs takes a while under TCG (dynamic scope: the
+	# tool runners below see this TMO).
+	local TMO=$((d * 4 + 60 + per / 4))
 	for rep in $(seq 1 "$REPS"); do
 		for t in metaroce rxe; do
 			p=$(dev_of $t)
