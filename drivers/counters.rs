@@ -88,7 +88,79 @@ counters! {
     AcksRcvd => c"acks_rcvd",
     /// `timeouts`: retransmission timeouts that fired.
     Timeouts => c"timeouts",
+    /// `path0_tx_packets`: packets the transport sent on path 0 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path0TxPackets => c"path0_tx_packets",
+    /// `path0_retransmits`: of those, retransmissions.
+    Path0Retransmits => c"path0_retransmits",
+    /// `path0_lost`: packets sent on path 0 declared lost (SACK gap or timeout).
+    Path0Lost => c"path0_lost",
+    /// `path1_tx_packets`: packets the transport sent on path 1 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path1TxPackets => c"path1_tx_packets",
+    /// `path1_retransmits`: of those, retransmissions.
+    Path1Retransmits => c"path1_retransmits",
+    /// `path1_lost`: packets sent on path 1 declared lost (SACK gap or timeout).
+    Path1Lost => c"path1_lost",
+    /// `path2_tx_packets`: packets the transport sent on path 2 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path2TxPackets => c"path2_tx_packets",
+    /// `path2_retransmits`: of those, retransmissions.
+    Path2Retransmits => c"path2_retransmits",
+    /// `path2_lost`: packets sent on path 2 declared lost (SACK gap or timeout).
+    Path2Lost => c"path2_lost",
+    /// `path3_tx_packets`: packets the transport sent on path 3 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path3TxPackets => c"path3_tx_packets",
+    /// `path3_retransmits`: of those, retransmissions.
+    Path3Retransmits => c"path3_retransmits",
+    /// `path3_lost`: packets sent on path 3 declared lost (SACK gap or timeout).
+    Path3Lost => c"path3_lost",
+    /// `path4_tx_packets`: packets the transport sent on path 4 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path4TxPackets => c"path4_tx_packets",
+    /// `path4_retransmits`: of those, retransmissions.
+    Path4Retransmits => c"path4_retransmits",
+    /// `path4_lost`: packets sent on path 4 declared lost (SACK gap or timeout).
+    Path4Lost => c"path4_lost",
+    /// `path5_tx_packets`: packets the transport sent on path 5 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path5TxPackets => c"path5_tx_packets",
+    /// `path5_retransmits`: of those, retransmissions.
+    Path5Retransmits => c"path5_retransmits",
+    /// `path5_lost`: packets sent on path 5 declared lost (SACK gap or timeout).
+    Path5Lost => c"path5_lost",
+    /// `path6_tx_packets`: packets the transport sent on path 6 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path6TxPackets => c"path6_tx_packets",
+    /// `path6_retransmits`: of those, retransmissions.
+    Path6Retransmits => c"path6_retransmits",
+    /// `path6_lost`: packets sent on path 6 declared lost (SACK gap or timeout).
+    Path6Lost => c"path6_lost",
+    /// `path7_tx_packets`: packets the transport sent on path 7 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path7TxPackets => c"path7_tx_packets",
+    /// `path7_retransmits`: of those, retransmissions.
+    Path7Retransmits => c"path7_retransmits",
+    /// `path7_lost`: packets sent on path 7 declared lost (SACK gap or timeout).
+    Path7Lost => c"path7_lost",
 }
+
+/// Paths with their own counters (`path<i>_*`); a connection's paths beyond these are not
+/// counted per path.
+pub(crate) const COUNTED_PATHS: usize = 8;
+
+/// Per path id: its `[tx_packets, retransmits, lost]` counters.
+pub(crate) const PATH_COUNTERS: [[Counter; 3]; COUNTED_PATHS] = [
+    [Counter::Path0TxPackets, Counter::Path0Retransmits, Counter::Path0Lost],
+    [Counter::Path1TxPackets, Counter::Path1Retransmits, Counter::Path1Lost],
+    [Counter::Path2TxPackets, Counter::Path2Retransmits, Counter::Path2Lost],
+    [Counter::Path3TxPackets, Counter::Path3Retransmits, Counter::Path3Lost],
+    [Counter::Path4TxPackets, Counter::Path4Retransmits, Counter::Path4Lost],
+    [Counter::Path5TxPackets, Counter::Path5Retransmits, Counter::Path5Lost],
+    [Counter::Path6TxPackets, Counter::Path6Retransmits, Counter::Path6Lost],
+    [Counter::Path7TxPackets, Counter::Path7Retransmits, Counter::Path7Lost],
+];
 
 /// How many counters there are.
 pub(crate) const NUM_COUNTERS: usize = Counter::ALL.len();

@@ -20,7 +20,7 @@
 //!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
 
 use crate::{
-    counters::{Counter, Counters},
+    counters::{Counter, Counters, PATH_COUNTERS},
     sys::{
         bindings,
         netdev::NetDev,
@@ -286,6 +286,8 @@ struct Reported {
     naks_in: [u64; 6],
     duplicates: u64,
     rnr_naks: u64,
+    /// Per path: packets sent, retransmitted, lost.
+    paths: [[u64; 3]; PATHS],
 }
 
 /// Where a QP sits on the data path: its peer and its stream there.
@@ -631,6 +633,14 @@ impl Engine {
         add(Counter::Duplicates, s.duplicates, &mut r.duplicates);
         // Each RNR NAK received means one more try after the back-off.
         add(Counter::RnrRetries, s.rnr_naks_in, &mut r.rnr_naks);
+        for (i, (counters, before)) in PATH_COUNTERS.iter().zip(r.paths.iter_mut()).enumerate() {
+            if let Some(ps) = conn.path_stats(i) {
+                let now = [ps.sent, ps.retransmitted, ps.lost];
+                for ((counter, now), before) in counters.iter().zip(now).zip(before.iter_mut()) {
+                    add(*counter, now, before);
+                }
+            }
+        }
     }
 
     /// Feeds the QPs on the feed queue.
