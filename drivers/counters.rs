@@ -41,7 +41,8 @@ counters! {
     RxNoConnection => c"rx_no_connection",
     /// `rx_ecn_ce`: accepted packets that arrived with ECN Congestion Experienced.
     RxEcnCe => c"rx_ecn_ce",
-    /// `rx_nomem`: datagrams dropped for lack of memory before parsing.
+    /// `rx_nomem`: datagrams dropped for lack of memory before parsing, or because the queue
+    /// from softirq to the data path was full (as a NIC's ring would be).
     RxNoMem => c"rx_nomem",
     /// `tx_packets`: datagrams handed to the IP stack.
     TxPackets => c"tx_packets",

@@ -349,6 +349,8 @@ impl Engine {
             if let Some(t) = &*self.rx_thread.lock() {
                 t.kick();
             }
+        } else {
+            self.counters.inc(Counter::RxNoMem);
         }
     }
 
