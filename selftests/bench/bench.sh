@@ -19,7 +19,7 @@ if [ "${1:-}" = --check ]; then CHECK=(--check); shift; fi
 PROFILE="${1:-full}"
 shift || true
 case "$PROFILE" in
-quick) TIMEOUT=${BENCH_TIMEOUT:-900} ;;
+quick) TIMEOUT=${BENCH_TIMEOUT:-1500} ;;
 full) TIMEOUT=${BENCH_TIMEOUT:-14400} ;;
 *) echo "bench: unknown profile $PROFILE (quick or full)" >&2; exit 2 ;;
 esac
@@ -41,8 +41,13 @@ rm -rf "$OUT" && mkdir -p "$RAW"
 } >"$RAW/host-env.txt"
 
 echo "bench: $PROFILE profile, one guest boot, progress below; results in $OUT"
+# The guest side's settings, passed on when set here (see README.md).
+fwd=()
+for v in BENCH_REPS BENCH_RATE BENCH_INCAST_RATE BENCH_REORDER; do
+	if [ -n "${!v:-}" ]; then fwd+=("$v=${!v}"); fi
+done
 KDIR=$(cat build/kdir) qemu-ci/run-vm.sh --timeout "$TIMEOUT" --payload build/guest --out "$RAW" -- \
-	/opt/metaroce/selftests/bench/run.sh "$PROFILE" "$@"
+	env "${fwd[@]}" /opt/metaroce/selftests/bench/run.sh "$PROFILE" "$@"
 rc=$?
 [ "$rc" = 0 ] || echo "bench: the guest run exited with status $rc (report from what it wrote)" >&2
 

@@ -81,6 +81,7 @@ full)
 	exit 2
 	;;
 esac
+REPS="${BENCH_REPS:-$REPS}"
 RATE="${BENCH_RATE:-100mbit}"
 INCAST_RATE="${BENCH_INCAST_RATE:-50mbit}"
 REORDER="${BENCH_REORDER:-delay 1ms reorder 75% 50%}"
