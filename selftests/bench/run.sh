@@ -598,6 +598,7 @@ fabric_up() {
 	fab_add_devices metaroce mroce
 	fab_add_devices rxe rxe
 	fab_spine_rate "$RATE"
+	FAB_RATE=$RATE # fab_spine_netem keeps the spine's rate limit under its netem
 }
 
 scenario_multipath() {
