@@ -213,9 +213,10 @@ cut_run() {
 	bw_wait && rc=0 || rc=1
 	sample_stop
 	_tap $rc "ib_write_bw completes while $what mid-run"
-	# The last sample that saw data (more than 20 kB since the previous one: not just the
-	# perftest's closing TCP exchange).
-	t_last=$(awk 'NR > 1 && $2 > v + 20000 { t = $1 } { v = $2 } END { print t }' "$TAP_DIR/samples")
+	# Where the last interval that saw data (more than 20 kB: not just the perftest's closing
+	# TCP exchange) began: that interval itself is partly idle, the transfer ending in it.
+	t_last=$(awk 'NR > 1 && $2 > v + 20000 { t = p } { v = $2; p = $1 }
+		END { print t }' "$TAP_DIR/samples")
 	pre=$(rate "$(plus "$t_cut" -1)" "$t_cut")
 	d=$(dip "$t_cut" "$(plus "$t_cut" 2.5)")
 	post=$(rate "$(plus "$t_last" -2)" "$t_last")
