@@ -26,6 +26,26 @@ pub(crate) mod work;
 pub(crate) use registration::Registration;
 pub(crate) use verbs::CqNotifier;
 
+/// A C object the kernel reaches through a pointer we hand it (the link ops, the netdev
+/// notifier, the `planes` sysfs attribute and its group), so it needs a fixed address and
+/// interior mutability.
+struct KernelStatic<T>(core::cell::UnsafeCell<T>);
+
+// SAFETY: Rust writes such an object only before its pointer is handed to the kernel (at module
+// load, before any device exists) and never afterwards; from then on only the kernel touches it,
+// under its own locks.
+unsafe impl<T> Sync for KernelStatic<T> {}
+
+impl<T> KernelStatic<T> {
+    const fn new(value: T) -> Self {
+        KernelStatic(core::cell::UnsafeCell::new(value))
+    }
+
+    fn get(&self) -> *mut T {
+        self.0.get()
+    }
+}
+
 /// `ib_device_ops.uverbs_abi_ver`, from the ABI header the provider shares.
 pub(crate) const UVERBS_ABI_VERSION: u32 = bindings::METAROCE_UVERBS_ABI_VERSION;
 /// Our private `ib_device_ops.driver_id`, from the ABI header the provider shares.

@@ -16,37 +16,23 @@
 use super::{
     bindings, ibdev,
     netdev::{HeldNetDev, NetDev},
-    DRIVER_ID,
+    KernelStatic, DRIVER_ID,
 };
 use crate::device::MAX_PLANES;
-use core::{cell::UnsafeCell, fmt::Write, ptr};
+use core::{fmt::Write, ptr};
 use kernel::{
     ffi::{c_char, c_ulong},
     prelude::*,
 };
 
-/// A C object the kernel reads through a pointer we give it once; filled in by [`init`],
-/// before anything can read it, and never written again.
-struct Static<T>(UnsafeCell<T>);
-
-// SAFETY: written only by `init`, at module load before the group can be reached (no device
-// exists yet); read-only (by the kernel) afterwards.
-unsafe impl<T> Sync for Static<T> {}
-
-impl<T> Static<T> {
-    fn get(&self) -> *mut T {
-        self.0.get()
-    }
-}
-
-static PLANES_ATTR: Static<bindings::device_attribute> =
+static PLANES_ATTR: KernelStatic<bindings::device_attribute> =
     // SAFETY: a plain C struct (pointers, integers, optional function pointers): all zeroes
     // is its empty value and valid for every field.
-    Static(UnsafeCell::new(unsafe { core::mem::zeroed() }));
-static ATTRS: Static<[*mut bindings::attribute; 2]> = Static(UnsafeCell::new([ptr::null_mut(); 2]));
-static GROUP: Static<bindings::attribute_group> =
+    KernelStatic::new(unsafe { core::mem::zeroed() });
+static ATTRS: KernelStatic<[*mut bindings::attribute; 2]> = KernelStatic::new([ptr::null_mut(); 2]);
+static GROUP: KernelStatic<bindings::attribute_group> =
     // SAFETY: as for `PLANES_ATTR`.
-    Static(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+    KernelStatic::new(unsafe { core::mem::zeroed() });
 
 /// The device's attribute group (`ib_device_ops.device_group`): the `planes` file.
 pub(super) fn attribute_group() -> *const bindings::attribute_group {

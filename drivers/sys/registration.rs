@@ -4,29 +4,15 @@
 //! the netdev notifier that removes a device or plane when its netdev goes away and follows
 //! the planes' link states (`planes`).
 
-use super::{bindings, ibdev, netdev::NetDev, planes, to_errno};
-use core::{cell::UnsafeCell, ptr};
+use super::{bindings, ibdev, netdev::NetDev, planes, to_errno, KernelStatic};
+use core::ptr;
 use kernel::{
     ffi::{c_char, c_int, c_ulong, c_void},
     prelude::*,
 };
 
-/// A C object the kernel links into its own lists, so it needs a fixed address and interior
-/// mutability.
-struct Registered<T>(UnsafeCell<T>);
-
-// SAFETY: after registration only the kernel touches the object, under its own locks; Rust
-// never reads or writes it again.
-unsafe impl<T> Sync for Registered<T> {}
-
-impl<T> Registered<T> {
-    fn get(&self) -> *mut T {
-        self.0.get()
-    }
-}
-
-static LINK_OPS: Registered<bindings::rdma_link_ops> =
-    Registered(UnsafeCell::new(bindings::rdma_link_ops {
+static LINK_OPS: KernelStatic<bindings::rdma_link_ops> =
+    KernelStatic::new(bindings::rdma_link_ops {
         list: bindings::list_head {
             next: ptr::null_mut(),
             prev: ptr::null_mut(),
@@ -34,14 +20,14 @@ static LINK_OPS: Registered<bindings::rdma_link_ops> =
         type_: c"metaroce".to_bytes_with_nul().as_ptr(),
         newlink: Some(newlink),
         dellink: None,
-    }));
+    });
 
-static NETDEV_NOTIFIER: Registered<bindings::notifier_block> =
-    Registered(UnsafeCell::new(bindings::notifier_block {
+static NETDEV_NOTIFIER: KernelStatic<bindings::notifier_block> =
+    KernelStatic::new(bindings::notifier_block {
         notifier_call: Some(netdev_event),
         next: ptr::null_mut(),
         priority: 0,
-    }));
+    });
 
 /// The link ops, for `ib_device.link_ops`.
 pub(super) fn link_ops() -> *const bindings::rdma_link_ops {
