@@ -6,7 +6,7 @@
 
 mod sim;
 
-use metaroce_transport::congestion::CcConfig;
+use metaroce_transport::congestion::{CcConfig, RateAllocator};
 use sim::fabric::{jain, Fabric, FabricConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,4 +264,64 @@ fn victim_flow_keeps_its_throughput() {
     assert!(victim >= 0.9 * alone.min(nic_left), "{victim} vs {alone}");
     assert!(incast >= 9_000.0);
     assert_eq!(drops, 0);
+}
+
+/// The bottleneck is a marking hop before the receiver, slower than the capacity the
+/// receiver's allocator divides (in the kernel: the allocator assumes 10 Gbit/s, a router's
+/// rate limit is 40 Mbit/s). The grants alone would not hold the senders back; the allocator
+/// measures what arrives while the marks say a queue is building and grants from that. Without
+/// the estimate (the old behaviour) the senders rely on their ECN windows alone and keep a
+/// standing queue; with it the queue settles and utilisation stays high.
+#[test]
+fn bottleneck_before_the_receiver_is_measured() {
+    let run = |n: usize, estimate: bool| {
+        let cfg = Mode::Full.config();
+        let rate = cfg.rate_mbps as u32;
+        let mut f = Fabric::new(cfg, n + 1);
+        // The receiver believes it has four times the port's rate.
+        let period = if estimate { 100_000 } else { u64::MAX / 4 };
+        f.allocs[0] = RateAllocator::new(rate * 4)
+            .with_epoch(100_000)
+            .with_interval(20_000)
+            .with_rate_period(period);
+        let start = f.now;
+        let senders: Vec<usize> = (1..=n).map(|s| f.add_flow(s, 0)).collect();
+        f.run(start + 1_000_000);
+        f.start_measuring();
+        let mut queue_sum = 0.0f64;
+        let mut samples = 0.0f64;
+        f.run_with(start + RUN_NS, |f| {
+            queue_sum += f.ports[0].queued_bytes as f64;
+            samples += 1.0;
+        });
+        let p = &f.ports[0];
+        let dur = (f.now - f.measure_from) as f64;
+        let util = p.tx_bytes as f64 * 8.0 * 1000.0 / (f.cfg.rate_mbps as f64 * dur) * 100.0;
+        let per: Vec<f64> = (1..=n)
+            .map(|s| *p.tx_by_src.get(&s).unwrap_or(&0) as f64)
+            .collect();
+        let retx: u64 = senders
+            .iter()
+            .map(|&i| f.ends[i].conn.stats().retransmits)
+            .sum();
+        let drops: u64 = f.ports.iter().map(|p| p.drops).sum();
+        let est = f.allocs[0].effective_capacity();
+        let q = queue_sum / samples.max(1.0) / 1024.0;
+        println!(
+            "bottleneck before the receiver, N={n:2}, estimate {estimate:5}: util {util:5.1}% \
+             jain {:.3} mean queue {q:6.1} KiB drops {drops} retx {retx} (capacity used {est})",
+            jain(&per)
+        );
+        (util, jain(&per), q, drops, retx)
+    };
+    for n in [8, 16] {
+        let (util, j, q, drops, retx) = run(n, true);
+        let (_, _, q_old, _, _) = run(n, false);
+        assert!(util >= 85.0 && j >= 0.95, "N={n}: {util} {j}");
+        assert_eq!((drops, retx), (0, 0), "N={n}");
+        assert!(
+            q < q_old,
+            "N={n}: mean queue {q} vs {q_old} without the estimate"
+        );
+    }
 }

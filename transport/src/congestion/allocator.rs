@@ -50,12 +50,34 @@ pub struct RateAllocator {
     interval_start: u64,
     arrived: u32,
     marked: u32,
+    /// Bottleneck estimate: while a good part of the arrivals carry CE marks, something on
+    /// the way (this device's last hop or a hop before it) is queueing, so what arrives is
+    /// what that bottleneck delivers. Measured over periods of `rate_period_ns` (wire bytes,
+    /// `PACKET_OVERHEAD` included); `est_mbps` 0 = no estimate (the capacity applies).
+    rate_period_ns: u64,
+    rate_start: u64,
+    rate_bytes: u64,
+    rate_arrived: u32,
+    rate_marked: u32,
+    est_mbps: u32,
 }
 
 /// `scale` of 1.0.
 pub const SCALE_ONE: u32 = 1024;
 /// Default drain interval: the marked fraction of arrivals is measured this long.
 pub const DEFAULT_INTERVAL_NS: u64 = 50_000;
+
+/// Default bottleneck-measurement period.
+pub const DEFAULT_RATE_PERIOD_NS: u64 = 500_000;
+/// A measurement period counts as congested (its arrival rate is the bottleneck's) when at
+/// least 1/`CONGESTED_FRACTION` of its data packets carried CE: a queue past the marking
+/// threshold for most of the period, so the bottleneck was busy throughout. Fewer marks can
+/// come from bursts of senders that arrive in clumps (a loaded host), whose average rate says
+/// nothing about the bottleneck; the drain (`scale`) answers those.
+const CONGESTED_FRACTION: u32 = 2;
+/// The estimate never goes below this fraction of the capacity (1/1024: 9.8 Mbit/s of 10
+/// Gbit/s), so a wrong measurement cannot starve the senders.
+const EST_FLOOR_SHIFT: u32 = 10;
 
 /// Default epoch: long against a data-centre RTT, short against a human.
 pub const DEFAULT_EPOCH_NS: u64 = 500_000;
@@ -73,6 +95,7 @@ impl RateAllocator {
             epoch: 1,
             scale: SCALE_ONE,
             interval_ns: DEFAULT_INTERVAL_NS,
+            rate_period_ns: DEFAULT_RATE_PERIOD_NS,
             ..RateAllocator::default()
         }
     }
@@ -86,6 +109,13 @@ impl RateAllocator {
     /// Sets the drain interval (at least 1 us; about two base RTTs) and returns the allocator.
     pub fn with_interval(mut self, interval_ns: u64) -> Self {
         self.interval_ns = interval_ns.max(1_000);
+        self
+    }
+
+    /// Sets the bottleneck-measurement period (at least 1 us; several RTTs and several of the
+    /// caller's wake-ups, so that one period's arrivals are a rate) and returns the allocator.
+    pub fn with_rate_period(mut self, period_ns: u64) -> Self {
+        self.rate_period_ns = period_ns.max(1_000);
         self
     }
 
@@ -103,6 +133,59 @@ impl RateAllocator {
     /// The inbound capacity, Mbit/s.
     pub fn capacity(&self) -> u32 {
         self.capacity_mbps
+    }
+
+    /// The capacity grants are computed from, Mbit/s: the inbound capacity, or less while a
+    /// bottleneck on the way has been measured below it.
+    pub fn effective_capacity(&self) -> u32 {
+        match self.est_mbps {
+            0 => self.capacity_mbps,
+            e => e.min(self.capacity_mbps),
+        }
+    }
+
+    /// Closes the measurement period if it is over. A congested period's arrival rate is the
+    /// bottleneck's (averaged with the previous estimate); an uncongested one lets the
+    /// estimate climb by 1/8, until it reaches the capacity and is dropped.
+    fn measure(&mut self, now: u64) {
+        let len = match self.rate_period_ns {
+            0 => DEFAULT_RATE_PERIOD_NS,
+            l => l.max(1_000),
+        };
+        if self.rate_start == 0 || now < self.rate_start {
+            self.rate_start = now.max(1);
+            return;
+        }
+        let elapsed = now.saturating_sub(self.rate_start);
+        if elapsed < len {
+            return;
+        }
+        let congested = self.rate_arrived > 0
+            && self.rate_marked.saturating_mul(CONGESTED_FRACTION) >= self.rate_arrived;
+        // A long silence in the period: its rate says nothing about the bottleneck.
+        if congested && elapsed < len.saturating_mul(4) {
+            // bits per ns * 1000 = Mbit/s.
+            let rate = (self.rate_bytes.saturating_mul(8_000) / elapsed.max(1))
+                .clamp(1, u64::from(u32::MAX)) as u32;
+            self.est_mbps = match self.est_mbps {
+                0 => rate,
+                e => ((u64::from(e) + u64::from(rate)) / 2) as u32,
+            };
+        } else if self.est_mbps != 0 {
+            let e = self.est_mbps;
+            self.est_mbps = e.saturating_add(e / 8).saturating_add(1);
+        }
+        if self.est_mbps >= self.capacity_mbps {
+            self.est_mbps = 0;
+        } else if self.est_mbps != 0 {
+            self.est_mbps = self
+                .est_mbps
+                .max((self.capacity_mbps >> EST_FLOOR_SHIFT).max(1));
+        }
+        self.rate_start = now.max(1);
+        self.rate_bytes = 0;
+        self.rate_arrived = 0;
+        self.rate_marked = 0;
     }
 
     fn advance(&mut self, now: u64) {
@@ -151,12 +234,23 @@ impl RateAllocator {
         self.interval_start = now;
     }
 
-    /// `packets` data packets from the sender of `slot` arrived by `now`, `marked` of them
-    /// with ECN CE.
-    pub fn note_data(&mut self, now: u64, slot: &mut SenderSlot, packets: u32, marked: u32) {
+    /// `packets` data packets (`wire_bytes` on the wire: datagrams plus `PACKET_OVERHEAD`
+    /// each) from the sender of `slot` arrived by `now`, `marked` of them with ECN CE.
+    pub fn note_data(
+        &mut self,
+        now: u64,
+        slot: &mut SenderSlot,
+        packets: u32,
+        wire_bytes: u64,
+        marked: u32,
+    ) {
         self.drain(now);
+        self.measure(now);
         self.arrived = self.arrived.saturating_add(packets);
         self.marked = self.marked.saturating_add(marked);
+        self.rate_arrived = self.rate_arrived.saturating_add(packets);
+        self.rate_marked = self.rate_marked.saturating_add(marked);
+        self.rate_bytes = self.rate_bytes.saturating_add(wire_bytes);
         self.advance(now);
         if slot.epoch == self.epoch {
             return;
@@ -193,7 +287,8 @@ impl RateAllocator {
             p => p,
         };
         self.drain(now);
-        let target = u64::from(self.capacity_mbps) * u64::from(permille) / 1000
+        self.measure(now);
+        let target = u64::from(self.effective_capacity()) * u64::from(permille) / 1000
             * u64::from(self.scale)
             / u64::from(SCALE_ONE);
         Grant {
@@ -213,7 +308,7 @@ mod tests {
         let mut s = [SenderSlot::default(); 4];
         let t = 1_000;
         assert_eq!(a.grant(t, &s[0]), Grant::default(), "not active yet");
-        a.note_data(t, &mut s[0], 1, 0);
+        a.note_data(t, &mut s[0], 1, 1_000, 0);
         assert_eq!(
             a.grant(t, &s[0]),
             Grant {
@@ -221,7 +316,7 @@ mod tests {
                 share: 65_535
             }
         );
-        a.note_data(t + 10, &mut s[1], 1, 0);
+        a.note_data(t + 10, &mut s[1], 1, 1_000, 0);
         assert_eq!(
             a.grant(t + 10, &s[0]).rate_mbps,
             4_750,
@@ -229,22 +324,22 @@ mod tests {
         );
         // Next epoch: both keep sending; then a third joins early in the epoch.
         let t2 = t + 150_000;
-        a.note_data(t2, &mut s[2], 1, 0);
+        a.note_data(t2, &mut s[2], 1, 1_000, 0);
         assert_eq!(a.active(t2), 3, "the two of the previous epoch still count");
-        a.note_data(t2 + 5, &mut s[0], 1, 0);
-        a.note_data(t2 + 6, &mut s[1], 1, 0);
-        a.note_data(t2 + 7, &mut s[1], 1, 0);
+        a.note_data(t2 + 5, &mut s[0], 1, 1_000, 0);
+        a.note_data(t2 + 6, &mut s[1], 1, 1_000, 0);
+        a.note_data(t2 + 7, &mut s[1], 1, 1_000, 0);
         assert_eq!(a.active(t2 + 7), 3, "no double counting");
         assert_eq!(a.grant(t2, &s[2]).rate_mbps, 3_166);
         assert_eq!(a.grant(t2, &s[2]).share, 21_845);
         // Sender 1 stops; after its last epoch has passed only 0 and 2 remain.
         let t3 = t + 250_000;
-        a.note_data(t3, &mut s[0], 1, 0);
-        a.note_data(t3, &mut s[2], 1, 0);
+        a.note_data(t3, &mut s[0], 1, 1_000, 0);
+        a.note_data(t3, &mut s[2], 1, 1_000, 0);
         assert_eq!(a.active(t3), 3);
         let t4 = t + 350_000;
-        a.note_data(t4, &mut s[0], 1, 0);
-        a.note_data(t4, &mut s[2], 1, 0);
+        a.note_data(t4, &mut s[0], 1, 1_000, 0);
+        a.note_data(t4, &mut s[2], 1, 1_000, 0);
         assert_eq!(a.active(t4), 2);
         assert_eq!(a.grant(t4, &s[1]), Grant::default(), "inactive: no grant");
         // A long silence forgets everyone.
@@ -255,16 +350,50 @@ mod tests {
     fn marks_drain() {
         let mut a = RateAllocator::new(10_000).with_interval(10_000);
         let mut s = SenderSlot::default();
-        a.note_data(0, &mut s, 10, 10);
+        a.note_data(0, &mut s, 10, 10_000, 10);
         assert_eq!(a.grant(0, &s).rate_mbps, 9_500);
-        a.note_data(10_000, &mut s, 10, 0);
+        a.note_data(10_000, &mut s, 10, 10_000, 0);
         assert_eq!(a.grant(10_000, &s).rate_mbps, 4_750, "all marked: half");
-        a.note_data(20_000, &mut s, 10, 0);
+        a.note_data(20_000, &mut s, 10, 10_000, 0);
         assert_eq!(a.grant(20_000, &s).rate_mbps, 5_343, "climbs back by 1/16");
         for k in 3..20 {
-            a.note_data(k * 10_000, &mut s, 10, 0);
+            a.note_data(k * 10_000, &mut s, 10, 10_000, 0);
         }
         assert_eq!(a.grant(200_000, &s).rate_mbps, 9_500);
+    }
+
+    #[test]
+    fn a_marking_bottleneck_on_the_way_lowers_the_capacity() {
+        // 10 Gbit/s at the receiver, but a 40 Mbit/s hop before it marks: 5 KB per ms arrive.
+        let mut a = RateAllocator::new(10_000)
+            .with_interval(1_000_000)
+            .with_rate_period(10_000_000);
+        let mut s = [SenderSlot::default(); 2];
+        let ms = 1_000_000u64;
+        for t in 1..=40u64 {
+            a.note_data(t * ms, &mut s[0], 2, 2_500, 1);
+            a.note_data(t * ms, &mut s[1], 2, 2_500, 1);
+        }
+        assert_eq!(a.effective_capacity(), 40, "measured while marked");
+        let g = a.grant(40 * ms, &s[0]).rate_mbps;
+        assert!((10..=19).contains(&g), "half of 95% of 40, drained: {g}");
+        // Unmarked arrivals: the estimate climbs back, 1/8 per period, to the capacity.
+        let mut t = 41;
+        while a.effective_capacity() < 10_000 && t < 2_000 {
+            a.note_data(t * ms, &mut s[0], 2, 2_500, 0);
+            t += 1;
+        }
+        assert!(t < 1_000, "back to the capacity after {t} ms");
+        // Marks on a minority of the packets (bursts) are not a bottleneck.
+        for t in 2_000..2_100u64 {
+            a.note_data(t * ms, &mut s[0], 20, 25_000, 9);
+        }
+        assert_eq!(a.effective_capacity(), 10_000);
+        // Nor does a bottleneck estimate go below 1/1024 of the capacity.
+        for t in 3_000..3_100u64 {
+            a.note_data(t * ms, &mut s[0], 2, 100, 2);
+        }
+        assert_eq!(a.effective_capacity(), 9);
     }
 
     #[test]
@@ -272,7 +401,7 @@ mod tests {
         let mut a = RateAllocator::default();
         a.set_capacity(1_000);
         let mut s = SenderSlot::default();
-        a.note_data(5_000_000, &mut s, 1, 0);
+        a.note_data(5_000_000, &mut s, 1, 1_000, 0);
         assert_eq!(a.grant(5_000_000, &s).rate_mbps, 950);
     }
 }

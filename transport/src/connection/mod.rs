@@ -19,7 +19,9 @@ pub mod sack;
 pub mod streams;
 pub mod timer;
 
-use super::congestion::{CcConfig, CcStats, ConnCc, Grant, RateAllocator, SenderSlot};
+use super::congestion::{
+    CcConfig, CcStats, ConnCc, Grant, RateAllocator, SenderSlot, PACKET_OVERHEAD,
+};
 use super::memory::{AtomicOp, Memory};
 use super::rng::XorShift;
 use super::stream::requester::{RequesterStats, RespVerdict};
@@ -266,6 +268,7 @@ pub struct Connection<const PATHS: usize, S: StreamSlots> {
     /// Receiver side: data arrived since the last `update_allocation`; our registration with
     /// the device's allocator; the grant our ACKs carry.
     rx_packets: u32,
+    rx_bytes: u64,
     rx_marked: u32,
     rx_slot: SenderSlot,
     grant: Grant,
@@ -314,6 +317,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             stats: ConnStats::default(),
             cc: new_cc(&cfg, num_paths),
             rx_packets: 0,
+            rx_bytes: 0,
             rx_marked: 0,
             rx_slot: SenderSlot::default(),
             grant: Grant::default(),
@@ -361,6 +365,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.stats = ConnStats::default();
         self.cc = new_cc(&cfg, num_paths);
         self.rx_packets = 0;
+        self.rx_bytes = 0;
         self.rx_marked = 0;
         self.rx_slot = SenderSlot::default();
         self.grant = Grant::default();
@@ -433,8 +438,15 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         if self.rx_packets > 0 {
             // Marks drain the grants only when ECN is in use.
             let marked = if self.cfg.cc.ecn { self.rx_marked } else { 0 };
-            alloc.note_data(now, &mut self.rx_slot, self.rx_packets, marked);
+            alloc.note_data(
+                now,
+                &mut self.rx_slot,
+                self.rx_packets,
+                self.rx_bytes,
+                marked,
+            );
             self.rx_packets = 0;
+            self.rx_bytes = 0;
             self.rx_marked = 0;
         }
         self.grant = alloc.grant(now, &self.rx_slot);
@@ -727,7 +739,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 Ok(())
             }
             Ext::Hello(_) => Err(RecvError::DeviceLevel),
-            _ => self.handle_sequenced(now, &view, ecn_ce, mem),
+            _ => self.handle_sequenced(now, &view, data.len(), ecn_ce, mem),
         }
     }
 
@@ -735,6 +747,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         &mut self,
         now: u64,
         view: &super::wire::PacketView<'_>,
+        len: usize,
         ecn_ce: bool,
         mem: &mut impl Memory,
     ) -> Result<(), RecvError> {
@@ -889,6 +902,9 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         // Inbound data makes the peer one of the device's active senders.
         if !matches!(view.header.ext, Ext::Probe) {
             self.rx_packets = self.rx_packets.saturating_add(1);
+            self.rx_bytes = self
+                .rx_bytes
+                .saturating_add(len as u64 + u64::from(PACKET_OVERHEAD));
             self.rx_marked = self.rx_marked.saturating_add(u32::from(ecn_ce));
         }
         self.unacked = self.unacked.saturating_add(1);
