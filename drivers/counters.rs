@@ -145,6 +145,16 @@ counters! {
     Path7Retransmits => c"path7_retransmits",
     /// `path7_lost`: packets sent on path 7 declared lost (SACK gap or timeout).
     Path7Lost => c"path7_lost",
+    /// `cc_paced`: times data was ready but the pacer (the receiver's grant) held it back.
+    CcPaced => c"cc_paced",
+    /// `cc_window_limited`: times data was ready but a connection window was full.
+    CcWindowLimited => c"cc_window_limited",
+    /// `cc_ecn_echoed`: CE marks the peers echoed for packets we sent (all paths).
+    CcEcnEchoed => c"cc_ecn_echoed",
+    /// `cc_rx_capacity_mbps` (a gauge, not a counter): the inbound capacity, Mbit/s, the rate
+    /// allocator divides among the peers sending to this device: the configured capacity, or
+    /// less while a marking bottleneck on the way has been measured below it.
+    CcRxCapacityMbps => c"cc_rx_capacity_mbps",
 }
 
 /// Paths with their own counters (`path<i>_*`); a connection's paths beyond these are not
@@ -186,6 +196,11 @@ impl Counters {
     /// Adds `n` to `counter` (wrapping, like hardware counters).
     pub(crate) fn add(&self, counter: Counter, n: u64) {
         self.values[counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets `counter` to `value` (for a gauge).
+    pub(crate) fn set(&self, counter: Counter, value: u64) {
+        self.values[counter as usize].store(value, Ordering::Relaxed);
     }
 
     /// The current value of `counter`.

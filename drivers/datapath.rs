@@ -225,6 +225,18 @@ const INBOUND_CAPACITY_MBPS: u32 = 10_000;
 /// Pacing burst: the timer work item has jiffy resolution (up to 4 ms at HZ=250), so the
 /// pacer must let that much out at once or it would hold senders below their rate.
 const PACING_BURST_NS: u64 = 4_000_000;
+/// The allocator's clocks, fitted to a data path that wakes up once a jiffy at worst (4 ms at
+/// HZ=250, more on a loaded host): a sender stays active across a few wake-ups (epoch), the
+/// marked fraction is taken over about one (drain interval), and a bottleneck before this
+/// device (a marking hop slower than `INBOUND_CAPACITY_MBPS`) is measured over several.
+const ALLOC_EPOCH_NS: u64 = 10_000_000;
+const ALLOC_INTERVAL_NS: u64 = 4_000_000;
+const ALLOC_RATE_PERIOD_NS: u64 = 16_000_000;
+/// Smallest path retransmission timeout: two jiffies. The timer cannot fire sooner than a
+/// jiffy anyway, and RTT samples here carry scheduling delays of that order; a shorter RTO
+/// fires spuriously on a loaded host (every unresolved packet declared lost and resent, the
+/// path's window halved and the path Suspect), which a tail-loss probe would have avoided.
+const PATH_MIN_RTO_NS: u64 = 8_000_000;
 
 impl_has_delayed_work! {
     impl HasDelayedWork<Self, 2> for Engine { self.tick }
@@ -282,6 +294,7 @@ struct Reported {
     acks_out: u64,
     acks_in: u64,
     timeouts: u64,
+    cc: [u64; 3],
     naks_out: [u64; 6],
     naks_in: [u64; 6],
     duplicates: u64,
@@ -318,7 +331,13 @@ impl Engine {
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),
                 tick <- new_delayed_work!("metaroce_tick"),
-                alloc <- new_mutex!(RateAllocator::new(INBOUND_CAPACITY_MBPS), "metaroce_alloc"),
+                alloc <- new_mutex!(
+                    RateAllocator::new(INBOUND_CAPACITY_MBPS)
+                        .with_epoch(ALLOC_EPOCH_NS)
+                        .with_interval(ALLOC_INTERVAL_NS)
+                        .with_rate_period(ALLOC_RATE_PERIOD_NS),
+                    "metaroce_alloc"
+                ),
             }),
             GFP_KERNEL,
         )?;
@@ -372,6 +391,7 @@ impl Engine {
         // resolution, and a delayed ACK would cost a millisecond of latency.
         cfg.path.ack_delay = 0;
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
+        cfg.path.min_rto = PATH_MIN_RTO_NS;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         conn.reset(cfg).map_err(|_| EINVAL)?;
         let mut buf = KVec::new();
@@ -540,7 +560,12 @@ impl Engine {
             self.feed_queued(p, now);
             let PeerInner { conn, buf, .. } = &mut *p;
             let mut mem = Mem { verbs: &self.verbs };
-            conn.update_allocation(now, &mut self.alloc.lock());
+            {
+                let mut alloc = self.alloc.lock();
+                conn.update_allocation(now, &mut alloc);
+                let cap = u64::from(alloc.effective_capacity());
+                self.counters.set(Counter::CcRxCapacityMbps, cap);
+            }
             while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
                 let payload = buf.get(..t.len).unwrap_or(&[]);
                 self.transmit(peer, t.plane, t.src_port, t.ecn_capable, payload);
@@ -603,6 +628,11 @@ impl Engine {
         add(Counter::AcksSent, s.acks_out, &mut r.acks_out);
         add(Counter::AcksRcvd, s.acks_in, &mut r.acks_in);
         add(Counter::Timeouts, s.timeouts, &mut r.timeouts);
+        let cc = conn.congestion().stats;
+        let [paced, limited, echoed] = &mut r.cc;
+        add(Counter::CcPaced, cc.paced, paced);
+        add(Counter::CcWindowLimited, cc.window_limited, limited);
+        add(Counter::CcEcnEchoed, cc.ecn_ce, echoed);
         // By NAK code (docs/wire-format.md): 1 remote access, 2 invalid request, 3 RNR,
         // 4 out of window, 5 remote operational.
         const SENT: [Counter; 5] = [
