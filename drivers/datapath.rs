@@ -19,6 +19,7 @@
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way. The
 //!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
 
+use core::sync::atomic::{AtomicU64, Ordering};
 use crate::{
     counters::{Counter, Counters, PATH_COUNTERS},
     sys::{
@@ -216,6 +217,8 @@ pub(crate) struct Engine {
     /// control's receiver side; every peer's connection reports to it).
     #[pin]
     alloc: Mutex<RateAllocator>,
+    /// `rx_nomem` as last reported to the allocator.
+    nomem_seen: AtomicU64,
 }
 
 /// Inbound capacity the rate allocator divides, Mbit/s: 10 Gbit/s, what veth reports and a
@@ -338,6 +341,7 @@ impl Engine {
                         .with_rate_period(ALLOC_RATE_PERIOD_NS),
                     "metaroce_alloc"
                 ),
+                nomem_seen: AtomicU64::new(0),
             }),
             GFP_KERNEL,
         )?;
@@ -562,6 +566,12 @@ impl Engine {
             let mut mem = Mem { verbs: &self.verbs };
             {
                 let mut alloc = self.alloc.lock();
+                // Datagrams the full receive queue dropped: the host is the bottleneck.
+                let nomem = self.counters.get(Counter::RxNoMem);
+                let seen = self.nomem_seen.swap(nomem, Ordering::Relaxed);
+                if nomem > seen {
+                    alloc.note_dropped(now, (nomem - seen).min(u64::from(u32::MAX)) as u32);
+                }
                 conn.update_allocation(now, &mut alloc);
                 let cap = u64::from(alloc.effective_capacity());
                 self.counters.set(Counter::CcRxCapacityMbps, cap);

@@ -262,6 +262,19 @@ impl RateAllocator {
         slot.epoch = self.epoch;
     }
 
+    /// `packets` datagrams for this device were dropped on arrival before any connection saw
+    /// them (its receive queue was full: the host, not the link, is the bottleneck). They count
+    /// as arrived and marked, so the drain and the bottleneck estimate treat a full receive
+    /// queue like a marking last hop, and the grants come down to what the host processes.
+    pub fn note_dropped(&mut self, now: u64, packets: u32) {
+        self.drain(now);
+        self.measure(now);
+        self.arrived = self.arrived.saturating_add(packets);
+        self.marked = self.marked.saturating_add(packets);
+        self.rate_arrived = self.rate_arrived.saturating_add(packets);
+        self.rate_marked = self.rate_marked.saturating_add(packets);
+    }
+
     /// Active senders at `now` (data in this epoch or the previous one).
     pub fn active(&mut self, now: u64) -> u32 {
         self.advance(now);
@@ -394,6 +407,23 @@ mod tests {
             a.note_data(t * ms, &mut s[0], 2, 100, 2);
         }
         assert_eq!(a.effective_capacity(), 9);
+    }
+
+    #[test]
+    fn receive_queue_drops_count_as_marks() {
+        // One sender at 100 Mbit/s (12.5 KB per ms) into a host that drops as much again.
+        let mut a = RateAllocator::new(10_000)
+            .with_interval(1_000_000)
+            .with_rate_period(10_000_000);
+        let mut s = SenderSlot::default();
+        let ms = 1_000_000u64;
+        for t in 1..=40u64 {
+            a.note_data(t * ms, &mut s, 10, 12_500, 0);
+            a.note_dropped(t * ms, 10);
+        }
+        assert_eq!(a.effective_capacity(), 100, "what the host took in");
+        let g = a.grant(40 * ms, &s).rate_mbps;
+        assert!((40..=95).contains(&g), "{g}");
     }
 
     #[test]
