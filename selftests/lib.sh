@@ -150,6 +150,14 @@ perftest() {
 	fi
 }
 
+# Keeps the kernel's tc ingress/egress static keys on for the whole run (a clsact qdisc on the
+# root namespace's lo, never removed): tests that add and remove clsact (link cuts) then only
+# move a reference count. Flipping a static key patches kernel text, and under TCG that
+# sometimes dies in an int3 oops when another vCPU runs the code being patched.
+pin_static_keys() {
+	tc qdisc show dev lo 2>/dev/null | grep -q clsact || tc qdisc add dev lo clsact 2>/dev/null || true
+}
+
 # The kernel log since the test started, for oops/WARN/leak checks.
 dmesg_mark() { dmesg | wc -l >"$TAP_DIR/dmesg-mark"; }
 dmesg_since_mark() { dmesg | tail -n +"$(($(cat "$TAP_DIR/dmesg-mark" 2>/dev/null || echo 0) + 1))"; }

@@ -13,6 +13,8 @@ echo 0 >"$TAP_DIR/n"
 
 tests=("$@")
 [ "${#tests[@]}" -gt 0 ] || tests=("$HERE"/tests/*.sh)
+source "$HERE/lib.sh"
+pin_static_keys
 echo "TAP version 13"
 for t in "${tests[@]}"; do
 	[ -f "$t" ] || t="$HERE/tests/$t.sh"

@@ -26,6 +26,7 @@ SELFTESTS="$(dirname "$HERE")"
 source "$SELFTESTS/lib.sh"
 # The leaf/spine library, once there is one.
 if [ -f "$SELFTESTS/fabric.sh" ]; then source "$SELFTESTS/fabric.sh"; fi
+pin_static_keys
 
 PROFILE="${1:-${BENCH_PROFILE:-quick}}"
 shift || true
