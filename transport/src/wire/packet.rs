@@ -194,13 +194,7 @@ impl<'a> PacketView<'a> {
             Ext::Ack(a) => usize::from(a.path_count),
             _ => 0,
         };
-        let bytes = self
-            .payload
-            .get(..n.saturating_mul(PATH_ACK_LEN))
-            .unwrap_or(&[]);
-        bytes
-            .chunks_exact(PATH_ACK_LEN)
-            .filter_map(|c| PathAck::parse(c).ok())
+        entries(self.payload, 0, n, PATH_ACK_LEN, PathAck::parse)
     }
 
     /// The plane entries of a HELLO (empty for other packets).
@@ -209,13 +203,7 @@ impl<'a> PacketView<'a> {
             Ext::Hello(h) => usize::from(h.plane_count),
             _ => 0,
         };
-        let bytes = self
-            .payload
-            .get(..n.saturating_mul(HELLO_ENTRY_LEN))
-            .unwrap_or(&[]);
-        bytes
-            .chunks_exact(HELLO_ENTRY_LEN)
-            .filter_map(|c| HelloEntry::parse(c).ok())
+        entries(self.payload, 0, n, HELLO_ENTRY_LEN, HelloEntry::parse)
     }
 
     /// The per-stream entries of an ACK (empty for other packets).
@@ -224,13 +212,31 @@ impl<'a> PacketView<'a> {
             Ext::Ack(a) => (usize::from(a.path_count), usize::from(a.stream_count)),
             _ => (0, 0),
         };
-        let start = p.saturating_mul(PATH_ACK_LEN);
-        let end = start.saturating_add(s.saturating_mul(STREAM_ACK_LEN));
-        let bytes = self.payload.get(start..end).unwrap_or(&[]);
-        bytes
-            .chunks_exact(STREAM_ACK_LEN)
-            .filter_map(|c| StreamAck::parse(c).ok())
+        entries(
+            self.payload,
+            p.saturating_mul(PATH_ACK_LEN),
+            s,
+            STREAM_ACK_LEN,
+            StreamAck::parse,
+        )
     }
+}
+
+/// `count` fixed-size entries of `len` bytes from `skip` bytes into `payload`, each parsed by
+/// `parse` (`Packet::parse` has already validated every one, so none is dropped here).
+fn entries<'a, T: 'a>(
+    payload: &'a [u8],
+    skip: usize,
+    count: usize,
+    len: usize,
+    parse: fn(&[u8]) -> Result<T, ParseError>,
+) -> impl Iterator<Item = T> + 'a {
+    let end = skip.saturating_add(count.saturating_mul(len));
+    payload
+        .get(skip..end)
+        .unwrap_or(&[])
+        .chunks_exact(len)
+        .filter_map(move |c| parse(c).ok())
 }
 
 /// Entry points for parsing and emitting whole packets.
