@@ -96,7 +96,11 @@ mkdir -p "$SHARE/payload"
 
 # An oops must fail the run clearly: oops=panic, and panic=-1 with -no-reboot ends QEMU.
 cmdline="console=ttyS0 root=/dev/vda rw init=/sbin/metaroce-ci-init panic=-1 oops=panic"
-cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off $APPEND"
+# tsc=reliable: under TCG the clocksource watchdog sees the TSC skew whenever the host is busy and
+# marks it unstable mid-run; that flips the sched_clock static key, and patching kernel text while
+# another vCPU runs it sometimes dies in an oops under TCG (seen in CI at 19 s into a bench run).
+# TCG's TSC comes from the host clock and is monotonic and the same on every vCPU.
+cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off tsc=reliable $APPEND"
 qemu=(
 	qemu-system-x86_64 -accel tcg -cpu max -smp "$CPUS" -m "$MEMORY"
 	-nodefaults -display none -no-reboot -nic none

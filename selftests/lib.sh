@@ -154,8 +154,25 @@ perftest() {
 # root namespace's lo, never removed): tests that add and remove clsact (link cuts) then only
 # move a reference count. Flipping a static key patches kernel text, and under TCG that
 # sometimes dies in an int3 oops when another vCPU runs the code being patched.
+# The same for the UDP encapsulation keys (v4 and v6: every metaroce or rxe device's tunnel socket
+# takes a reference, so each module load and unload flipped them) and the receive timestamp key
+# (ping): one idle socket of each family holds them for the whole guest run.
 pin_static_keys() {
 	tc qdisc show dev lo 2>/dev/null | grep -q clsact || tc qdisc add dev lo clsact 2>/dev/null || true
+	[ -e /run/metaroce-pinned-keys ] && return 0
+	python3 -c '
+import signal, socket
+UDP_ENCAP, UDP_ENCAP_L2TPINUDP, SO_TIMESTAMP = 100, 3, 29  # linux/udp.h, asm-generic/socket.h
+held = []
+for family in (socket.AF_INET, socket.AF_INET6):
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_UDP, UDP_ENCAP, UDP_ENCAP_L2TPINUDP)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+    held.append(s)
+open("/run/metaroce-pinned-keys", "w").close()
+signal.pause()
+' </dev/null >/dev/null 2>&1 &
+	for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e /run/metaroce-pinned-keys ] && break; sleep 0.2; done
 }
 
 # The kernel log since the test started, for oops/WARN/leak checks.
