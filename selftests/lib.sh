@@ -160,7 +160,8 @@ perftest() {
 pin_static_keys() {
 	tc qdisc show dev lo 2>/dev/null | grep -q clsact || tc qdisc add dev lo clsact 2>/dev/null || true
 	[ -e /run/metaroce-pinned-keys ] && return 0
-	python3 -c '
+	# In a subshell: not a job of the caller's shell, whose bare `wait` would wait for it.
+	(python3 -c '
 import signal, socket
 UDP_ENCAP, UDP_ENCAP_L2TPINUDP, SO_TIMESTAMP = 100, 3, 29  # linux/udp.h, asm-generic/socket.h
 held = []
@@ -171,7 +172,7 @@ for family in (socket.AF_INET, socket.AF_INET6):
     held.append(s)
 open("/run/metaroce-pinned-keys", "w").close()
 signal.pause()
-' </dev/null >/dev/null 2>&1 &
+' </dev/null >/dev/null 2>&1 &)
 	for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e /run/metaroce-pinned-keys ] && break; sleep 0.2; done
 }
 
