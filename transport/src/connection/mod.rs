@@ -1113,15 +1113,31 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         let planes_up = self.planes_up;
         let paths = self.paths.get_mut(..n)?;
         let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
-        let any_usable = paths.iter().any(|p| p.usable() && up(p));
-        let eligible = |p: &Path| up(p) && (p.usable() || !any_usable);
-        let (mut best_health, mut best_srtt) = (0u16, u64::MAX);
-        for p in paths.iter().filter(|p| eligible(p)) {
-            best_health = best_health.max(p.health());
-            if p.rtt.has_sample() {
-                best_srtt = best_srtt.min(p.rtt.srtt());
+        // One pass for the best health and RTT, among the usable paths and among all that
+        // are up (those count when none is usable).
+        let mut any_usable = false;
+        let (mut usable_health, mut usable_srtt) = (0u16, u64::MAX);
+        let (mut up_health, mut up_srtt) = (0u16, u64::MAX);
+        for p in paths.iter().filter(|p| up(p)) {
+            let srtt = if p.rtt.has_sample() {
+                p.rtt.srtt()
+            } else {
+                u64::MAX
+            };
+            up_health = up_health.max(p.health());
+            up_srtt = up_srtt.min(srtt);
+            if p.usable() {
+                any_usable = true;
+                usable_health = usable_health.max(p.health());
+                usable_srtt = usable_srtt.min(srtt);
             }
         }
+        let eligible = |p: &Path| up(p) && (p.usable() || !any_usable);
+        let (best_health, best_srtt) = if any_usable {
+            (usable_health, usable_srtt)
+        } else {
+            (up_health, up_srtt)
+        };
         let best_srtt = if best_srtt == u64::MAX { 0 } else { best_srtt };
         let mut total: i32 = 0;
         let mut best: Option<usize> = None;

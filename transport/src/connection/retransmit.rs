@@ -143,6 +143,11 @@ pub struct InFlight {
     acks_since_reorder: u32,
     /// Smallest reordering window, ns.
     reo_floor: u64,
+    /// A timeout left packets declared lost below `una` (kept to notice a late arrival)
+    /// until `next` reaches `lost_behind_until`, when their slots have all been reused.
+    /// Otherwise every slot below `una` is free.
+    lost_behind: bool,
+    lost_behind_until: u32,
     slots: [Slot; SACK_BITS],
 }
 
@@ -159,6 +164,8 @@ impl InFlight {
             reo_learned: 0,
             acks_since_reorder: 0,
             reo_floor: 0,
+            lost_behind: false,
+            lost_behind_until: 0,
             slots: [Slot::default(); SACK_BITS],
         }
     }
@@ -184,6 +191,8 @@ impl InFlight {
         self.rack_rtt = 0;
         self.reo_learned = 0;
         self.acks_since_reorder = 0;
+        self.lost_behind = false;
+        self.lost_behind_until = 0;
         for s in self.slots.iter_mut() {
             *s = Slot::default();
         }
@@ -224,6 +233,9 @@ impl InFlight {
         let psn = self.next;
         *self.slot(psn)? = Slot::new(now, item);
         self.next = psn.wrapping_add(1);
+        if self.lost_behind && !seq_lt(self.next, self.lost_behind_until) {
+            self.lost_behind = false;
+        }
         self.unresolved = self.unresolved.saturating_add(1);
         Some(psn)
     }
@@ -248,10 +260,16 @@ impl InFlight {
     ) -> AckSummary {
         let mut sum = AckSummary::default();
         let prev_high = self.has_high.then_some(self.high);
-        // Every PSN whose slot may still be meaningful: the last 256 sent (slots of PSNs below
-        // `una` can only be Lost ones kept to notice a late arrival).
-        let low = self.next.wrapping_sub(SACK_BITS as u32);
-        for i in 0..SACK_BITS as u32 {
+        // Every PSN whose slot may still be meaningful: those from `una` on, and, after a
+        // timeout, the last 256 sent (slots of PSNs below `una` can only be Lost ones kept to
+        // notice a late arrival). Most ACKs so look at a few slots, not 256.
+        let low = if self.lost_behind {
+            self.next.wrapping_sub(SACK_BITS as u32)
+        } else {
+            self.una
+        };
+        let span = self.next.wrapping_sub(low).min(SACK_BITS as u32);
+        for i in 0..span {
             let psn = low.wrapping_add(i);
             if !ack.acks(psn) {
                 continue;
@@ -364,9 +382,11 @@ impl InFlight {
     pub fn on_timeout(&mut self, mut report: impl FnMut(SentItem, Outcome, u64)) -> u32 {
         let span = self.next.wrapping_sub(self.una);
         let mut n = 0;
+        let mut left_lost = false;
         for i in 0..span {
             let psn = self.una.wrapping_add(i);
             if let Some(s) = self.slot(psn) {
+                left_lost |= s.state == SlotState::Lost;
                 if s.state == SlotState::Live {
                     s.state = SlotState::Free;
                     n += 1;
@@ -374,6 +394,11 @@ impl InFlight {
                     report(item, Outcome::TimedOut, at);
                 }
             }
+        }
+        if left_lost {
+            // Left behind `una`: ACKs look at the whole window until its slots are reused.
+            self.lost_behind = true;
+            self.lost_behind_until = self.next.wrapping_add(SACK_BITS as u32);
         }
         self.unresolved = 0;
         self.una = self.next;
@@ -567,6 +592,35 @@ mod tests {
         let s2 = f.on_ack(100_003, 40_000, &ack(300, &[]), |_, _, _| {});
         sum.spurious += s2.spurious;
         assert_eq!(sum.spurious, 0);
+    }
+
+    #[test]
+    fn a_late_ack_after_a_timeout_is_a_spurious_loss_until_the_slot_is_reused() {
+        let mut f = InFlight::new(0);
+        f.push(0, item(0));
+        for s in 1..4 {
+            f.push(20_000, item(s));
+        }
+        // 0 declared lost by the reordering rule, then the path times out: 2 and 3 go too.
+        let v = run_at(&mut f, 60_000, 40_000, &ack(0, &[1]));
+        assert!(v.contains(&(0, Outcome::Lost)));
+        let mut timed_out = 0;
+        f.on_timeout(|_, _, _| timed_out += 1);
+        assert_eq!(timed_out, 2); // 2 and 3 (1 was acknowledged, 0 was lost already)
+        f.push(70_000, item(4));
+        // The original 0 arrives after all: noticed although it is below `una` now.
+        let s = f.on_ack(80_000, 40_000, &ack(1, &[]), |_, _, _| {});
+        assert_eq!((s.spurious, s.acked), (1, 0));
+        let s = f.on_ack(85_000, 40_000, &ack(5, &[]), |_, _, _| {});
+        assert_eq!((s.spurious, s.acked), (0, 1));
+        // Once 256 more PSNs have reused its slot, ACKs look from `una` only.
+        for k in 5..300 {
+            let psn = f.next_psn();
+            f.push(90_000, item(k));
+            let s = f.on_ack(90_000, 40_000, &ack(psn.wrapping_add(1), &[]), |_, _, _| {});
+            assert_eq!(s.acked, 1);
+        }
+        assert!(!f.lost_behind);
     }
 
     #[test]
