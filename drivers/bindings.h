@@ -23,6 +23,7 @@
 #include <rdma/ib_umem.h>
 #include <rdma/uverbs_ioctl.h>
 #include <linux/kthread.h>
+#include <linux/hrtimer.h>
 #include <linux/sched.h>
 #include "glue.h"
 #include "glue_net.h"

@@ -6,11 +6,14 @@
 //! - One [`Peer`] per remote device address: it owns the unified [`Conn`] (paths, their
 //!   sequence spaces and congestion state) on which every QP to that peer is a stream.
 //! - Everything runs in process context: the doorbell syscall drives its QP's peer directly;
-//!   arriving datagrams are copied into a small queue in softirq and processed by the device's
+//!   arriving datagrams are copied into a queue in softirq and processed by the device's
 //!   receive threads (one per CPU, real-time priority, so a busy-polling application does not
-//!   delay them);
-//!   timers are a delayed work item on the module's workqueue. So one mutex per peer is all
-//!   the locking the transport needs, and transmitting needs no special context.
+//!   delay them), in batches: threads kicked while we send are woken when the sending is
+//!   done ([`work::TxSection`]), so a burst that a veth hands straight to the receiver's
+//!   softirq is received as one batch, with an ACK per `ack_every` packets, not per packet;
+//!   timers are one high-resolution alarm per device that kicks a receive thread
+//!   ([`CpuThreads::arm`]). So one mutex per peer is all the locking the transport needs, and
+//!   transmitting needs no special context.
 //! - A connection carries any number of QPs: its streams live in chunks allocated as QPs
 //!   attach ([`PeerStreams`]) and freed when the last one detaches. Nothing per packet or per
 //!   run looks at every QP: a datagram's destination QP is fed from its rings just before the
@@ -22,6 +25,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 use crate::{
     counters::{Counter, Counters, PATH_COUNTERS},
+    net::RxBuf,
     sys::{
         bindings,
         netdev::NetDev,
@@ -38,10 +42,9 @@ use crate::{
 };
 use kernel::{
     alloc::{KVBox, KVVec},
-    c_str, impl_has_delayed_work, new_delayed_work, new_mutex, new_spinlock_irq,
+    c_str, new_mutex, new_spinlock_irq,
     prelude::*,
     sync::{Arc, Mutex, SpinLockIrq},
-    workqueue::{DelayedWork, WorkItem},
 };
 
 mod planes;
@@ -113,80 +116,71 @@ impl StreamSlots for PeerStreams {
 
 /// Largest datagram we send or queue.
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
-/// Datagrams queued between softirq and the receive thread.
-const RX_SLOTS: usize = 256;
+/// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
+/// a few milliseconds of a busy receiver.
+const RX_ENTRIES: usize = 1024;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
 
-/// Datagrams waiting for the receive thread.
+/// A queued datagram.
+struct RxItem {
+    src: [u8; 4],
+    ce: bool,
+    buf: RxBuf,
+}
+
+/// Datagrams waiting for the receive thread: a ring, allocated once.
 struct RxQueue {
-    data: KVVec<u8>,
-    meta: KVec<RxMeta>,
+    items: KVec<Option<RxItem>>,
     head: usize,
     len: usize,
 }
 
-#[derive(Clone, Copy, Default)]
-struct RxMeta {
-    src: [u8; 4],
-    ce: bool,
-    bytes: u16,
-}
-
 impl RxQueue {
     fn new() -> Result<Self> {
-        let mut data = KVVec::new();
-        data.extend_with(RX_SLOTS * MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
-        let mut meta = KVec::new();
-        meta.extend_with(RX_SLOTS, RxMeta::default(), GFP_KERNEL)?;
+        let mut items = KVec::with_capacity(RX_ENTRIES, GFP_KERNEL)?;
+        for _ in 0..RX_ENTRIES {
+            items.push(None, GFP_KERNEL)?;
+        }
         Ok(RxQueue {
-            data,
-            meta,
+            items,
             head: 0,
             len: 0,
         })
     }
 
-    fn push(&mut self, src: [u8; 4], ce: bool, payload: &[u8]) -> bool {
-        if self.len == RX_SLOTS || payload.len() > MAX_DATAGRAM {
-            return false;
+    /// Queues `item`; gives it back when the queue is full.
+    fn push(&mut self, item: RxItem) -> core::result::Result<(), RxItem> {
+        if self.len == RX_ENTRIES {
+            return Err(item);
         }
-        let slot = (self.head + self.len) % RX_SLOTS;
-        let start = slot * MAX_DATAGRAM;
-        if let Some(dst) = self.data.get_mut(start..start + payload.len()) {
-            dst.copy_from_slice(payload);
+        match self.items.get_mut((self.head + self.len) % RX_ENTRIES) {
+            Some(slot) => {
+                *slot = Some(item);
+                self.len += 1;
+                Ok(())
+            }
+            None => Err(item),
         }
-        if let Some(m) = self.meta.get_mut(slot) {
-            *m = RxMeta {
-                src,
-                ce,
-                bytes: payload.len() as u16,
-            };
-        }
-        self.len += 1;
-        true
     }
 
     /// The source of the oldest datagram.
     fn head_src(&self) -> Option<[u8; 4]> {
-        (self.len != 0).then(|| self.meta.get(self.head).map(|m| m.src)).flatten()
-    }
-
-    /// Copies the oldest datagram into `out`; returns its metadata.
-    fn pop(&mut self, out: &mut [u8]) -> Option<(RxMeta, usize)> {
         if self.len == 0 {
             return None;
         }
-        let slot = self.head;
-        let m = *self.meta.get(slot)?;
-        let n = usize::from(m.bytes).min(out.len());
-        let start = slot * MAX_DATAGRAM;
-        if let (Some(dst), Some(src)) = (out.get_mut(..n), self.data.get(start..start + n)) {
-            dst.copy_from_slice(src);
+        self.items.get(self.head)?.as_ref().map(|i| i.src)
+    }
+
+    /// Takes the oldest datagram.
+    fn pop(&mut self) -> Option<RxItem> {
+        if self.len == 0 {
+            return None;
         }
-        self.head = (self.head + 1) % RX_SLOTS;
+        let item = self.items.get_mut(self.head)?.take();
+        self.head = (self.head + 1) % RX_ENTRIES;
         self.len -= 1;
-        Some((m, n))
+        item
     }
 }
 
@@ -211,8 +205,6 @@ pub(crate) struct Engine {
     /// The receive threads, one per CPU; taken out (and stopped) when the device goes away.
     #[pin]
     rx_thread: SpinLockIrq<Option<CpuThreads<Engine>>>,
-    #[pin]
-    tick: DelayedWork<Engine, 2>,
     /// Divides the device's inbound capacity among the peers sending to it (congestion
     /// control's receiver side; every peer's connection reports to it).
     #[pin]
@@ -225,25 +217,23 @@ pub(crate) struct Engine {
 /// common NIC speed. Reading the netdev's ethtool speed is still to do; a slower real link
 /// is protected by ECN (the allocator's drain and the senders' windows).
 const INBOUND_CAPACITY_MBPS: u32 = 10_000;
-/// Pacing burst: the timer work item has jiffy resolution (up to 4 ms at HZ=250), so the
-/// pacer must let that much out at once or it would hold senders below their rate.
-const PACING_BURST_NS: u64 = 4_000_000;
-/// The allocator's clocks, fitted to a data path that wakes up once a jiffy at worst (4 ms at
-/// HZ=250, more on a loaded host): a sender stays active across a few wake-ups (epoch), the
+/// Pacing burst: what the pacer lets out at once. The alarm is a high-resolution timer, but
+/// under emulation (QEMU TCG) a thread wakes up tens of microseconds to a millisecond late.
+const PACING_BURST_NS: u64 = 1_000_000;
+/// How long a receiver may hold back an ACK (see `peer_or_new`).
+const ACK_DELAY_NS: u64 = 0;
+/// The allocator's clocks, fitted to a data path that may wake up a few milliseconds late on a
+/// loaded emulated host: a sender stays active across a few wake-ups (epoch), the
 /// marked fraction is taken over about one (drain interval), and a bottleneck before this
 /// device (a marking hop slower than `INBOUND_CAPACITY_MBPS`) is measured over several.
 const ALLOC_EPOCH_NS: u64 = 10_000_000;
 const ALLOC_INTERVAL_NS: u64 = 4_000_000;
 const ALLOC_RATE_PERIOD_NS: u64 = 16_000_000;
-/// Smallest path retransmission timeout: two jiffies. The timer cannot fire sooner than a
-/// jiffy anyway, and RTT samples here carry scheduling delays of that order; a shorter RTO
+/// Smallest path retransmission timeout. RTT samples under emulation carry scheduling delays
+/// of milliseconds when the host is busy; a shorter RTO
 /// fires spuriously on a loaded host (every unresolved packet declared lost and resent, the
 /// path's window halved and the path Suspect), which a tail-loss probe would have avoided.
 const PATH_MIN_RTO_NS: u64 = 8_000_000;
-
-impl_has_delayed_work! {
-    impl HasDelayedWork<Self, 2> for Engine { self.tick }
-}
 
 /// One peer device and the connection to it.
 #[pin_data]
@@ -333,7 +323,6 @@ impl Engine {
                 peers <- new_mutex!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),
-                tick <- new_delayed_work!("metaroce_tick"),
                 alloc <- new_mutex!(
                     RateAllocator::new(INBOUND_CAPACITY_MBPS)
                         .with_epoch(ALLOC_EPOCH_NS)
@@ -366,9 +355,10 @@ impl Engine {
     }
 
     /// A datagram arrived (softirq): queue it for the receive thread.
-    pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, payload: &[u8]) {
+    pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, buf: RxBuf) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
-        if self.rxq.lock().push(src, ce, payload) {
+        let pushed = self.rxq.lock().push(RxItem { src, ce, buf });
+        if pushed.is_ok() {
             if let Some(t) = &*self.rx_thread.lock() {
                 t.kick();
             }
@@ -391,9 +381,10 @@ impl Engine {
         cfg.mtu = self.mtu;
         cfg.num_paths = PATHS as u16;
         cfg.seed = work::random_u64() | 1;
-        // ACK as soon as a batch of arrivals is processed: the timer only has jiffy
-        // resolution, and a delayed ACK would cost a millisecond of latency.
-        cfg.path.ack_delay = 0;
+        // An ACK covers up to `ack_every` packets or waits `ACK_DELAY_NS` at most (the last
+        // packet of a message asks for one at once); one per processed batch made the
+        // receiver send an ACK for most data packets when batches were small.
+        cfg.path.ack_delay = ACK_DELAY_NS;
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         cfg.path.min_rto = PATH_MIN_RTO_NS;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
@@ -541,6 +532,8 @@ impl Engine {
 
     /// The doorbell: userspace posted to the QP's SQ.
     pub(crate) fn doorbell(self: &Arc<Self>, qp: &Arc<Qp>) {
+        // Dropped last: receive threads woken by what we send run after the peer is unlocked.
+        let _tx = work::TxSection::enter();
         let binding = qp.inner.lock().binding.clone();
         if let Some(b) = binding {
             let mut p = b.peer.inner.lock();
@@ -618,11 +611,9 @@ impl Engine {
             }
         };
         if let Some(deadline) = deadline {
-            let ms = deadline.saturating_sub(now).div_ceil(1_000_000).clamp(1, 10);
-            let _ = work::queue().enqueue_delayed::<Arc<Engine>, 2>(
-                self.clone(),
-                kernel::time::msecs_to_jiffies(ms as u32),
-            );
+            if let Some(t) = &*self.rx_thread.lock() {
+                t.arm(deadline, now);
+            }
         }
     }
 
@@ -786,6 +777,7 @@ impl Engine {
             // The peer of the datagram at the head; with the peer locked, take its datagrams
             // while they are at the head (another CPU's thread may have taken them first:
             // then the batch is empty).
+            let _tx = work::TxSection::enter();
             let Some(peer) = self.next_rx_peer() else {
                 return;
             };
@@ -797,12 +789,12 @@ impl Engine {
                 if !q.head_src().is_some_and(|src| peer.planes.has(src)) {
                     break;
                 }
-                let Some((meta, n)) = q.pop(&mut p.buf) else {
+                let Some(item) = q.pop() else {
                     break;
                 };
                 drop(q);
-                let PeerInner { conn, buf, qps, .. } = &mut *p;
-                let data = buf.get(..n).unwrap_or(&[]);
+                let PeerInner { conn, qps, .. } = &mut *p;
+                let data = item.buf.bytes();
                 // Receive WQEs posted since the last run must be in the stream before the
                 // data that consumes them (receives have no doorbell): feed the destination
                 // QP, and only it.
@@ -813,7 +805,7 @@ impl Engine {
                     }
                 }
                 let mut mem = Mem { verbs: &self.verbs };
-                match conn.handle_packet(now, data, meta.ce, &mut mem) {
+                match conn.handle_packet(now, data, item.ce, &mut mem) {
                     Ok(()) => {}
                     Err(RecvError::DeviceLevel) => self.on_hello(&peer, conn, data, now),
                     Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
@@ -840,15 +832,16 @@ impl Engine {
             // Drop it, if another CPU's thread has not taken it meanwhile.
             let mut q = self.rxq.lock();
             if q.head_src() == Some(src) {
-                let mut scratch = [0u8; 1];
-                let _ = q.pop(&mut scratch);
+                let item = q.pop();
                 drop(q);
+                drop(item);
                 self.counters.inc(Counter::RxNoConnection);
             }
         }
     }
 
     fn process_timers(self: &Arc<Self>) {
+        let _tx = work::TxSection::enter();
         let peers: KVec<Arc<Peer>> = {
             let peers = self.peers.lock();
             let mut v = KVec::new();
@@ -874,12 +867,8 @@ impl KthreadWork for Engine {
     fn run(this: &Arc<Engine>) {
         this.process_rx();
     }
-}
 
-impl WorkItem<2> for Engine {
-    type Pointer = Arc<Engine>;
-
-    fn run(this: Arc<Engine>) {
+    fn alarm(this: &Arc<Engine>) {
         this.process_timers();
     }
 }

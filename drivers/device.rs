@@ -150,14 +150,14 @@ impl DeviceRx {
 }
 
 impl RxHandler for DeviceRx {
-    fn receive(&self, pkt: &RxPacket<'_>) {
-        if !base_header_ok(pkt.payload) {
+    fn receive(&self, pkt: RxPacket) {
+        if !base_header_ok(pkt.payload.bytes()) {
             self.counters.inc(Counter::RxMalformed);
             return;
         }
         self.counters.inc(Counter::RxPackets);
         self.counters
-            .add(Counter::RxBytes, pkt.payload.len() as u64);
+            .add(Counter::RxBytes, pkt.payload.bytes().len() as u64);
         if pkt.ecn_ce {
             self.counters.inc(Counter::RxEcnCe);
         }

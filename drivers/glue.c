@@ -6,9 +6,9 @@
 #include <linux/cpumask.h>
 #include <linux/highmem.h>
 #include <linux/sched.h>
+#include <linux/sched/task.h>
 #include <linux/scatterlist.h>
 #include <linux/timekeeping.h>
-#include <linux/workqueue.h>
 #include "glue.h"
 
 struct net *metaroce_glue_dev_net(const struct net_device *ndev)
@@ -66,11 +66,6 @@ u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry)
 	return rdma_user_mmap_get_offset(entry);
 }
 
-struct workqueue_struct *metaroce_glue_alloc_wq(void)
-{
-	return alloc_workqueue("metaroce", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
-}
-
 u64 metaroce_glue_ktime_get_ns(void)
 {
 	return ktime_get_ns();
@@ -89,4 +84,19 @@ void metaroce_glue_set_current_interruptible(void)
 void metaroce_glue_set_current_running(void)
 {
 	__set_current_state(TASK_RUNNING);
+}
+
+struct task_struct *metaroce_glue_current(void)
+{
+	return current;
+}
+
+void metaroce_glue_get_task_struct(struct task_struct *t)
+{
+	get_task_struct(t);
+}
+
+void metaroce_glue_put_task_struct(struct task_struct *t)
+{
+	put_task_struct(t);
 }

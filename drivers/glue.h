@@ -20,10 +20,12 @@ struct page *metaroce_glue_sg_page_iter_page(struct sg_page_iter *piter);
 void *metaroce_glue_kmap_local_page(struct page *page);
 void metaroce_glue_kunmap_local(void *addr);
 u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry);
-struct workqueue_struct *metaroce_glue_alloc_wq(void);
 u64 metaroce_glue_ktime_get_ns(void);
 unsigned int metaroce_glue_smp_processor_id(void);
 void metaroce_glue_set_current_interruptible(void);
 void metaroce_glue_set_current_running(void);
+struct task_struct *metaroce_glue_current(void);
+void metaroce_glue_get_task_struct(struct task_struct *t);
+void metaroce_glue_put_task_struct(struct task_struct *t);
 
 #endif /* METAROCE_GLUE_H */

@@ -4,6 +4,8 @@
 //! received datagrams and the receive callback; plus the parsing of the IP header bytes the
 //! FFI layer copies out of a received packet. Safe code only.
 
+pub(crate) use crate::sys::udp::RxBuf;
+
 /// An IP address, in network byte order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IpAddr {
@@ -11,9 +13,10 @@ pub(crate) enum IpAddr {
     V6([u8; 16]),
 }
 
-/// One received MetaRoCE datagram (the UDP payload), valid for the duration of the callback.
+/// One received MetaRoCE datagram: its addresses and its UDP payload, which it owns (in the
+/// buffer the stack received it in, freed when the packet is dropped).
 #[allow(dead_code)] // `dst` and `src_port` are for the multi-plane data path.
-pub(crate) struct RxPacket<'a> {
+pub(crate) struct RxPacket {
     /// The sender's address (IP source).
     pub(crate) src: IpAddr,
     /// Our address it was sent to (IP destination).
@@ -23,7 +26,7 @@ pub(crate) struct RxPacket<'a> {
     /// The IP header carried ECN Congestion Experienced (CE, both ECN bits set).
     pub(crate) ecn_ce: bool,
     /// The UDP payload: the MetaRoCE packet, not yet validated.
-    pub(crate) payload: &'a [u8],
+    pub(crate) payload: RxBuf,
 }
 
 /// Why the UDP layer dropped a datagram before it reached [`RxHandler::receive`].
@@ -39,10 +42,10 @@ pub(crate) enum RxDrop {
 ///
 /// Called in softirq context (under RCU, bottom halves disabled): must not sleep, must not
 /// block on anything a process-context holder of the same lock could hold with bottom halves
-/// enabled, and should be quick. The payload is borrowed: copy what must outlive the call.
+/// enabled, and should be quick. The packet is the handler's: it may keep it.
 pub(crate) trait RxHandler: Send + Sync {
     /// A datagram arrived on our port.
-    fn receive(&self, pkt: &RxPacket<'_>);
+    fn receive(&self, pkt: RxPacket);
     /// A datagram arrived but was dropped before it could be handed over.
     fn dropped(&self, why: RxDrop);
 }

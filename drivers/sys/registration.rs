@@ -43,12 +43,10 @@ impl Registration {
     pub(crate) fn new(module: &'static ThisModule) -> Result<Self> {
         ibdev::set_owner(module);
         planes::init();
-        super::work::create()?;
         // SAFETY: the notifier is a static, so it outlives its registration, which `drop`
         // undoes; it is registered once.
         let err = unsafe { bindings::register_netdevice_notifier(NETDEV_NOTIFIER.get()) };
         if err != 0 {
-            super::work::destroy();
             return Err(Error::from_errno(err));
         }
         // SAFETY: as above for the link ops; from here on `newlink` can run.
@@ -64,7 +62,6 @@ impl Drop for Registration {
         // notifier call can find one of ours after that.
         unsafe { bindings::rdma_link_unregister(LINK_OPS.get()) };
         ibdev::remove_all_devices();
-        super::work::destroy();
         // SAFETY: registered in `new`.
         unsafe { bindings::unregister_netdevice_notifier(NETDEV_NOTIFIER.get()) };
     }

@@ -26,7 +26,7 @@ use crate::counters::{Counter, Counters};
 use crate::net::{parse_ip_header, IpAddr, RxDrop, RxHandler, RxPacket, ECN_ECT0};
 use core::{
     mem::size_of,
-    ptr,
+    ptr::{self, NonNull},
     sync::atomic::{AtomicPtr, Ordering},
 };
 use kernel::{
@@ -455,6 +455,42 @@ unsafe fn skb_headers<'a>(skb: *mut bindings::sk_buff) -> Option<(&'a [u8], &'a 
     }
 }
 
+/// A received datagram's UDP payload, left in the skb the stack handed us (no copy); the skb
+/// is freed when this is dropped.
+pub(crate) struct RxBuf {
+    skb: NonNull<bindings::sk_buff>,
+    data: *const u8,
+    len: usize,
+}
+
+// SAFETY: the skb is ours alone (the stack handed it over and nothing else refers to it), and
+// it may be read and freed on any CPU, in any context.
+unsafe impl Send for RxBuf {}
+
+impl RxBuf {
+    /// # Safety
+    ///
+    /// `skb` must be a linear skb we own (handed over by the stack), and `data..data+len`
+    /// lie in its data; this takes the ownership.
+    unsafe fn new(skb: NonNull<bindings::sk_buff>, data: *const u8, len: usize) -> Self {
+        RxBuf { skb, data, len }
+    }
+
+    /// The payload.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: by `new`'s contract the bytes are in the linear data of the skb we own,
+        // which nothing changes or frees while we hold it.
+        unsafe { core::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
+impl Drop for RxBuf {
+    fn drop(&mut self) {
+        // SAFETY: the skb is ours (see `new`) and freed once, here.
+        unsafe { bindings::consume_skb(self.skb.as_ptr()) };
+    }
+}
+
 /// The `encap_rcv` callback: every datagram for our port on the plane's netdev.
 ///
 /// # Safety
@@ -481,22 +517,27 @@ unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_b
     }
     // SAFETY: the skb is ours, now linear, and the stack set its network and transport headers.
     let headers = unsafe { skb_headers(skb) };
-    match headers.and_then(|(ip, udp)| {
+    let parsed = headers.and_then(|(ip, udp)| {
         let (src, dst, ecn_ce) = parse_ip_header(ip)?;
         let src_port = u16::from_be_bytes([*udp.first()?, *udp.get(1)?]);
         let payload = udp.get(UDP_HEADER..)?;
-        Some(RxPacket {
-            src,
-            dst,
-            src_port,
-            ecn_ce,
-            payload,
-        })
-    }) {
-        Some(pkt) => {
-            ctx.handler.receive(&pkt);
-            // SAFETY: the skb is ours, and `pkt` (borrowing it) is gone.
-            unsafe { bindings::consume_skb(skb) };
+        Some((src, dst, src_port, ecn_ce, payload.as_ptr(), payload.len()))
+    });
+    match parsed {
+        Some((src, dst, src_port, ecn_ce, data, len)) => {
+            let Some(skb) = NonNull::new(skb) else {
+                return 0;
+            };
+            // The skb goes to the handler with the packet (no copy).
+            // SAFETY: `skb` is ours and linear; `data..data+len` lies in its data.
+            let payload = unsafe { RxBuf::new(skb, data, len) };
+            ctx.handler.receive(RxPacket {
+                src,
+                dst,
+                src_port,
+                ecn_ce,
+                payload,
+            });
         }
         None => {
             ctx.handler.dropped(RxDrop::BadHeaders);

@@ -1,46 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The module's own workqueue (the data path's timers run on it), its receive threads, the
+//! The data path's threads (receive processing and timers: [`CpuThreads`] and its alarm), the
 //! clock and randomness.
-//!
-//! An owned queue, rather than a system one, so module unload can drain it: once the devices
-//! are gone, `destroy_workqueue` waits for every work item still queued.
 
 use super::bindings;
 use core::{
     ffi::{c_int, c_void},
     ptr::NonNull,
-    sync::atomic::{AtomicBool, AtomicPtr, Ordering},
+    sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering},
 };
-use kernel::{prelude::*, sync::Arc, workqueue::Queue};
+use kernel::{
+    new_spinlock_irq,
+    prelude::*,
+    sync::{Arc, SpinLockIrq},
+    types::Opaque,
+};
 
-static QUEUE: AtomicPtr<bindings::workqueue_struct> = AtomicPtr::new(core::ptr::null_mut());
-
-pub(super) fn create() -> Result {
-    // SAFETY: plain allocation; the result is null or a queue we own until `destroy`.
-    let wq = unsafe { bindings::metaroce_glue_alloc_wq() };
-    if wq.is_null() {
-        return Err(ENOMEM);
-    }
-    QUEUE.store(wq, Ordering::Release);
-    Ok(())
-}
-
-pub(super) fn destroy() {
-    let wq = QUEUE.swap(core::ptr::null_mut(), Ordering::AcqRel);
-    if !wq.is_null() {
-        // SAFETY: created in `create`; draining runs every queued item to completion first.
-        unsafe { bindings::destroy_workqueue(wq) };
-    }
-}
-
-/// The data-path workqueue.
-pub(crate) fn queue() -> &'static Queue {
-    let wq = QUEUE.load(Ordering::Acquire);
-    // SAFETY: set at module init before any device exists and destroyed only after all
-    // devices are gone, so every caller (a device's data path) sees a live queue.
-    unsafe { Queue::from_raw(wq.cast()) }
-}
 
 /// Monotonic time in nanoseconds.
 pub(crate) fn now_ns() -> u64 {
@@ -58,10 +33,17 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) trait KthreadWork: Send + Sync + 'static {
     /// Does the pending work (the thread may be kicked again meanwhile: it runs again).
     fn run(this: &Arc<Self>);
+    /// The alarm set with [`CpuThreads::arm`] went off; called before `run` when both are
+    /// pending.
+    fn alarm(_this: &Arc<Self>) {}
 }
 
+/// `KthreadShared::pending` bits.
+const KICKED: u8 = 1;
+const ALARM: u8 = 2;
+
 struct KthreadShared<T> {
-    pending: AtomicBool,
+    pending: AtomicU8,
     work: Arc<T>,
 }
 
@@ -89,7 +71,7 @@ impl<T: KthreadWork> Kthread<T> {
     pub(crate) fn new(name: &CStr, cpu: u32, work: Arc<T>) -> Result<Self> {
         let shared = Arc::new(
             KthreadShared {
-                pending: AtomicBool::new(false),
+                pending: AtomicU8::new(0),
                 work,
             },
             GFP_KERNEL,
@@ -119,7 +101,13 @@ impl<T: KthreadWork> Kthread<T> {
 
     /// Asks the thread to run (again). Any context.
     pub(crate) fn kick(&self) {
-        if !self.shared.pending.swap(true, Ordering::AcqRel) {
+        self.post(KICKED);
+    }
+
+    /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
+    /// the [`TxSection`] we are in, if any). Any context.
+    fn post(&self, bits: u8) {
+        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0 && !defer_wake(self.task) {
             // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
             unsafe { bindings::wake_up_process(self.task.as_ptr()) };
         }
@@ -152,14 +140,20 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
             unsafe { bindings::metaroce_glue_set_current_running() };
             break;
         }
-        if !shared.pending.swap(false, Ordering::AcqRel) {
-            // SAFETY: sleeps until woken (by `kick` or `kthread_stop`).
+        let pending = shared.pending.swap(0, Ordering::AcqRel);
+        if pending == 0 {
+            // SAFETY: sleeps until woken (by `kick`, the alarm or `kthread_stop`).
             unsafe { bindings::schedule() };
             continue;
         }
         // SAFETY: as above.
         unsafe { bindings::metaroce_glue_set_current_running() };
-        T::run(&shared.work);
+        if pending & ALARM != 0 {
+            T::alarm(&shared.work);
+        }
+        if pending & KICKED != 0 {
+            T::run(&shared.work);
+        }
     }
     drop(shared);
     0
@@ -168,7 +162,69 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
 /// One [`Kthread`] per possible CPU serving the same work; [`CpuThreads::kick`] wakes the one
 /// of the calling CPU.
 pub(crate) struct CpuThreads<T: KthreadWork> {
+    /// Declared first: dropped (the timer cancelled) before the threads it points to.
+    alarm: Pin<KBox<Alarm<T>>>,
     threads: KVec<Kthread<T>>,
+}
+
+/// Slack allowed when arming the alarm: lets the kernel fire it together with a nearby timer.
+const ALARM_SLACK_NS: u64 = 20_000;
+/// The soonest the alarm goes off after it is armed.
+const ALARM_MIN_DELAY_NS: u64 = 10_000;
+
+/// A one-shot high-resolution timer (`CLOCK_MONOTONIC`, firing in hard interrupt context) that
+/// posts [`KthreadWork::alarm`] to the thread of the CPU it fires on. Workqueue timers only
+/// have jiffy resolution; the transport's ACK delay, pacing and retransmission timers want
+/// microseconds.
+#[repr(C)]
+#[pin_data(PinnedDrop)]
+struct Alarm<T: KthreadWork> {
+    /// The first field: the callback gets from the timer to the `Alarm` by a cast.
+    #[pin]
+    timer: Opaque<bindings::hrtimer>,
+    /// When the timer is set to go off (ns, `CLOCK_MONOTONIC`); in the past once it has.
+    #[pin]
+    at: SpinLockIrq<u64>,
+    /// The `CpuThreads`' threads: the buffer of a `KVec` that is not changed while the
+    /// alarm lives (`CpuThreads` drops the alarm first).
+    threads: *const Kthread<T>,
+    count: usize,
+}
+
+// SAFETY: the raw pointer is only read, as a shared slice of `Kthread`s, which are `Sync`;
+// the timer is only used through kernel calls that lock it.
+unsafe impl<T: KthreadWork> Send for Alarm<T> {}
+// SAFETY: as above.
+unsafe impl<T: KthreadWork> Sync for Alarm<T> {}
+
+#[pinned_drop]
+impl<T: KthreadWork> PinnedDrop for Alarm<T> {
+    fn drop(self: Pin<&mut Self>) {
+        // SAFETY: the timer was set up in `CpuThreads::new`; `hrtimer_cancel` waits for a
+        // callback in progress, after which nothing refers to the alarm.
+        unsafe { bindings::hrtimer_cancel(self.timer.get()) };
+    }
+}
+
+/// The alarm's timer callback (hard interrupt context).
+///
+/// # Safety
+///
+/// `timer` must be the `timer` field of a live `Alarm<T>`.
+unsafe extern "C" fn alarm_fn<T: KthreadWork>(
+    timer: *mut bindings::hrtimer,
+) -> bindings::hrtimer_restart {
+    // SAFETY: `timer` is the first field of a `repr(C)` `Alarm<T>` (`Opaque` is transparent),
+    // alive until its drop has cancelled the timer and waited for this callback.
+    let alarm = unsafe { &*timer.cast::<Alarm<T>>() };
+    // SAFETY: `threads` and `count` describe the live slice of the `CpuThreads`' threads.
+    let threads = unsafe { core::slice::from_raw_parts(alarm.threads, alarm.count) };
+    // SAFETY: reads the CPU number; a stale value only picks another thread.
+    let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
+    if let Some(t) = threads.get(cpu % threads.len().max(1)) {
+        t.post(ALARM);
+    }
+    bindings::hrtimer_restart::HRTIMER_NORESTART
 }
 
 impl<T: KthreadWork> CpuThreads<T> {
@@ -180,7 +236,49 @@ impl<T: KthreadWork> CpuThreads<T> {
         for cpu in 0..n {
             threads.push(Kthread::new(name, cpu, work.clone())?, GFP_KERNEL)?;
         }
-        Ok(CpuThreads { threads })
+        let (first, count) = (threads.as_ptr(), threads.len());
+        let alarm = KBox::pin_init(
+            pin_init!(Alarm::<T> {
+                // SAFETY: `slot` is the timer's memory, pinned; `alarm_fn::<T>` is called with
+                // it only, and it is the first field of this `Alarm<T>`.
+                timer <- Opaque::ffi_init(|slot: *mut bindings::hrtimer| unsafe {
+                    bindings::hrtimer_setup(
+                        slot,
+                        Some(alarm_fn::<T>),
+                        bindings::CLOCK_MONOTONIC as bindings::clockid_t,
+                        bindings::hrtimer_mode_HRTIMER_MODE_ABS,
+                    )
+                }),
+                at <- new_spinlock_irq!(0, "metaroce_alarm"),
+                threads: first,
+                count,
+            }),
+            GFP_KERNEL,
+        )?;
+        Ok(CpuThreads { alarm, threads })
+    }
+
+    /// Makes sure [`KthreadWork::alarm`] runs at `deadline` (ns, `CLOCK_MONOTONIC`) or a
+    /// little later (up to `ALARM_SLACK_NS`, and `ALARM_MIN_DELAY_NS` after `now` at the
+    /// soonest); an alarm already set sooner stays. `now` is the current time. Any context.
+    pub(crate) fn arm(&self, deadline: u64, now: u64) {
+        // Never at once: a deadline that stays in the past must not become a busy loop.
+        let deadline = deadline.max(now.saturating_add(ALARM_MIN_DELAY_NS));
+        let mut at = self.alarm.at.lock();
+        if *at > now && *at <= deadline {
+            return;
+        }
+        *at = deadline;
+        // SAFETY: the timer was set up in `new` and lives as long as `self`; the expiry is a
+        // `CLOCK_MONOTONIC` time in ns, which fits an i64 for centuries of uptime.
+        unsafe {
+            bindings::hrtimer_start_range_ns(
+                self.alarm.timer.get(),
+                deadline.min(i64::MAX as u64) as i64,
+                ALARM_SLACK_NS,
+                bindings::hrtimer_mode_HRTIMER_MODE_ABS,
+            )
+        };
     }
 
     /// Wakes the calling CPU's thread (another's if CPU numbers are sparse). Any context.
@@ -191,4 +289,103 @@ impl<T: KthreadWork> CpuThreads<T> {
             t.kick();
         }
     }
+}
+
+/// CPUs whose transmit sections are tracked (beyond them, wakeups are not deferred).
+const TX_CPUS: usize = 64;
+/// Wakeups one section can hold back (more are done at once).
+const TX_DEFERRED: usize = 8;
+
+/// One CPU's transmit section: the task in it and the threads to wake when it ends.
+struct TxSlot {
+    owner: AtomicPtr<bindings::task_struct>,
+    /// Used only in the owner's context on this CPU (its own code and the softirqs and
+    /// interrupts that run on top of it), so never by two at once.
+    len: AtomicUsize,
+    /// Tasks with a reference taken (`get_task_struct`).
+    wake: [AtomicPtr<bindings::task_struct>; TX_DEFERRED],
+}
+
+static TX_SLOTS: [TxSlot; TX_CPUS] = [const {
+    TxSlot {
+        owner: AtomicPtr::new(core::ptr::null_mut()),
+        len: AtomicUsize::new(0),
+        wake: [const { AtomicPtr::new(core::ptr::null_mut()) }; TX_DEFERRED],
+    }
+}; TX_CPUS];
+
+/// A stretch of code that sends datagrams and may receive them too: over a veth or loopback
+/// the receiver's softirq runs inside our send, on this CPU. Receive threads kicked meanwhile
+/// are woken when the section ends, not at once, so a burst is received as one batch: a FIFO
+/// thread woken on this CPU would otherwise preempt the sender after every datagram (one
+/// context switch and one ACK per packet). Like NAPI's deferral of a softirq to its end.
+pub(crate) struct TxSection {
+    slot: &'static TxSlot,
+}
+
+impl TxSection {
+    /// Starts a section on this CPU for the current task; None when one is already open here
+    /// (this task's own: the outer one does the wakeups; or another task's, preempted: then
+    /// this one's wakeups are not deferred). Process context.
+    pub(crate) fn enter() -> Option<TxSection> {
+        // SAFETY: reads the CPU number; if we migrate later, `defer_wake` on the new CPU does
+        // not see us as the owner, and the wakeups are simply not deferred.
+        let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
+        let slot = TX_SLOTS.get(cpu)?;
+        // SAFETY: reads `current`.
+        let me = unsafe { bindings::metaroce_glue_current() };
+        slot.owner
+            .compare_exchange(core::ptr::null_mut(), me, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some(TxSection { slot })
+    }
+}
+
+impl Drop for TxSection {
+    fn drop(&mut self) {
+        // No more deferrals (they happen only in the owner's context on the slot's CPU; if we
+        // migrated, none happen at all), then the deferred wakeups.
+        self.slot.owner.store(core::ptr::null_mut(), Ordering::Release);
+        let n = self.slot.len.swap(0, Ordering::AcqRel).min(TX_DEFERRED);
+        for w in self.slot.wake.iter().take(n) {
+            let task = w.swap(core::ptr::null_mut(), Ordering::AcqRel);
+            if !task.is_null() {
+                // SAFETY: `defer_wake` took a reference to the task, released here after the
+                // wakeup.
+                unsafe {
+                    bindings::wake_up_process(task);
+                    bindings::metaroce_glue_put_task_struct(task);
+                }
+            }
+        }
+    }
+}
+
+/// Holds back the wakeup of `task` until the end of the transmit section the current task is
+/// in on this CPU; false (wake it now) when there is none or it is full. Any context.
+fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
+    // SAFETY: reads the CPU number and `current`; in interrupt context `current` is the task
+    // interrupted, which is what makes a softirq inside a section see it.
+    let (cpu, me) = unsafe {
+        (
+            bindings::metaroce_glue_smp_processor_id() as usize,
+            bindings::metaroce_glue_current(),
+        )
+    };
+    let Some(slot) = TX_SLOTS.get(cpu) else {
+        return false;
+    };
+    if slot.owner.load(Ordering::Acquire) != me {
+        return false;
+    }
+    let i = slot.len.load(Ordering::Relaxed);
+    let Some(w) = slot.wake.get(i) else {
+        return false;
+    };
+    // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
+    // keeps it so until the section's end wakes it.
+    unsafe { bindings::metaroce_glue_get_task_struct(task.as_ptr()) };
+    w.store(task.as_ptr(), Ordering::Release);
+    slot.len.store(i + 1, Ordering::Release);
+    true
 }
