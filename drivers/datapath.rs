@@ -22,7 +22,7 @@
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way. The
 //!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::{
     counters::{Counter, Counters, PATH_COUNTERS},
     net::RxBuf,
@@ -211,7 +211,17 @@ pub(crate) struct Engine {
     alloc: Mutex<RateAllocator>,
     /// `rx_nomem` as last reported to the allocator.
     nomem_seen: AtomicU64,
+    /// Receive runs have been large lately (bulk traffic): wake the receive thread of
+    /// another CPU than the one the datagram arrived on, which is busy sending it (a veth
+    /// delivers in the sender's context), so sending and receiving proceed in parallel.
+    /// Small runs (request/response) stay on the arriving CPU, which saves an IPI.
+    rx_spread: AtomicBool,
+    /// Datagrams per receive run, average, in 1/16 (see `note_run`).
+    rx_run_avg: AtomicU32,
 }
+
+/// Receive runs averaging at least this many datagrams make `Engine::rx_spread` true.
+const SPREAD_RUN: u32 = 4;
 
 /// Inbound capacity the rate allocator divides, Mbit/s: 10 Gbit/s, what veth reports and a
 /// common NIC speed. Reading the netdev's ethtool speed is still to do; a slower real link
@@ -220,7 +230,8 @@ const INBOUND_CAPACITY_MBPS: u32 = 10_000;
 /// Pacing burst: what the pacer lets out at once. The alarm is a high-resolution timer, but
 /// under emulation (QEMU TCG) a thread wakes up tens of microseconds to a millisecond late.
 const PACING_BURST_NS: u64 = 1_000_000;
-/// How long a receiver may hold back an ACK (see `peer_or_new`).
+/// How long a receiver may hold back an ACK: 0, sent when the batch that made it is done. A
+/// delay (with `ack_every`, 8) only added latency: a burst arrives as one batch anyway.
 const ACK_DELAY_NS: u64 = 0;
 /// The allocator's clocks, fitted to a data path that may wake up a few milliseconds late on a
 /// loaded emulated host: a sender stays active across a few wake-ups (epoch), the
@@ -331,6 +342,8 @@ impl Engine {
                     "metaroce_alloc"
                 ),
                 nomem_seen: AtomicU64::new(0),
+                rx_spread: AtomicBool::new(false),
+                rx_run_avg: AtomicU32::new(0),
             }),
             GFP_KERNEL,
         )?;
@@ -360,7 +373,7 @@ impl Engine {
         let pushed = self.rxq.lock().push(RxItem { src, ce, buf });
         if pushed.is_ok() {
             if let Some(t) = &*self.rx_thread.lock() {
-                t.kick();
+                t.kick(self.rx_spread.load(Ordering::Relaxed));
             }
         } else {
             self.counters.inc(Counter::RxNoMem);
@@ -381,9 +394,8 @@ impl Engine {
         cfg.mtu = self.mtu;
         cfg.num_paths = PATHS as u16;
         cfg.seed = work::random_u64() | 1;
-        // An ACK covers up to `ack_every` packets or waits `ACK_DELAY_NS` at most (the last
-        // packet of a message asks for one at once); one per processed batch made the
-        // receiver send an ACK for most data packets when batches were small.
+        // ACK at the end of each processed batch (or sooner, see `ACK_DELAY_NS`): batches are
+        // whole bursts (see `work::TxSection`), so that is one ACK per burst, and no timer.
         cfg.path.ack_delay = ACK_DELAY_NS;
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         cfg.path.min_rto = PATH_MIN_RTO_NS;
@@ -773,12 +785,14 @@ impl Engine {
     }
 
     fn process_rx(self: &Arc<Self>) {
+        let mut handled = 0u32;
         loop {
             // The peer of the datagram at the head; with the peer locked, take its datagrams
             // while they are at the head (another CPU's thread may have taken them first:
             // then the batch is empty).
             let _tx = work::TxSection::enter();
             let Some(peer) = self.next_rx_peer() else {
+                self.note_run(handled);
                 return;
             };
             let mut p = peer.inner.lock();
@@ -793,6 +807,7 @@ impl Engine {
                     break;
                 };
                 drop(q);
+                handled = handled.saturating_add(1);
                 let PeerInner { conn, qps, .. } = &mut *p;
                 let data = item.buf.bytes();
                 // Receive WQEs posted since the last run must be in the stream before the
@@ -817,6 +832,16 @@ impl Engine {
             }
             self.run(&peer, &mut p);
         }
+    }
+
+    /// Learns from a receive run's size (`handled` datagrams) where the next one should run
+    /// (see `rx_spread`).
+    fn note_run(&self, handled: u32) {
+        // Average datagrams per run, in 1/16, over about the last four runs.
+        let avg = self.rx_run_avg.load(Ordering::Relaxed);
+        let avg = (avg * 3 + handled.min(1024) * 16) / 4;
+        self.rx_run_avg.store(avg, Ordering::Relaxed);
+        self.rx_spread.store(avg >= SPREAD_RUN * 16, Ordering::Relaxed);
     }
 
     /// The peer of the oldest queued datagram; datagrams from unknown peers are dropped.

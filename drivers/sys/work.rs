@@ -281,10 +281,12 @@ impl<T: KthreadWork> CpuThreads<T> {
         };
     }
 
-    /// Wakes the calling CPU's thread (another's if CPU numbers are sparse). Any context.
-    pub(crate) fn kick(&self) {
+    /// Wakes the calling CPU's thread, or with `spread` the next CPU's (wrapping; another's
+    /// if CPU numbers are sparse). Any context.
+    pub(crate) fn kick(&self, spread: bool) {
         // SAFETY: reads the CPU number; a stale value only picks another thread.
         let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
+        let cpu = cpu + usize::from(spread);
         if let Some(t) = self.threads.get(cpu % self.threads.len().max(1)) {
             t.kick();
         }
