@@ -164,6 +164,7 @@ impl Engine {
                 let mut p = peer.inner.lock();
                 self.apply_planes(peer, &mut p.conn);
                 self.run(peer, &mut p);
+                self.release(peer, p);
             }
         }
     }
@@ -176,6 +177,7 @@ impl Engine {
             let mut p = peer.inner.lock();
             self.apply_planes(peer, &mut p.conn);
             self.run(peer, &mut p);
+            self.release(peer, p);
         }
     }
 

@@ -134,7 +134,10 @@ for n in 4 7; do
 			for i in $(seq 1 "$n"); do
 				grep -qE '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" && continue
 				echo "# client s$i:"
-				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-cli-$i.log" | tail -n 4 | sed 's/^/#   /'
+				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-cli-$i.log" | tail -n 6 | sed 's/^/#   /'
+				echo "# its server:"
+				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-srv-$i.log" | tail -n 6 | sed 's/^/#   /'
+				echo "# ms$i: $(for c in retransmits timeouts retry_exceeded nak_rcvd_rnr nak_rcvd_remote_op rx_nomem; do echo -n "$c $(hwsum $c ms$i) "; done)"
 			done
 		fi
 		if [ $kind = m ] && [ "$n" -le 4 ]; then
