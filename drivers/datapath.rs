@@ -126,6 +126,8 @@ const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 const RX_ENTRIES: usize = 1024;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
+/// Datagrams queued beyond this many arrive marked CE (see `Engine::receive`).
+const RX_MARK: usize = 128;
 
 /// A queued datagram.
 struct RxItem {
@@ -245,11 +247,13 @@ const ACK_DELAY_NS: u64 = 0;
 const ALLOC_EPOCH_NS: u64 = 10_000_000;
 const ALLOC_INTERVAL_NS: u64 = 4_000_000;
 const ALLOC_RATE_PERIOD_NS: u64 = 16_000_000;
-/// Smallest path retransmission timeout. RTT samples under emulation carry scheduling delays
-/// of milliseconds when the host is busy; a shorter RTO
+/// Smallest path retransmission timeout: 20 ms. RTT samples under emulation carry scheduling
+/// delays of milliseconds when the host is busy. 8 ms was enough while the timer was a jiffy
+/// work item that always fired late; on the high-resolution alarm a 7-to-1 incast in the guest
+/// had 150-190 path timeouts per sender and collapsed (8 with 20 ms). A shorter RTO
 /// fires spuriously on a loaded host (every unresolved packet declared lost and resent, the
 /// path's window halved and the path Suspect), which a tail-loss probe would have avoided.
-const PATH_MIN_RTO_NS: u64 = 8_000_000;
+const PATH_MIN_RTO_NS: u64 = 20_000_000;
 
 /// One peer device and the connection to it.
 #[pin_data]
@@ -263,6 +267,10 @@ pub(crate) struct Peer {
     /// holder does it before it unlocks ([`Engine::release`]), like a socket's backlog,
     /// instead of the others spinning on the mutex while the holder sends a burst.
     pending: AtomicU8,
+    /// The holder of `inner` is on the data path and does `pending` work before it unlocks
+    /// ([`Engine::lock_data_path`], [`Engine::release`]). Others (QP setup and teardown,
+    /// plane changes) do not: whoever finds them holding the lock waits for it instead.
+    takes_pending: AtomicBool,
     /// The streams whose doorbells rang while `inner` was locked (`PENDING_DOORBELL`).
     #[pin]
     doorbells: SpinLock<Doorbells>,
@@ -397,7 +405,15 @@ impl Engine {
     /// A datagram arrived (softirq): queue it for the receive thread.
     pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, buf: RxBuf) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
-        let pushed = self.rxq.lock().push(RxItem { src, ce, buf });
+        // A long one marks it Congestion Experienced, as a switch queue past its ECN threshold
+        // would: the senders' windows shrink before our queue adds delay that fires their
+        // retransmission timers (with 7 senders into one receiver, its 1,024 entries took
+        // tens of milliseconds to drain under emulation, and paths failed).
+        let pushed = {
+            let mut q = self.rxq.lock();
+            let ce = ce || q.len >= RX_MARK;
+            q.push(RxItem { src, ce, buf })
+        };
         if pushed.is_ok() {
             if let Some(t) = &*self.rx_thread.lock() {
                 t.kick(self.rx_spread.load(Ordering::Relaxed));
@@ -442,6 +458,7 @@ impl Engine {
                     reported: Reported::default(),
                 }, "metaroce_peer"),
                 pending: AtomicU8::new(0),
+                takes_pending: AtomicBool::new(false),
                 doorbells <- new_spinlock!(Doorbells {
                     streams: [StreamId(0); 16],
                     len: 0,
@@ -453,9 +470,7 @@ impl Engine {
         peers.push(peer.clone(), GFP_KERNEL)?;
         drop(peers);
         // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
-        let mut p = peer.inner.lock();
-        self.apply_planes(&peer, &mut p.conn);
-        self.release(&peer, p);
+        self.apply_planes(&peer, &mut peer.inner.lock().conn);
         Ok(peer)
     }
 
@@ -478,7 +493,6 @@ impl Engine {
             .map_err(|_| EINVAL)?;
         p.queue_feed(b.stream);
         self.run(&b.peer, &mut p);
-        self.release(&b.peer, p);
         Ok(())
     }
 
@@ -544,7 +558,6 @@ impl Engine {
         }
         p.queue_feed(stream);
         self.run(&peer, &mut p);
-        self.release(&peer, p);
         Ok(())
     }
 
@@ -555,7 +568,6 @@ impl Engine {
             let mut p = b.peer.inner.lock();
             let _ = p.conn.fail_stream(b.stream);
             self.run(&b.peer, &mut p);
-            self.release(&b.peer, p);
         }
         qp.flush();
     }
@@ -577,7 +589,6 @@ impl Engine {
                 p.qps = KVVec::new();
                 p.feed = KVVec::new();
             }
-            self.release(&b.peer, p);
         }
     }
 
@@ -587,7 +598,7 @@ impl Engine {
         let _tx = work::TxSection::enter();
         let binding = qp.inner.lock().binding.clone();
         if let Some(b) = binding {
-            match b.peer.inner.try_lock() {
+            match Self::lock_data_path(&b.peer) {
                 Some(mut p) => {
                     p.queue_feed(b.stream);
                     self.run(&b.peer, &mut p);
@@ -862,10 +873,8 @@ impl Engine {
                 return;
             };
             // Busy (a doorbell sending, another thread): its holder takes them on release.
-            let Some(mut p) = peer
-                .inner
-                .try_lock()
-                .or_else(|| self.leave_to_holder(&peer, PENDING_RX))
+            let Some(mut p) =
+                Self::lock_data_path(&peer).or_else(|| self.leave_to_holder(&peer, PENDING_RX))
             else {
                 self.note_run(handled);
                 return;
@@ -924,7 +933,24 @@ impl Engine {
         // Pairs with the fence in `release`: either the holder sees our bit after unlocking,
         // or we see the lock free.
         fence(Ordering::SeqCst);
-        peer.inner.try_lock()
+        if let Some(p) = Self::lock_data_path(peer) {
+            return Some(p);
+        }
+        if peer.takes_pending.load(Ordering::SeqCst) {
+            return None;
+        }
+        // A holder off the data path (or one just leaving): wait for the lock.
+        let p = peer.inner.lock();
+        peer.takes_pending.store(true, Ordering::SeqCst);
+        Some(p)
+    }
+
+    /// Takes `peer`'s lock if it is free, as a data path holder (one that runs
+    /// [`Engine::release`] to unlock).
+    fn lock_data_path(peer: &Peer) -> Option<MutexGuard<'_, PeerInner>> {
+        let p = peer.inner.try_lock()?;
+        peer.takes_pending.store(true, Ordering::SeqCst);
+        Some(p)
     }
 
     /// Unlocks `peer`, first doing the work others left to us because we held it
@@ -965,6 +991,7 @@ impl Engine {
                 }
                 self.run(peer, &mut p);
             }
+            peer.takes_pending.store(false, Ordering::SeqCst);
             drop(p);
             // Whoever found the peer locked set its bit before trying again: one of us sees
             // the other.
@@ -972,10 +999,16 @@ impl Engine {
             if peer.pending.load(Ordering::SeqCst) == 0 {
                 break;
             }
-            p = match peer.inner.try_lock() {
+            p = match Self::lock_data_path(peer) {
                 Some(p) => p,
-                // The new holder sees the bits when it releases.
-                None => break,
+                // A data path holder sees the bits when it releases.
+                None if peer.takes_pending.load(Ordering::SeqCst) => break,
+                // One off the data path does not: wait for it, then do them.
+                None => {
+                    let p = peer.inner.lock();
+                    peer.takes_pending.store(true, Ordering::SeqCst);
+                    p
+                }
             };
         }
         // Datagrams of other peers may wait behind ours: the threads take them.
@@ -1030,10 +1063,8 @@ impl Engine {
             v
         };
         for peer in peers.iter() {
-            let Some(mut p) = peer
-                .inner
-                .try_lock()
-                .or_else(|| self.leave_to_holder(peer, PENDING_TIMER))
+            let Some(mut p) =
+                Self::lock_data_path(peer).or_else(|| self.leave_to_holder(peer, PENDING_TIMER))
             else {
                 continue;
             };

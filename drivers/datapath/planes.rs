@@ -164,7 +164,6 @@ impl Engine {
                 let mut p = peer.inner.lock();
                 self.apply_planes(peer, &mut p.conn);
                 self.run(peer, &mut p);
-                self.release(peer, p);
             }
         }
     }
@@ -177,7 +176,6 @@ impl Engine {
             let mut p = peer.inner.lock();
             self.apply_planes(peer, &mut p.conn);
             self.run(peer, &mut p);
-            self.release(peer, p);
         }
     }
 

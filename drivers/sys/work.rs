@@ -101,13 +101,15 @@ impl<T: KthreadWork> Kthread<T> {
 
     /// Asks the thread to run (again). Any context.
     pub(crate) fn kick(&self) {
-        self.post(KICKED);
+        self.post(KICKED, true);
     }
 
-    /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
-    /// the [`TxSection`] we are in, if any). Any context.
-    fn post(&self, bits: u8) {
-        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0 && !defer_wake(self.task) {
+    /// Sets `bits` in the thread's pending work and wakes it if it had none: at the end of
+    /// the [`TxSection`] we are in, if any and `defer`, else now. Any context.
+    fn post(&self, bits: u8, defer: bool) {
+        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0
+            && !(defer && defer_wake(self.task))
+        {
             // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
             unsafe { bindings::wake_up_process(self.task.as_ptr()) };
         }
@@ -222,7 +224,8 @@ unsafe extern "C" fn alarm_fn<T: KthreadWork>(
     // SAFETY: reads the CPU number; a stale value only picks another thread.
     let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
     if let Some(t) = threads.get(cpu % threads.len().max(1)) {
-        t.post(ALARM);
+        // Not deferred: the interrupted task may be in a section for a while.
+        t.post(ALARM, false);
     }
     bindings::hrtimer_restart::HRTIMER_NORESTART
 }
@@ -302,7 +305,8 @@ const TX_DEFERRED: usize = 8;
 struct TxSlot {
     owner: AtomicPtr<bindings::task_struct>,
     /// Used only in the owner's context on this CPU (its own code and the softirqs and
-    /// interrupts that run on top of it), so never by two at once.
+    /// interrupts that run on top of it: an interrupt may come between two steps of ours,
+    /// so slots are claimed with one atomic add).
     len: AtomicUsize,
     /// Tasks with a reference taken (`get_task_struct`).
     wake: [AtomicPtr<bindings::task_struct>; TX_DEFERRED],
@@ -380,14 +384,15 @@ fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
     if slot.owner.load(Ordering::Acquire) != me {
         return false;
     }
-    let i = slot.len.load(Ordering::Relaxed);
+    // Claimed atomically: an interrupt may defer a wakeup in the middle of ours.
+    let i = slot.len.fetch_add(1, Ordering::AcqRel);
     let Some(w) = slot.wake.get(i) else {
+        slot.len.fetch_sub(1, Ordering::AcqRel);
         return false;
     };
     // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
     // keeps it so until the section's end wakes it.
     unsafe { bindings::metaroce_glue_get_task_struct(task.as_ptr()) };
     w.store(task.as_ptr(), Ordering::Release);
-    slot.len.store(i + 1, Ordering::Release);
     true
 }
