@@ -119,7 +119,7 @@ impl StreamSlots for PeerStreams {
     }
 }
 
-/// Largest datagram we send or queue.
+/// Largest datagram we send.
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
@@ -127,7 +127,7 @@ const RX_ENTRIES: usize = 1024;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
 /// Datagrams queued beyond this many arrive marked CE (see `Engine::receive`).
-const RX_MARK: usize = 128;
+const RX_MARK: usize = 384;
 
 /// A queued datagram.
 struct RxItem {
