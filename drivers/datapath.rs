@@ -291,6 +291,22 @@ struct Doorbells {
     overflow: bool,
 }
 
+impl Doorbells {
+    /// Notes `sid`'s doorbell (once).
+    fn add(&mut self, sid: StreamId) {
+        if self.streams.get(..self.len).is_some_and(|s| s.contains(&sid)) {
+            return;
+        }
+        match self.streams.get_mut(self.len) {
+            Some(slot) => {
+                *slot = sid;
+                self.len += 1;
+            }
+            None => self.overflow = true,
+        }
+    }
+}
+
 struct PeerInner {
     conn: KVBox<Conn>,
     /// Per stream (index: stream id): its QP and what the data path keeps for it.
@@ -415,11 +431,17 @@ impl Engine {
             q.push(RxItem { src, ce, buf })
         };
         if pushed.is_ok() {
-            if let Some(t) = &*self.rx_thread.lock() {
-                t.kick(self.rx_spread.load(Ordering::Relaxed));
-            }
+            self.kick_rx();
         } else {
             self.counters.inc(Counter::RxNoMem);
+        }
+    }
+
+    /// Wakes a receive thread: this CPU's, or the next one's while runs are large (see
+    /// `rx_spread`). Any context.
+    fn kick_rx(&self) {
+        if let Some(t) = &*self.rx_thread.lock() {
+            t.kick(self.rx_spread.load(Ordering::Relaxed));
         }
     }
 
@@ -606,23 +628,7 @@ impl Engine {
                 }
                 None => {
                     // Busy: the holder feeds the stream before it unlocks.
-                    {
-                        let mut d = b.peer.doorbells.lock();
-                        let Doorbells {
-                            streams,
-                            len,
-                            overflow,
-                        } = &mut *d;
-                        if !streams.get(..*len).is_some_and(|s| s.contains(&b.stream)) {
-                            match streams.get_mut(*len) {
-                                Some(slot) => {
-                                    *slot = b.stream;
-                                    *len += 1;
-                                }
-                                None => *overflow = true,
-                            }
-                        }
-                    }
+                    b.peer.doorbells.lock().add(b.stream);
                     if let Some(p) = self.leave_to_holder(&b.peer, PENDING_DOORBELL) {
                         self.release(&b.peer, p);
                     }
@@ -1013,9 +1019,7 @@ impl Engine {
         }
         // Datagrams of other peers may wait behind ours: the threads take them.
         if self.rxq.lock().head_src().is_some() {
-            if let Some(t) = &*self.rx_thread.lock() {
-                t.kick(self.rx_spread.load(Ordering::Relaxed));
-            }
+            self.kick_rx();
         }
     }
 
@@ -1052,17 +1056,7 @@ impl Engine {
 
     fn process_timers(self: &Arc<Self>) {
         let _tx = work::TxSection::enter();
-        let peers: KVec<Arc<Peer>> = {
-            let peers = self.peers.lock();
-            let mut v = KVec::new();
-            for p in peers.iter() {
-                if v.push(p.clone(), GFP_KERNEL).is_err() {
-                    break;
-                }
-            }
-            v
-        };
-        for peer in peers.iter() {
+        for peer in self.peer_list().iter() {
             let Some(mut p) =
                 Self::lock_data_path(peer).or_else(|| self.leave_to_holder(peer, PENDING_TIMER))
             else {
