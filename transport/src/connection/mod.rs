@@ -123,7 +123,7 @@ pub enum RecvError {
     UnknownPath,
     /// Destination QP is not an open stream.
     UnknownStream,
-    /// A device-level packet (HELLO): the caller's to handle, not the connection's.
+    /// A device-level packet (HELLO, DATAGRAM): the caller's to handle, not the connection's.
     DeviceLevel,
 }
 
@@ -738,7 +738,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 self.touch(i);
                 Ok(())
             }
-            Ext::Hello(_) => Err(RecvError::DeviceLevel),
+            Ext::Hello(_) | Ext::Datagram(_) => Err(RecvError::DeviceLevel),
             _ => self.handle_sequenced(now, &view, data.len(), ecn_ce, mem),
         }
     }

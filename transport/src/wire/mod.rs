@@ -17,8 +17,8 @@ pub use hello::{
     HelloEntry, HelloHeader, PlaneAddr, HELLO_ENTRY_LEN, HELLO_HEADER_LEN, MAX_PLANES,
 };
 pub use packet::{
-    AtomicExt, BaseHeader, DataExt, Ext, Header, NakCode, NakExt, Packet, PacketView, ReadReqExt,
-    SendExt, WriteExt,
+    AtomicExt, BaseHeader, DataExt, DatagramExt, Ext, Header, NakCode, NakExt, Packet, PacketView,
+    ReadReqExt, SendExt, WriteExt,
 };
 
 /// The only version this implementation speaks.
@@ -62,6 +62,10 @@ pub enum Opcode {
     Probe = 0x12,
     /// HELLO: a device's planes and addresses (device-level, unsequenced).
     Hello = 0x13,
+    /// DATAGRAM: one unreliable datagram (UD/GSI SEND), on no connection, unsequenced.
+    Datagram = 0x14,
+    /// DATAGRAM with immediate data.
+    DatagramWithImm = 0x15,
 }
 
 impl Opcode {
@@ -81,18 +85,35 @@ impl Opcode {
             0x11 => Opcode::Nak,
             0x12 => Opcode::Probe,
             0x13 => Opcode::Hello,
+            0x14 => Opcode::Datagram,
+            0x15 => Opcode::DatagramWithImm,
             _ => return Err(ParseError::UnknownOpcode(v)),
         })
     }
 
     /// Carries immediate data (on its last packet).
     pub fn has_imm(self) -> bool {
-        matches!(self, Opcode::SendWithImm | Opcode::RdmaWriteWithImm)
+        matches!(
+            self,
+            Opcode::SendWithImm | Opcode::RdmaWriteWithImm | Opcode::DatagramWithImm
+        )
     }
 
-    /// Takes a PSN on its path and is acknowledged (everything but ACK, NAK and HELLO).
+    /// Takes a PSN on its path and is acknowledged (everything but ACK, NAK, HELLO and
+    /// DATAGRAM).
     pub fn is_sequenced(self) -> bool {
-        !matches!(self, Opcode::Ack | Opcode::Nak | Opcode::Hello)
+        !matches!(
+            self,
+            Opcode::Ack | Opcode::Nak | Opcode::Hello | Opcode::Datagram | Opcode::DatagramWithImm
+        )
+    }
+
+    /// Belongs to no connection: HELLO and DATAGRAM are handled by the device.
+    pub fn is_device_level(self) -> bool {
+        matches!(
+            self,
+            Opcode::Hello | Opcode::Datagram | Opcode::DatagramWithImm
+        )
     }
 }
 

@@ -100,6 +100,21 @@ pub struct AtomicExt {
     pub compare: u64,
 }
 
+/// DATAGRAM / DATAGRAM_WITH_IMM: an unreliable datagram to QP `dst_qp` from QP `src_qp` (base
+/// header), one packet (FIRST and LAST set), on no connection: `conn_id`, `path_id`, `psn`
+/// and `msn` are 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatagramExt {
+    /// The Q_Key the receiving QP must have (GSI: 0x8001_0000).
+    pub qkey: u32,
+    /// Partition key.
+    pub pkey: u16,
+    /// The payload's length.
+    pub payload_len: u32,
+    /// Immediate data: present exactly on DATAGRAM_WITH_IMM.
+    pub imm: Option<u32>,
+}
+
 /// NAK for message `msn` of stream `dst_qp` (both in the base header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NakExt {
@@ -166,6 +181,8 @@ pub enum Ext {
     Probe,
     /// HELLO (the plane entries follow as payload).
     Hello(HelloHeader),
+    /// DATAGRAM / DATAGRAM_WITH_IMM.
+    Datagram(DatagramExt),
 }
 
 /// Base header plus extension header: everything in a packet but the payload (for ACKs: but
@@ -473,11 +490,37 @@ impl Packet {
                 hello::check_entries(r.rest(), h.plane_count)?;
                 Ext::Hello(h)
             }
+            Opcode::Datagram | Opcode::DatagramWithImm => {
+                let whole = Flags::FIRST | Flags::LAST;
+                if flags.0 & !(whole | Flags::SOLICITED) != 0 || flags.0 & whole != whole {
+                    return Err(ParseError::BadField);
+                }
+                if conn_id != 0 || path_id != 0 || plane != 0 || psn != 0 || msn != 0 {
+                    return Err(ParseError::BadField);
+                }
+                let qkey = r.u32()?;
+                let pkey = r.u16()?;
+                r.reserved(2)?;
+                let payload_len = r.u32()?;
+                let imm = imm(&mut r)?;
+                check_data(0, payload_len, payload_len, r.rest())?;
+                Ext::Datagram(DatagramExt {
+                    qkey,
+                    pkey,
+                    payload_len,
+                    imm,
+                })
+            }
         };
         let payload = r.rest();
         let carries_payload = matches!(
             ext,
-            Ext::Send(_) | Ext::Write(_) | Ext::ReadResponse(_) | Ext::Ack(_) | Ext::Hello(_)
+            Ext::Send(_)
+                | Ext::Write(_)
+                | Ext::ReadResponse(_)
+                | Ext::Ack(_)
+                | Ext::Hello(_)
+                | Ext::Datagram(_)
         );
         if !carries_payload && !payload.is_empty() {
             return Err(ParseError::TrailingBytes);
@@ -505,6 +548,7 @@ impl Header {
                 Ext::Nak(_) => 8,
                 Ext::Probe => 0,
                 Ext::Hello(_) => HELLO_HEADER_LEN,
+                Ext::Datagram(d) => 12 + imm(d.imm),
             }
     }
 
@@ -580,6 +624,15 @@ impl Header {
             }
             Ext::Probe => {}
             Ext::Hello(h) => h.emit(&mut w)?,
+            Ext::Datagram(d) => {
+                w.u32(d.qkey)?;
+                w.u16(d.pkey)?;
+                w.zeros(2)?;
+                w.u32(d.payload_len)?;
+                if let Some(i) = d.imm {
+                    w.u32(i)?;
+                }
+            }
         }
         Ok(w.pos())
     }
@@ -616,6 +669,19 @@ impl Header {
             Ext::Nak(_) => op == Opcode::Nak,
             Ext::Probe => op == Opcode::Probe,
             Ext::Hello(_) => op == Opcode::Hello,
+            Ext::Datagram(d) => {
+                let b = &self.base;
+                let whole = Flags::FIRST | Flags::LAST;
+                matches!(op, Opcode::Datagram | Opcode::DatagramWithImm)
+                    && imm_ok(d.imm)
+                    && b.flags.0 & whole == whole
+                    && b.flags.0 & !(whole | Flags::SOLICITED) == 0
+                    && b.conn_id == 0
+                    && b.path_id == 0
+                    && b.plane == 0
+                    && b.psn == 0
+                    && b.msn == 0
+            }
         };
         if ok {
             Ok(())
@@ -630,6 +696,7 @@ impl Header {
             Ext::Send(s) => s.payload_len,
             Ext::Write(w) => w.payload_len,
             Ext::ReadResponse(d) => d.payload_len,
+            Ext::Datagram(d) => d.payload_len,
             _ => 0,
         }
     }

@@ -607,3 +607,107 @@ fn hello_rejects_bad_entries() {
         .collect();
     assert!(Packet::emit_hello(&mut [0u8; 1024], base(Opcode::Hello), false, 1, &many).is_err());
 }
+
+fn datagram_base(opcode: Opcode) -> BaseHeader {
+    BaseHeader {
+        opcode,
+        flags: Flags(Flags::FIRST | Flags::LAST),
+        dst_qp: 1,
+        src_qp: 1,
+        conn_id: 0,
+        path_id: 0,
+        plane: 0,
+        psn: 0,
+        msn: 0,
+        timestamp: 99,
+    }
+}
+
+#[test]
+fn datagram_round_trips_with_and_without_imm() {
+    let mad = [0x5au8; 256];
+    let h = Header {
+        base: datagram_base(Opcode::Datagram),
+        ext: Ext::Datagram(DatagramExt {
+            qkey: 0x8001_0000,
+            pkey: 0xffff,
+            payload_len: 256,
+            imm: None,
+        }),
+    };
+    let v = roundtrip(h, &mad);
+    assert_eq!(v.len(), BASE_HEADER_LEN + 12 + 256);
+    // qkey, pkey, reserved, payload length right after the base header, big-endian.
+    assert_eq!(
+        &v[32..44],
+        &[0x80, 0x01, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 1, 0]
+    );
+    let mut b = datagram_base(Opcode::DatagramWithImm);
+    b.flags = Flags(b.flags.0 | Flags::SOLICITED);
+    let h = Header {
+        base: b,
+        ext: Ext::Datagram(DatagramExt {
+            qkey: 7,
+            pkey: 0x7fff,
+            payload_len: 3,
+            imm: Some(0xfeed_f00d),
+        }),
+    };
+    let v = roundtrip(h, &[1, 2, 3]);
+    assert_eq!(&v[44..48], &0xfeed_f00du32.to_be_bytes());
+    assert!(!Opcode::Datagram.is_sequenced());
+    assert!(Opcode::Datagram.is_device_level() && Opcode::DatagramWithImm.is_device_level());
+    assert!(!Opcode::Send.is_device_level());
+}
+
+#[test]
+fn datagram_must_be_one_unsequenced_packet() {
+    let ext = Ext::Datagram(DatagramExt {
+        qkey: 1,
+        pkey: 0xffff,
+        payload_len: 4,
+        imm: None,
+    });
+    let good = datagram_base(Opcode::Datagram);
+    let mut buf = [0u8; 128];
+    let n = Header { base: good, ext }.emit(&mut buf).unwrap();
+    let mut v = buf[..n].to_vec();
+    v.extend_from_slice(&[9; 4]);
+    assert!(Packet::parse(&v).is_ok());
+    // Not FIRST|LAST, ACK_REQ set, or a connection, path, PSN or MSN: rejected both ways.
+    let bad: [fn(&mut BaseHeader); 7] = [
+        |b| b.flags = Flags(Flags::LAST),
+        |b| b.flags = Flags(Flags::FIRST),
+        |b| b.flags = Flags(b.flags.0 | Flags::ACK_REQ),
+        |b| b.conn_id = 5,
+        |b| b.path_id = 1,
+        |b| b.psn = 1,
+        |b| b.msn = 1,
+    ];
+    for f in bad {
+        let mut b = good;
+        f(&mut b);
+        assert_eq!(
+            Header { base: b, ext }.emit(&mut buf),
+            Err(EmitError::Inconsistent)
+        );
+        let mut w = v.clone();
+        w[2..4].copy_from_slice(&b.flags.0.to_be_bytes());
+        w[12..16].copy_from_slice(&b.conn_id.to_be_bytes());
+        w[16..18].copy_from_slice(&b.path_id.to_be_bytes());
+        w[20..24].copy_from_slice(&b.psn.to_be_bytes());
+        w[24..28].copy_from_slice(&b.msn.to_be_bytes());
+        assert_eq!(Packet::parse(&w).unwrap_err(), ParseError::BadField);
+    }
+    // The payload length must be what follows.
+    let mut short = v.clone();
+    short.pop();
+    assert!(Packet::parse(&short).is_err());
+    v.push(0);
+    assert!(Packet::parse(&v).is_err());
+    // A reserved byte set.
+    let mut r = buf[..n].to_vec();
+    r.extend_from_slice(&[9; 4]);
+    r[38] = 1;
+    assert_eq!(Packet::parse(&r).unwrap_err(), ParseError::ReservedNonZero);
+}
