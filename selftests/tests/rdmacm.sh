@@ -1,0 +1,166 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# The RDMA connection manager (rdma_cm) with stock tools between two namespaces: rping with its
+# data validated, ucmatose (1 and 2 connections), librdmacm's rdma_server/rdma_client, perftest
+# over rdma_cm (-R), qperf's RC tests over rdma_cm (-cm1) and rping over IPv6. Servers in ns2,
+# clients in ns1; both ends must exit 0 and the client must report what it did.
+#
+# RDMACM_TYPES: the device types to run, TYPE:PREFIX each, in order (default "metaroce:mroce").
+# "rxe:rxe metaroce:mroce" runs the same checks on rxe first as a baseline (its TAP lines start
+# with "rxe:"); rxe is the reference for what the tools print, not part of the product.
+# In the guest rxe's run takes about 40 s; one that fails fast about 35 s, and each check that
+# hangs instead costs its client's timeout (CLI_TIMEOUT, 45 s).
+source "$(dirname "$0")/../lib.sh"
+dmesg_mark
+
+RDMACM_TYPES="${RDMACM_TYPES:-metaroce:mroce}"
+NS2_ADDR6=fd77::2
+SRV_TIMEOUT=60 # a server outlives its client's timeout by the second between them and more
+CLI_TIMEOUT=45
+
+# cm_run "what" REGEX SERVER_CMD... -- CLIENT_CMD...: the server in ns2 in the background, the
+# client in ns1 a second later. Succeeds when both exit 0 and the client's output matches
+# REGEX; otherwise prints the ends of both logs as TAP diagnostics. The client's output is
+# left in $TAP_DIR/cm-client.log, the server's in $TAP_DIR/cm-server.log.
+cm_run() {
+	local what="$1" re="$2" srv crc=0 src=0
+	local -a scmd=()
+	shift 2
+	while [ "$1" != -- ]; do scmd+=("$1"); shift; done
+	shift
+	$IP netns exec ns2 timeout "$SRV_TIMEOUT" "${scmd[@]}" >"$TAP_DIR/cm-server.log" 2>&1 &
+	srv=$!
+	sleep 1
+	$IP netns exec ns1 timeout "$CLI_TIMEOUT" "$@" >"$TAP_DIR/cm-client.log" 2>&1 || crc=$?
+	# A client that failed leaves its server waiting for nobody.
+	if [ "$crc" != 0 ]; then kill "$srv" 2>/dev/null; fi
+	wait "$srv" || src=$?
+	if [ "$crc" = 0 ] && [ "$src" = 0 ] && grep -Eq -- "$re" "$TAP_DIR/cm-client.log"; then
+		return 0
+	fi
+	echo "# $what: client: $*"
+	tail -n 12 "$TAP_DIR/cm-client.log" | sed 's/^/# client: /'
+	echo "# $what: server: ${scmd[*]}"
+	tail -n 6 "$TAP_DIR/cm-server.log" | sed 's/^/# server: /'
+	echo "# (client exit $crc$([ "$crc" = 124 ] && echo ' timed out'), server exit $src$(
+		[ "$crc" != 0 ] && echo ', killed after the client failed'; [ "$src" = 124 ] && echo ' timed out'
+	), wanted /$re/ from the client)"
+	return 1
+}
+
+# cm_check "what" REGEX SERVER_CMD... -- CLIENT_CMD...: cm_run as one TAP line.
+cm_check() {
+	local rc=0
+	cm_run "$@" || rc=1
+	_tap "$rc" "$1"
+}
+
+# cm_perftest TYPE PREFIX "what" TOOL ARGS...: TOOL over rdma_cm (-R; the GID comes from the
+# address, so no -x), server on ${PREFIX}2, client on ${PREFIX}1, and a result line. As in
+# lib.sh's perftest, a failed clock calibration under TCG is retried, twice at most.
+cm_perftest() {
+	local type="$1" prefix="$2" what="$3" tool="$4" try rc
+	shift 4
+	for try in 1 2 3; do
+		rc=0
+		cm_run "$type: $what" '^ +[0-9]+ +[0-9]+ +[0-9.]+' \
+			"$tool" -d "${prefix}2" -R --report_gbits "$@" -- \
+			"$tool" -d "${prefix}1" -R --report_gbits "$@" "$NS2_ADDR" >"$TAP_DIR/cm-diag" || rc=1
+		if [ "$rc" != 0 ] && [ "$try" != 3 ] && grep -q 'Correlation coefficient' "$TAP_DIR/cm-client.log"; then
+			continue
+		fi
+		break
+	done
+	if [ "$rc" = 0 ]; then
+		echo "# $(grep -E '^ +[0-9]+ +[0-9]+ +[0-9.]+' "$TAP_DIR/cm-client.log" | tail -n 1)"
+	else
+		grep -Ev '^ (GID|local address|remote address)|^-+$|^ [A-Za-z* ]+ +: ' "$TAP_DIR/cm-diag"
+	fi
+	_tap "$rc" "$type: $what"
+}
+
+# qperf_cm TYPE TEST: one of qperf's RC tests over rdma_cm (-cm1; with it qperf takes the device
+# and the GID from the address, so no -i), against the qperf server running in ns2; the client
+# must print a number. qperf 0.4.11 tells the client the server's rdma_cm port before it listens
+# (fixed upstream after 0.4.11, "Fix rdmacm race"): a run the server rejected is retried once.
+qperf_cm() {
+	local type="$1" t="$2" out rc try
+	for try in 1 2; do
+		out=$($IP netns exec ns1 timeout "$CLI_TIMEOUT" qperf -cm1 -t 2 "$NS2_ADDR" "$t" 2>&1) && rc=0 || rc=$?
+		if [ "$try" = 1 ] && printf '%s\n' "$out" | grep -q 'unexpected event from RDMA CM: Event rejected'; then
+			echo "# qperf $t: the server rejected the first connection (its listen race), again"
+			continue
+		fi
+		break
+	done
+	check_output "$type: qperf -cm1 $t" '^ *(bw|latency) *= *[0-9.]+ [A-Za-z/]+' \
+		sh -c 'printf "%s\n" "$1"; exit "$2"' sh "$out" "$rc"
+	printf '%s\n' "$out" | grep -E '^ *(bw|latency) *=' | sed "s/^ */# $t: /"
+}
+
+# The checks, for one device type: its devices ${PREFIX}1 in ns1 and ${PREFIX}2 in ns2.
+rdmacm_checks() {
+	local type="$1" prefix="$2" failed_before
+	failed_before=$(cat "$TAP_DIR/failed" 2>/dev/null | wc -l)
+	echo "# rdma_cm on $type (${prefix}1 in ns1 at $NS1_ADDR, ${prefix}2 in ns2 at $NS2_ADDR)"
+
+	cm_check "$type: rping, 10 pings of 256 bytes, data validated (-V)" 'ping data: rdma-ping-9: ' \
+		rping -s -a "$NS2_ADDR" -S 256 -v -- \
+		rping -c -a "$NS2_ADDR" -C 10 -S 256 -v -V
+	cm_check "$type: ucmatose, 1 connection" 'return status 0' \
+		ucmatose -- \
+		ucmatose -s "$NS2_ADDR"
+	cm_check "$type: ucmatose, 2 connections (-c 2)" 'return status 0' \
+		ucmatose -c 2 -- \
+		ucmatose -s "$NS2_ADDR" -c 2
+	if command -v rdma_server >/dev/null && command -v rdma_client >/dev/null; then
+		cm_check "$type: rdma_server / rdma_client (librdmacm example)" 'rdma_client: end 0' \
+			rdma_server -s "$NS2_ADDR" -- \
+			rdma_client -s "$NS2_ADDR"
+	else
+		todo "$type: rdma_server / rdma_client (librdmacm example)" "not installed in the guest image"
+	fi
+
+	cm_perftest "$type" "$prefix" "ib_write_bw -R, 4 KiB x 200" ib_write_bw -s 4096 -n 200
+	cm_perftest "$type" "$prefix" "ib_send_bw -R, 4 KiB x 200" ib_send_bw -s 4096 -n 200
+	cm_perftest "$type" "$prefix" "ib_read_lat -R, 64 bytes x 200" ib_read_lat -s 64 -n 200
+
+	# The qperf server outlives its four clients, each retried once at most.
+	$IP netns exec ns2 timeout $((CLI_TIMEOUT * 8 + 10)) qperf >"$TAP_DIR/qperf-server.log" 2>&1 &
+	local qsrv=$! t
+	sleep 1
+	for t in rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_bw; do
+		qperf_cm "$type" "$t"
+	done
+	$IP netns exec ns1 timeout 10 qperf "$NS2_ADDR" quit >/dev/null 2>&1
+	kill "$qsrv" 2>/dev/null
+	wait "$qsrv" 2>/dev/null
+	if grep -q . "$TAP_DIR/qperf-server.log"; then sed 's/^/# qperf server: /' "$TAP_DIR/qperf-server.log" | tail -n 5; fi
+
+	if cm_run "$type: rping over IPv6" 'ping data: rdma-ping-4: ' \
+		rping -s -a "$NS2_ADDR6" -v -- \
+		rping -c -a "$NS2_ADDR6" -C 5 -v -V; then
+		_tap 0 "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated"
+	elif [ "$type" = metaroce ]; then
+		todo "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated" "metaroce's data path is IPv4 only"
+	else
+		_tap 1 "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated"
+	fi
+
+	# What the kernel said about the connection manager and the MADs, when something failed.
+	if [ "$(cat "$TAP_DIR/failed" 2>/dev/null | wc -l)" != "$failed_before" ]; then
+		dmesg_since_mark | grep -Ei "ib_mad|ib_cm|rdma_cm|cma|mad|gsi|qp1|$type|$prefix" | tail -n 20 | sed 's/^/# dmesg: /'
+	fi
+}
+
+for pair in $RDMACM_TYPES; do
+	type="${pair%%:*}" prefix="${pair#*:}"
+	module="$type"
+	[ "$type" = rxe ] && module=rdma_rxe
+	check "$type: modprobe $module" modprobe "$module"
+	setup_pair "$type" "$prefix"
+	rdmacm_checks "$type" "$prefix"
+	teardown_pair
+	check "$type: rmmod $module" rmmod "$module"
+done
+check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
