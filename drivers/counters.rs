@@ -155,6 +155,14 @@ counters! {
     /// allocator divides among the peers sending to this device: the configured capacity, or
     /// less while a marking bottleneck on the way has been measured below it.
     CcRxCapacityMbps => c"cc_rx_capacity_mbps",
+    /// `datagrams_sent`: unreliable datagrams (the GSI QP's MADs: the connection manager)
+    /// sent.
+    DatagramsSent => c"datagrams_sent",
+    /// `datagrams_rcvd`: datagrams placed in a receive buffer.
+    DatagramsRcvd => c"datagrams_rcvd",
+    /// `datagrams_dropped`: datagrams received and dropped: no such QP, a wrong Q_Key, no
+    /// receive buffer posted, or too long for it (UD semantics: the sender is not told).
+    DatagramsDropped => c"datagrams_dropped",
 }
 
 /// Paths with their own counters (`path<i>_*`); a connection's paths beyond these are not

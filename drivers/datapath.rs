@@ -52,7 +52,10 @@ use kernel::{
     sync::{Arc, Mutex, MutexGuard, SpinLock, SpinLockIrq},
 };
 
+mod datagrams;
 mod planes;
+
+pub(crate) use datagrams::is_datagram;
 
 pub(crate) use planes::MAX_PLANES;
 
@@ -137,16 +140,16 @@ struct RxItem {
 }
 
 /// Datagrams waiting for the receive thread: a ring, allocated once.
-struct RxQueue {
-    items: KVec<Option<RxItem>>,
+struct RxQueue<T = RxItem> {
+    items: KVec<Option<T>>,
     head: usize,
     len: usize,
 }
 
-impl RxQueue {
-    fn new() -> Result<Self> {
-        let mut items = KVec::with_capacity(RX_ENTRIES, GFP_KERNEL)?;
-        for _ in 0..RX_ENTRIES {
+impl<T> RxQueue<T> {
+    fn new(entries: usize) -> Result<Self> {
+        let mut items = KVec::with_capacity(entries, GFP_KERNEL)?;
+        for _ in 0..entries {
             items.push(None, GFP_KERNEL)?;
         }
         Ok(RxQueue {
@@ -157,11 +160,12 @@ impl RxQueue {
     }
 
     /// Queues `item`; gives it back when the queue is full.
-    fn push(&mut self, item: RxItem) -> core::result::Result<(), RxItem> {
-        if self.len == RX_ENTRIES {
+    fn push(&mut self, item: T) -> core::result::Result<(), T> {
+        let cap = self.items.len();
+        if self.len == cap {
             return Err(item);
         }
-        match self.items.get_mut((self.head + self.len) % RX_ENTRIES) {
+        match self.items.get_mut((self.head + self.len) % cap) {
             Some(slot) => {
                 *slot = Some(item);
                 self.len += 1;
@@ -171,23 +175,25 @@ impl RxQueue {
         }
     }
 
+    /// Takes the oldest datagram.
+    fn pop(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        let item = self.items.get_mut(self.head)?.take();
+        self.head = (self.head + 1) % self.items.len();
+        self.len -= 1;
+        item
+    }
+}
+
+impl RxQueue<RxItem> {
     /// The source of the oldest datagram.
     fn head_src(&self) -> Option<[u8; 4]> {
         if self.len == 0 {
             return None;
         }
         self.items.get(self.head)?.as_ref().map(|i| i.src)
-    }
-
-    /// Takes the oldest datagram.
-    fn pop(&mut self) -> Option<RxItem> {
-        if self.len == 0 {
-            return None;
-        }
-        let item = self.items.get_mut(self.head)?.take();
-        self.head = (self.head + 1) % RX_ENTRIES;
-        self.len -= 1;
-        item
     }
 }
 
@@ -225,6 +231,10 @@ pub(crate) struct Engine {
     rx_spread: AtomicBool,
     /// Datagrams per receive run, average, in 1/16 (see `note_run`).
     rx_run_avg: AtomicU32,
+    /// The GSI QPs, by port - 1, and the unreliable datagrams to and from them
+    /// ([`datagrams`]).
+    #[pin]
+    datagrams: datagrams::Datagrams,
 }
 
 /// Receive runs averaging at least this many datagrams make `Engine::rx_spread` true.
@@ -373,7 +383,8 @@ impl Engine {
         ndev: &NetDev<'_>,
         counters: Arc<Counters>,
     ) -> Result<Arc<Self>> {
-        let rxq = RxQueue::new()?;
+        let rxq = RxQueue::new(RX_ENTRIES)?;
+        let datagrams = datagrams::Datagrams::new()?;
         let own_counters = counters.clone();
         let engine = Arc::pin_init(
             pin_init!(Engine {
@@ -395,6 +406,7 @@ impl Engine {
                 nomem_seen: AtomicU64::new(0),
                 rx_spread: AtomicBool::new(false),
                 rx_run_avg: AtomicU32::new(0),
+                datagrams <- datagrams,
             }),
             GFP_KERNEL,
         )?;
@@ -1073,6 +1085,7 @@ impl Engine {
 
 impl KthreadWork for Engine {
     fn run(this: &Arc<Engine>) {
+        this.process_datagrams();
         this.process_rx();
     }
 

@@ -91,7 +91,8 @@ impl Device {
         attr.max_fast_reg_page_list_len = 0;
         attr.device_cap_flags = bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN as u64;
         // `rdma link delete` may remove the device, as it may any soft device's.
-        attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG);
+        attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG)
+            | u64::from(bindings::ib_kernel_cap_flags_IBK_LOCAL_DMA_LKEY);
     }
 
     /// `query_port`: the port's state follows its netdev; a port without one (a plane not
@@ -141,11 +142,17 @@ impl Device {
 pub(crate) struct DeviceRx {
     counters: Arc<Counters>,
     engine: Arc<Engine>,
+    /// The plane whose socket this receives for.
+    plane: u8,
 }
 
 impl DeviceRx {
-    pub(crate) fn new(counters: Arc<Counters>, engine: Arc<Engine>) -> Self {
-        DeviceRx { counters, engine }
+    pub(crate) fn new(counters: Arc<Counters>, engine: Arc<Engine>, plane: u8) -> Self {
+        DeviceRx {
+            counters,
+            engine,
+            plane,
+        }
     }
 }
 
@@ -160,6 +167,12 @@ impl RxHandler for DeviceRx {
             .add(Counter::RxBytes, pkt.payload.bytes().len() as u64);
         if pkt.ecn_ce {
             self.counters.inc(Counter::RxEcnCe);
+        }
+        if crate::datapath::is_datagram(pkt.payload.bytes()) {
+            // The GSI QP's (IPv4 or IPv6): no connection.
+            self.engine
+                .receive_datagram(self.plane, pkt.src, pkt.dst, pkt.payload);
+            return;
         }
         match pkt.src {
             IpAddr::V4(src) => self.engine.receive(src, pkt.ecn_ce, pkt.payload),
@@ -190,7 +203,7 @@ pub(crate) fn base_header_ok(packet: &[u8]) -> bool {
     };
     let flags = u16::from_be_bytes([hdr[2], hdr[3]]);
     hdr[0] == WIRE_VERSION as u8
-        && matches!(hdr[1], 0x00..=0x08 | 0x10..=0x13)
+        && crate::transport::wire::Opcode::from_u8(hdr[1]).is_ok()
         && flags & !KNOWN_FLAGS == 0
         && hdr[19] == 0
 }

@@ -13,6 +13,31 @@ pub(crate) enum IpAddr {
     V6([u8; 16]),
 }
 
+impl IpAddr {
+    /// The address as IPv6 (IPv4 as an IPv4-mapped address).
+    pub(crate) fn to_v6(self) -> IpAddr {
+        match self {
+            IpAddr::V4(a) => {
+                let mut m = [0u8; 16];
+                m[10] = 0xff;
+                m[11] = 0xff;
+                m[12..].copy_from_slice(&a);
+                IpAddr::V6(m)
+            }
+            v6 => v6,
+        }
+    }
+
+    /// The address a GID names: IPv4 if it is IPv4-mapped, else IPv6.
+    pub(crate) fn from_gid(g: &[u8; 16]) -> IpAddr {
+        if g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff {
+            IpAddr::V4([g[12], g[13], g[14], g[15]])
+        } else {
+            IpAddr::V6(*g)
+        }
+    }
+}
+
 /// One received MetaRoCE datagram: its addresses and its UDP payload, which it owns (in the
 /// buffer the stack received it in, freed when the packet is dropped).
 #[allow(dead_code)] // `dst` and `src_port` are for the multi-plane data path.

@@ -14,9 +14,9 @@ use crate::sys::{
 };
 use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use kernel::{
-    new_mutex, new_spinlock,
+    new_mutex, new_spinlock, new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex, SpinLock},
+    sync::{Arc, Mutex, SpinLock, SpinLockIrq},
 };
 
 pub(crate) type SendWqe = bindings::metaroce_send_wqe;
@@ -190,38 +190,126 @@ impl<T> Table<T> {
     }
 }
 
+/// A queue of fixed capacity in kernel memory, allocated once: pushing never allocates (so it
+/// works in atomic context).
+pub(crate) struct Fifo<T> {
+    items: KVec<T>,
+    head: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Fifo<T> {
+    pub(crate) fn new(capacity: u32) -> Result<Self> {
+        let n = capacity.max(1) as usize;
+        let mut items = KVec::with_capacity(n, GFP_KERNEL)?;
+        items.extend_with(n, T::default(), GFP_KERNEL)?;
+        Ok(Fifo {
+            items,
+            head: 0,
+            len: 0,
+        })
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.items.len()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `item`; gives it back when full.
+    pub(crate) fn push(&mut self, item: T) -> core::result::Result<(), T> {
+        let cap = self.items.len();
+        if self.len == cap {
+            return Err(item);
+        }
+        match self.items.get_mut((self.head + self.len) % cap) {
+            Some(slot) => {
+                *slot = item;
+                self.len += 1;
+                Ok(())
+            }
+            None => Err(item),
+        }
+    }
+
+    /// Takes the oldest entry.
+    pub(crate) fn pop(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        let item = *self.items.get(self.head)?;
+        self.head = (self.head + 1) % self.items.len();
+        self.len -= 1;
+        Some(item)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.head = 0;
+        self.len = 0;
+    }
+}
+
+/// A completion for a kernel consumer: the CQE and what `struct ib_wc` has beyond it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KernelWc {
+    pub(crate) cqe: Cqe,
+    /// The `ib_qp` the completion belongs to (its address: the core's `wc->qp`).
+    pub(crate) ibqp: usize,
+    /// `enum rdma_network_type` of a received datagram (with `IB_WC_WITH_NETWORK_HDR_TYPE`).
+    pub(crate) network_hdr_type: u8,
+    pub(crate) port_num: u8,
+}
+
+/// Where a CQ's entries go: the ring a user process polls, or a queue in the kernel that the
+/// core's `poll_cq` empties (kernel consumers: the MAD layer's CQ of the GSI QP).
+pub(crate) enum CqRing {
+    User(UserRing<Cqe>),
+    Kernel(Fifo<KernelWc>),
+}
+
 /// Completion notification requested with `ibv_req_notify_cq`.
 const ARM_NONE: u8 = 0;
 const ARM_SOLICITED: u8 = 1;
 const ARM_NEXT: u8 = 2;
 
-/// A completion queue: a ring the kernel fills and userspace polls.
+/// A completion queue: a ring the kernel fills and userspace polls, or (kernel consumers) a
+/// queue in kernel memory.
 #[pin_data]
 pub(crate) struct Cq {
+    /// IRQ-safe: kernel consumers may poll and post from any context.
     #[pin]
-    ring: SpinLock<UserRing<Cqe>>,
+    ring: SpinLockIrq<CqRing>,
     armed: AtomicU8,
     overflows: AtomicU32,
     notifier: CqNotifier,
 }
 
 impl Cq {
-    pub(crate) fn new(ring: UserRing<Cqe>, notifier: CqNotifier) -> impl PinInit<Self> {
+    pub(crate) fn new(ring: CqRing, notifier: CqNotifier) -> impl PinInit<Self> {
         pin_init!(Cq {
-            ring <- new_spinlock!(ring, "metaroce_cq"),
+            ring <- new_spinlock_irq!(ring, "metaroce_cq"),
             armed: AtomicU8::new(ARM_NONE),
             overflows: AtomicU32::new(0),
             notifier,
         })
     }
 
-    pub(crate) fn ring_info(&self) -> RingInfo {
-        self.ring.lock().info()
+    /// Where the user ring is mapped (None for a kernel CQ).
+    pub(crate) fn ring_info(&self) -> Option<RingInfo> {
+        match &*self.ring.lock() {
+            CqRing::User(r) => Some(r.info()),
+            CqRing::Kernel(_) => None,
+        }
     }
 
     /// Entries the ring holds (what `ibv_create_cq` reports as `cqe`).
     pub(crate) fn capacity(&self) -> u32 {
-        self.ring.lock().num_entries()
+        match &*self.ring.lock() {
+            CqRing::User(r) => r.num_entries(),
+            CqRing::Kernel(q) => q.capacity() as u32,
+        }
     }
 
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one) raises an event.
@@ -234,8 +322,22 @@ impl Cq {
     /// Adds a completion; raises the completion event if the CQ is armed for it. A full ring
     /// is an overflow: the CQE is lost and the CQ reports an error event.
     pub(crate) fn complete(&self, cqe: &Cqe, solicited: bool) {
-        let pushed = self.ring.lock().push(cqe);
-        if pushed.is_err() {
+        self.complete_wc(
+            KernelWc {
+                cqe: *cqe,
+                ..KernelWc::default()
+            },
+            solicited,
+        );
+    }
+
+    /// [`Cq::complete`] with what a kernel consumer's completion carries besides.
+    pub(crate) fn complete_wc(&self, wc: KernelWc, solicited: bool) {
+        let pushed = match &mut *self.ring.lock() {
+            CqRing::User(r) => r.push(&wc.cqe).is_ok(),
+            CqRing::Kernel(q) => q.push(wc).is_ok(),
+        };
+        if !pushed {
             self.overflows.fetch_add(1, Ordering::Relaxed);
             self.notifier.overflow();
             return;
@@ -244,6 +346,29 @@ impl Cq {
         if armed == ARM_NEXT || (armed == ARM_SOLICITED && solicited) {
             self.armed.store(ARM_NONE, Ordering::Release);
             self.notifier.notify();
+        }
+    }
+
+    /// Kernel CQ: hands the oldest completions, `max` at most, to `out`; returns how many.
+    pub(crate) fn poll(&self, max: usize, mut out: impl FnMut(usize, &KernelWc)) -> usize {
+        let mut ring = self.ring.lock();
+        let CqRing::Kernel(q) = &mut *ring else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < max {
+            let Some(wc) = q.pop() else { break };
+            out(n, &wc);
+            n += 1;
+        }
+        n
+    }
+
+    /// Kernel CQ: whether completions are waiting (`IB_CQ_REPORT_MISSED_EVENTS`).
+    pub(crate) fn has_completions(&self) -> bool {
+        match &*self.ring.lock() {
+            CqRing::Kernel(q) => q.len() > 0,
+            CqRing::User(_) => false,
         }
     }
 }

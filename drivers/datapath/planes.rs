@@ -33,7 +33,7 @@ const HELLO_SRC_PORT: u16 = UDP_PORT;
 
 /// One plane of this device: its socket and whether its link is up.
 pub(crate) struct LocalPlane {
-    socket: PlaneSocket,
+    pub(super) socket: PlaneSocket,
     up: bool,
 }
 
@@ -91,7 +91,7 @@ impl Engine {
 
     /// Opens plane 0's socket (device creation).
     pub(super) fn open_plane0(self: &Arc<Self>, ndev: &NetDev<'_>) -> Result {
-        let socket = self.open_socket(ndev)?;
+        let socket = self.open_socket(ndev, 0)?;
         let up = ndev.link_up();
         if let Some(slot) = self.planes.lock().get_mut(0) {
             *slot = Some(LocalPlane { socket, up });
@@ -99,10 +99,10 @@ impl Engine {
         Ok(())
     }
 
-    fn open_socket(self: &Arc<Self>, ndev: &NetDev<'_>) -> Result<PlaneSocket> {
+    fn open_socket(self: &Arc<Self>, ndev: &NetDev<'_>, plane: usize) -> Result<PlaneSocket> {
         // The socket's handler holds the engine: `shutdown` breaks that cycle.
         let rx: Arc<dyn RxHandler> = Arc::new(
-            DeviceRx::new(self.counters.clone(), self.clone()),
+            DeviceRx::new(self.counters.clone(), self.clone(), plane as u8),
             GFP_KERNEL,
         )?;
         PlaneSocket::open(ndev, rx, self.counters.clone())
@@ -125,7 +125,7 @@ impl Engine {
         if !self.is_open() {
             return Err(ENODEV);
         }
-        let socket = self.open_socket(ndev)?;
+        let socket = self.open_socket(ndev, plane)?;
         let up = ndev.link_up();
         {
             let mut planes = self.planes.lock();

@@ -87,11 +87,17 @@ fn device_ops() -> bindings::ib_device_ops {
         size_ib_srq: verbs::SIZE_SRQ,
         reg_user_mr: Some(verbs::reg_user_mr),
         dereg_mr: Some(verbs::dereg_mr),
+        get_dma_mr: Some(verbs::get_dma_mr),
         create_qp: Some(verbs::create_qp),
         modify_qp: Some(verbs::modify_qp),
         query_qp: Some(verbs::query_qp),
         destroy_qp: Some(verbs::destroy_qp),
         post_send: Some(verbs::post_send),
+        post_recv: Some(super::kverbs::post_recv),
+        poll_cq: Some(super::kverbs::poll_cq),
+        create_ah: Some(super::kverbs::create_ah),
+        destroy_ah: Some(super::kverbs::destroy_ah),
+        size_ib_ah: super::kverbs::SIZE_AH,
         size_ib_qp: verbs::SIZE_QP,
         ..Default::default()
     }
@@ -185,7 +191,8 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         // plane is added (`sys::planes`) and are down until then.
         ib.phys_port_cnt = crate::device::MAX_PLANES;
         ib.num_comp_vectors = bindings::metaroce_glue_num_possible_cpus() as c_int;
-        ib.local_dma_lkey = 0;
+        // Kernel consumers' SGEs (virtual DMA) name this key (`sys::kverbs`).
+        ib.local_dma_lkey = super::kverbs::KERNEL_LKEY;
         ib.node_guid = node_guid;
         let desc = b"metaroce\0";
         ptr::copy_nonoverlapping(desc.as_ptr().cast(), ib.node_desc.as_mut_ptr(), desc.len());

@@ -10,9 +10,11 @@
 //! - [`registration`]: the module-wide registrations (link type, netdev notifier).
 //! - [`udp`]: a plane's kernel UDP sockets (receive callback, send).
 //! - [`stats`]: the hardware counter ops.
+//! - [`kverbs`]: verbs for kernel consumers (the GSI QP, address handles, `poll_cq`).
 
 pub(crate) mod bindings;
 pub(crate) mod ibdev;
+mod kverbs;
 pub(crate) mod netdev;
 mod planes;
 mod registration;
@@ -24,6 +26,7 @@ pub(crate) mod udp;
 pub(crate) mod work;
 
 pub(crate) use registration::Registration;
+pub(crate) use kverbs::KernelBuf;
 pub(crate) use verbs::CqNotifier;
 
 /// A C object the kernel reaches through a pointer we hand it (the link ops, the netdev

@@ -12,7 +12,9 @@ use super::{
     to_errno,
     umem::UserMemory,
 };
-use crate::verbs::{limits, Caps, Cq, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq};
+use crate::verbs::{
+    limits, Caps, Cq, CqRing, Fifo, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq,
+};
 use core::{
     mem::{offset_of, size_of},
     ptr::{self, NonNull},
@@ -28,7 +30,10 @@ pub(super) struct MetaCq {
 #[repr(C)]
 pub(super) struct MetaQp {
     ibqp: bindings::ib_qp,
+    /// A user RC QP.
     qp: Option<Arc<Qp>>,
+    /// The GSI QP of a port (a kernel consumer's: the MAD layer's).
+    pub(super) gsi: Option<Arc<crate::gsi::GsiQp>>,
 }
 
 #[repr(C)]
@@ -161,17 +166,26 @@ unsafe fn create_cq_inner(
     attr: &bindings::ib_cq_init_attr,
     attrs: *mut bindings::uverbs_attr_bundle,
 ) -> Result {
-    if attrs.is_null() {
-        return Err(EOPNOTSUPP);
-    }
     if attr.flags != 0 || attr.cqe < 1 || attr.cqe > limits::MAX_CQE {
         return Err(EINVAL);
     }
     // SAFETY: `ibcq` is live and `device` set by the core.
-    if unsafe { verbs_of((*ibcq).device) }.cqs.load(core::sync::atomic::Ordering::Relaxed)
-        >= limits::MAX_CQ
-    {
+    let verbs = unsafe { verbs_of((*ibcq).device) };
+    if verbs.cqs.load(core::sync::atomic::Ordering::Relaxed) >= limits::MAX_CQ {
         return Err(ENOMEM);
+    }
+    if attrs.is_null() {
+        // A kernel consumer's CQ (the MAD layer's): completions wait in kernel memory for
+        // `poll_cq`.
+        let notifier = CqNotifier(NonNull::new(ibcq).ok_or(EINVAL)?);
+        let cq = Arc::pin_init(Cq::new(CqRing::Kernel(Fifo::new(attr.cqe)?), notifier), GFP_KERNEL)?;
+        // SAFETY: `ibcq` is the core's zeroed allocation of our size; nothing else sees it yet.
+        unsafe {
+            (*ibcq).cqe = cq.capacity() as c_int;
+            ptr::addr_of_mut!((*ibcq.cast::<MetaCq>()).cq).write(Some(cq));
+        }
+        verbs.cqs.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        return Ok(());
     }
     // SAFETY: `attrs` is the live bundle of this uverbs call.
     let (udata, uctx) = unsafe {
@@ -181,15 +195,13 @@ unsafe fn create_cq_inner(
     if uctx.is_null() {
         return Err(EINVAL);
     }
-    // SAFETY: `ibcq` is live and `device` set by the core.
-    let verbs = unsafe { verbs_of((*ibcq).device) };
     // One slot more than asked for, so a full CQ of `cqe` entries fits.
     // SAFETY: `uctx` is a live context of our device.
     let ring = unsafe { UserRing::new(uctx, attr.cqe + 1) }?;
     let notifier = CqNotifier(NonNull::new(ibcq).ok_or(EINVAL)?);
-    let cq = Arc::pin_init(Cq::new(ring, notifier), GFP_KERNEL)?;
+    let cq = Arc::pin_init(Cq::new(CqRing::User(ring), notifier), GFP_KERNEL)?;
     let mut resp = bindings::metaroce_create_cq_resp {
-        ring: cq.ring_info().into(),
+        ring: cq.ring_info().ok_or(EINVAL)?.into(),
     };
     // SAFETY: `udata` is this call's.
     unsafe { respond(udata, &mut resp) }?;
@@ -231,6 +243,12 @@ pub(super) unsafe extern "C" fn req_notify_cq(
         let solicited = flags & bindings::ib_cq_notify_flags_IB_CQ_SOLICITED_MASK
             == bindings::ib_cq_notify_flags_IB_CQ_SOLICITED;
         cq.arm(solicited);
+        // Kernel consumers may ask whether completions arrived before they armed.
+        if flags & bindings::ib_cq_notify_flags_IB_CQ_REPORT_MISSED_EVENTS != 0
+            && cq.has_completions()
+        {
+            return 1;
+        }
     }
     0
 }
@@ -240,7 +258,7 @@ pub(super) unsafe extern "C" fn req_notify_cq(
 /// # Safety
 ///
 /// `ibcq` must be null or a live CQ of our device.
-unsafe fn cq_of(ibcq: *mut bindings::ib_cq) -> Result<Arc<Cq>> {
+pub(super) unsafe fn cq_of(ibcq: *mut bindings::ib_cq) -> Result<Arc<Cq>> {
     if ibcq.is_null() {
         return Err(EINVAL);
     }
@@ -442,6 +460,41 @@ unsafe fn reg_user_mr_inner(
     Ok(ptr::addr_of_mut!(KBox::leak(meta).ibmr))
 }
 
+/// The DMA MR of a kernel PD: local access to kernel memory under [`KERNEL_LKEY`] (the
+/// device's `local_dma_lkey`, so the core only asks for one with `IB_PD_UNSAFE_GLOBAL_RKEY`).
+/// Remote access to all of kernel memory is refused.
+///
+/// [`KERNEL_LKEY`]: super::kverbs::KERNEL_LKEY
+///
+/// # Safety
+///
+/// Called only by the RDMA core with a live kernel PD.
+pub(super) unsafe extern "C" fn get_dma_mr(
+    _ibpd: *mut bindings::ib_pd,
+    access: c_int,
+) -> *mut bindings::ib_mr {
+    let remote = bindings::ib_access_flags_IB_ACCESS_REMOTE_READ
+        | bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE
+        | bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC;
+    if access as u32 & remote != 0 {
+        return err_ptr(EOPNOTSUPP);
+    }
+    let meta = KBox::new(
+        MetaMr {
+            ibmr: bindings::ib_mr::default(),
+            mr: None,
+        },
+        GFP_KERNEL,
+    );
+    match meta {
+        Ok(mut meta) => {
+            meta.ibmr.lkey = super::kverbs::KERNEL_LKEY;
+            ptr::addr_of_mut!(KBox::leak(meta).ibmr)
+        }
+        Err(e) => err_ptr(e.into()),
+    }
+}
+
 /// # Safety
 ///
 /// Called only by the RDMA core for an MR we registered.
@@ -481,7 +534,11 @@ unsafe fn create_qp_inner(
     init: &mut bindings::ib_qp_init_attr,
     udata: *mut bindings::ib_udata,
 ) -> Result {
-    // SAFETY: `udata` is this call's (or null).
+    if udata.is_null() {
+        // SAFETY: per the contract, with no udata: a kernel consumer.
+        return unsafe { super::kverbs::create_gsi(ibqp, init) };
+    }
+    // SAFETY: `udata` is this call's.
     let uctx = unsafe { ucontext_of(udata) }?;
     if init.qp_type != bindings::ib_qp_type_IB_QPT_RC {
         return Err(EOPNOTSUPP);
@@ -584,10 +641,14 @@ pub(super) unsafe extern "C" fn modify_qp(
 ) -> c_int {
     // SAFETY: per the contract.
     let (qp, attr, qp_type) = unsafe { (qp_of(ibqp), &*attr, (*ibqp).qp_type) };
+    let mask = mask as u32;
+    // SAFETY: per the contract.
+    if let Some(gsi) = unsafe { super::kverbs::gsi_of(ibqp) } {
+        return super::kverbs::modify_gsi(gsi, attr, mask, qp_type);
+    }
     let Some(qp) = qp else {
         return EINVAL.to_errno();
     };
-    let mask = mask as u32;
     let cur = qp.state();
     let next = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
         attr.qp_state
@@ -642,6 +703,11 @@ pub(super) unsafe extern "C" fn query_qp(
 ) -> c_int {
     // SAFETY: per the contract.
     let (qp, attr, init) = unsafe { (qp_of(ibqp), &mut *attr, &mut *init) };
+    // SAFETY: per the contract.
+    if let Some(gsi) = unsafe { super::kverbs::gsi_of(ibqp) } {
+        super::kverbs::query_gsi(gsi, attr, init);
+        return 0;
+    }
     let Some(qp) = qp else {
         return EINVAL.to_errno();
     };
@@ -678,6 +744,7 @@ pub(super) unsafe extern "C" fn destroy_qp(
 ) -> c_int {
     // SAFETY: per the contract; after this the core frees the `ib_qp`.
     unsafe {
+        super::kverbs::destroy_gsi(ibqp);
         if let Some(qp) = (*ibqp.cast::<MetaQp>()).qp.take() {
             if let Some(engine) = engine_of((*ibqp).device) {
                 engine.detach(&qp);
@@ -699,10 +766,9 @@ pub(super) unsafe extern "C" fn post_send(
     bad_wr: *mut *const bindings::ib_send_wr,
 ) -> c_int {
     if !wr.is_null() {
-        // Kernel consumers are not supported yet.
-        // SAFETY: the core passes a valid out pointer.
-        unsafe { *bad_wr = wr };
-        return EOPNOTSUPP.to_errno();
+        // A kernel consumer's work requests (the GSI QP's).
+        // SAFETY: per the contract.
+        return unsafe { super::kverbs::post_send_kernel(ibqp, wr, bad_wr) };
     }
     // SAFETY: per the contract.
     let Some(qp) = (unsafe { qp_of(ibqp) }) else {
