@@ -663,7 +663,7 @@ impl Engine {
         for _ in 0..4 {
             self.feed_queued(p, now);
             let PeerInner { conn, buf, .. } = &mut *p;
-            let mut mem = Mem { verbs: &self.verbs };
+            let mut mem = Mem::new(&self.verbs);
             {
                 let mut alloc = self.alloc.lock();
                 // Datagrams the full receive queue dropped: the host is the bottleneck.
@@ -908,6 +908,7 @@ impl Engine {
     fn receive_batch(&self, peer: &Peer, p: &mut PeerInner) -> u32 {
         let now = work::now_ns();
         let mut handled = 0;
+        let mut mem = Mem::new(&self.verbs);
         for _ in 0..RX_BATCH {
             let mut q = self.rxq.lock();
             if !q.head_src().is_some_and(|src| peer.planes.has(src)) {
@@ -929,7 +930,6 @@ impl Engine {
                     Self::feed(conn, slot, sid, now);
                 }
             }
-            let mut mem = Mem { verbs: &self.verbs };
             match conn.handle_packet(now, data, item.ce, &mut mem) {
                 Ok(()) => {}
                 Err(RecvError::DeviceLevel) => self.on_hello(peer, conn, data, now),
@@ -1094,9 +1094,21 @@ impl KthreadWork for Engine {
     }
 }
 
-/// The transport's view of our MR table.
+/// The transport's view of our MR table: every access on behalf of a QP, checked against that
+/// QP's protection domain and (remote accesses) its `qp_access_flags` as well as the MR's own
+/// rights.
 struct Mem<'a> {
     verbs: &'a Verbs,
+    /// The QP last asked about: a run or a batch mostly serves one.
+    last: Option<QpRights>,
+}
+
+/// What the checks need of a QP.
+#[derive(Clone, Copy)]
+struct QpRights {
+    qpn: u32,
+    pd: usize,
+    access: u32,
 }
 
 fn access_error(e: verbs::MrError) -> AccessError {
@@ -1106,23 +1118,75 @@ fn access_error(e: verbs::MrError) -> AccessError {
     }
 }
 
+impl<'a> Mem<'a> {
+    fn new(verbs: &'a Verbs) -> Self {
+        Mem { verbs, last: None }
+    }
+
+    fn rights(&mut self, qpn: u32) -> Result<QpRights, AccessError> {
+        if let Some(r) = self.last.filter(|r| r.qpn == qpn) {
+            return Ok(r);
+        }
+        let qp = self.verbs.qp(qpn).ok_or(AccessError::Key)?;
+        let r = QpRights {
+            qpn,
+            pd: qp.pd,
+            access: qp.access_flags(),
+        };
+        self.last = Some(r);
+        Ok(r)
+    }
+
+    /// The MR `lkey` names, if it is in QP `qpn`'s protection domain.
+    fn local_mr(&mut self, qpn: u32, lkey: u32) -> Result<Arc<verbs::Mr>, AccessError> {
+        let pd = self.rights(qpn)?.pd;
+        self.verbs.mr(lkey, Some(pd)).ok_or(AccessError::Key)
+    }
+
+    /// The MR `rkey` names, if it is in QP `qpn`'s protection domain and the QP grants
+    /// `right` (an `IB_ACCESS_REMOTE_*` flag; the MR's own rights are checked on access).
+    fn remote_mr(&mut self, qpn: u32, rkey: u32, right: u32) -> Result<Arc<verbs::Mr>, AccessError> {
+        let r = self.rights(qpn)?;
+        if r.access & right != right {
+            return Err(AccessError::Permission);
+        }
+        self.verbs.mr(rkey, Some(r.pd)).ok_or(AccessError::Key)
+    }
+}
+
 impl Memory for Mem<'_> {
-    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_local(
+        &mut self,
+        qp: u32,
+        sge: &Sge,
+        offset: u32,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
         if sge.lkey == verbs::INLINE_LKEY {
-            // An inline payload: in the store of the QP named by the address's high half.
-            let qp = self.verbs.qp((sge.addr >> 32) as u32).ok_or(AccessError::Key)?;
+            // An inline payload: in the store of the QP named by the address's high half,
+            // which must be the QP sending it.
+            if (sge.addr >> 32) as u32 != qp {
+                return Err(AccessError::Key);
+            }
+            let qp = self.verbs.qp(qp).ok_or(AccessError::Key)?;
             let at = (sge.addr as u32 as usize).saturating_add(offset as usize);
             let inner = qp.inner.lock();
             let store = inner.inline.as_ref().ok_or(AccessError::Key)?;
             return store.read(at, out).ok_or(AccessError::Bounds);
         }
-        let mr = self.verbs.mr(sge.lkey, None).ok_or(AccessError::Key)?;
+        let mr = self.local_mr(qp, sge.lkey)?;
         let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
         mr.read(va, out, 0).map_err(access_error)
     }
 
-    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
-        let mr = self.verbs.mr(sge.lkey, None).ok_or(AccessError::Key)?;
+    fn write_local(
+        &mut self,
+        qp: u32,
+        sge: &Sge,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        let mr = self.local_mr(qp, sge.lkey)?;
         let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
         mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE)
             .map_err(access_error)
@@ -1130,26 +1194,39 @@ impl Memory for Mem<'_> {
 
     fn check_remote(
         &mut self,
+        qp: u32,
         rkey: u32,
         va: u64,
         len: u32,
         access: Access,
     ) -> Result<(), AccessError> {
-        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
-        mr.check(va, u64::from(len), remote_right(access))
-            .map_err(access_error)
+        let right = remote_right(access);
+        let mr = self.remote_mr(qp, rkey, right)?;
+        mr.check(va, u64::from(len), right).map_err(access_error)
     }
 
-    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
-        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
-        mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE)
-            .map_err(access_error)
+    fn write_remote(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE;
+        let mr = self.remote_mr(qp, rkey, right)?;
+        mr.write(va, data, right).map_err(access_error)
     }
 
-    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
-        mr.read(va, out, bindings::ib_access_flags_IB_ACCESS_REMOTE_READ)
-            .map_err(access_error)
+    fn read_remote(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
+        let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_READ;
+        let mr = self.remote_mr(qp, rkey, right)?;
+        mr.read(va, out, right).map_err(access_error)
     }
 
     fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {
@@ -1167,11 +1244,11 @@ impl Memory for Mem<'_> {
         taken
     }
 
-    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+    fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
         if va % 8 != 0 {
             return Err(AccessError::Alignment);
         }
-        let mr = self.verbs.mr(rkey, None).ok_or(AccessError::Key)?;
+        let mr = self.remote_mr(qp, rkey, bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC)?;
         mr.atomic(va, |old| op.apply(old)).map_err(access_error)
     }
 }

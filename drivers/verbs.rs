@@ -121,7 +121,7 @@ impl Mr {
     }
 
     /// An atomic on the 8-byte word at `va`; returns the old value.
-    pub(crate) fn atomic(&self, va: u64, op: impl FnOnce(u64) -> u64) -> Result<u64, MrError> {
+    pub(crate) fn atomic(&self, va: u64, op: impl Fn(u64) -> u64) -> Result<u64, MrError> {
         self.allow(bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC)?;
         let off = self.offset(va, 8)?;
         self.mem.atomic(off, op).map_err(|_| MrError::Bounds)
@@ -605,6 +605,9 @@ pub(crate) struct Qp {
     pub(crate) srq: Option<Arc<Srq>>,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: Caps,
+    /// `qp_access_flags` (`IB_ACCESS_REMOTE_*`), also in `inner`: read on the data path
+    /// without the QP's lock.
+    access: AtomicU32,
     #[pin]
     pub(crate) inner: Mutex<QpInner>,
 }
@@ -722,6 +725,7 @@ impl Qp {
             srq: p.srq,
             sq_sig_all: p.sq_sig_all,
             cap: p.cap,
+            access: AtomicU32::new(0),
             inner <- new_mutex!(
                 QpInner {
                     state: QpState::Reset,
@@ -771,6 +775,9 @@ impl Qp {
             return Err(EINVAL);
         }
         inner.attrs.apply(attr, mask);
+        if mask & bindings::ib_qp_attr_mask_IB_QP_ACCESS_FLAGS != 0 {
+            self.access.store(attr.qp_access_flags as u32, Ordering::Release);
+        }
         if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
             let next = QpState::from_ib(attr.qp_state).ok_or(EINVAL)?;
             if next == QpState::Rtr && !inner.attrs.ah_set {
@@ -783,6 +790,11 @@ impl Qp {
 
     pub(crate) fn state(&self) -> QpState {
         self.inner.lock().state
+    }
+
+    /// `qp_access_flags`: the remote accesses the QP allows (`IB_ACCESS_REMOTE_*`).
+    pub(crate) fn access_flags(&self) -> u32 {
+        self.access.load(Ordering::Acquire)
     }
 
     /// The transport failed the QP's stream (retries exhausted, remote error): the QP is in

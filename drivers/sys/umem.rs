@@ -137,24 +137,34 @@ impl UserMemory {
         })
     }
 
-    /// Applies `op` to the aligned 8-byte word at `offset` and returns its old value. Atomic
-    /// with respect to other atomics through this driver (the caller serialises them).
-    pub(crate) fn atomic(&self, offset: u64, op: impl FnOnce(u64) -> u64) -> Result<u64> {
+    /// Applies `op` to the aligned 8-byte word at `offset` and returns its old value, as one
+    /// atomic read-modify-write (a compare-and-exchange loop): atomic against every other
+    /// atomic through this device, whatever connection it comes on, and against CPU atomics on
+    /// the same word.
+    pub(crate) fn atomic(&self, offset: u64, op: impl Fn(u64) -> u64) -> Result<u64> {
         if offset % 8 != 0 || (self.first_offset as u64 + offset) % 8 != 0 {
             return Err(EINVAL);
         }
         let mut old = 0u64;
-        let mut op = Some(op);
         self.for_each_piece(offset, 8, |p, _, n| {
             if n == 8 {
-                if let Some(op) = op.take() {
-                    // SAFETY: 8 aligned, mapped bytes (an aligned word never crosses a page).
-                    unsafe {
-                        let w = p.cast::<u64>();
-                        old = w.read_volatile();
-                        w.write_volatile(op(old));
+                // SAFETY: 8 aligned, mapped bytes of pinned memory (an aligned word never
+                // crosses a page), live while the umem is; every access to it from the kernel
+                // is atomic, and userspace's plain accesses race as they do with a NIC's.
+                let word = unsafe { core::sync::atomic::AtomicU64::from_ptr(p.cast::<u64>()) };
+                let mut cur = word.load(core::sync::atomic::Ordering::SeqCst);
+                loop {
+                    match word.compare_exchange(
+                        cur,
+                        op(cur),
+                        core::sync::atomic::Ordering::SeqCst,
+                        core::sync::atomic::Ordering::SeqCst,
+                    ) {
+                        Ok(_) => break,
+                        Err(now) => cur = now,
                     }
                 }
+                old = cur;
             }
         })?;
         Ok(old)

@@ -59,11 +59,14 @@ class Side:
     def __init__(self, dev):
         self.ctx = Context(name=dev)
         self.pd = PD(self.ctx)
+        # A second protection domain: its MRs are no keys for QPs of the first.
+        self.other_pd = PD(self.ctx)
         self.gid = str(self.ctx.query_gid(1, GID_INDEX))
         self.eps = {}
 
-    def create(self, name, size=MR_SIZE, access=ALL_REMOTE):
-        ep = Endpoint(self, size, access)
+    def create(self, name, size=MR_SIZE, access=ALL_REMOTE, mr_other_pd=False,
+               qp_access=None):
+        ep = Endpoint(self, size, access, mr_other_pd, qp_access)
         old = self.eps.pop(name, None)
         if old:
             old.close()
@@ -74,7 +77,7 @@ class Side:
 class Endpoint:
     """An RC QP with its own send and receive CQs and one MR."""
 
-    def __init__(self, side, size, access):
+    def __init__(self, side, size, access, mr_other_pd=False, qp_access=None):
         self.side = side
         self.scq = CQ(side.ctx, 64)
         self.rcq = CQ(side.ctx, 64)
@@ -82,14 +85,14 @@ class Endpoint:
                     max_inline_data=INLINE)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.scq, rcq=self.rcq, cap=cap)
         self.qp = QP(side.pd, init)
-        self.mr = MR(side.pd, size, access)
+        self.mr = MR(side.other_pd if mr_other_pd else side.pd, size, access)
         self.size = size
         self.psn = int.from_bytes(os.urandom(3), "little")
         attr = QPAttr(qp_state=e.IBV_QPS_INIT)
         attr.pkey_index = 0
         attr.port_num = 1
         attr.qp_access_flags = (e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-                                | e.IBV_ACCESS_REMOTE_ATOMIC)
+                                | e.IBV_ACCESS_REMOTE_ATOMIC) if qp_access is None else qp_access
         self.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
                        | e.IBV_QP_ACCESS_FLAGS)
 
@@ -201,7 +204,8 @@ def serve(args):
 def handle(side, op, req):
     """Returns (answer, something to do after answering or None)."""
     if op == "create":
-        ep = side.create(req["name"], req.get("size", MR_SIZE), req.get("access", ALL_REMOTE))
+        ep = side.create(req["name"], req.get("size", MR_SIZE), req.get("access", ALL_REMOTE),
+                         req.get("mr_other_pd", False), req.get("qp_access"))
         return ep.info(), None
     ep = side.eps[req["name"]]
     if op == "connect":
@@ -300,11 +304,12 @@ class Client:
         self.n = 0
 
     def pair(self, name, server_access=ALL_REMOTE, server_attrs=None, point_at=None,
-             **client_attrs):
+             server_create=None, **client_attrs):
         """A connected QP pair: our endpoint and the server's info (qpn, rkey, addr, size).
-        point_at overrides where our QP sends to (qpn, gid)."""
+        point_at overrides where our QP sends to (qpn, gid); server_create adds arguments to
+        the server's endpoint (mr_other_pd, qp_access)."""
         ep = self.side.create(name)
-        remote = self.peer("create", name=name, access=server_access)
+        remote = self.peer("create", name=name, access=server_access, **(server_create or {}))
         self.peer("connect", name=name, remote=ep.info(), attrs=server_attrs or {})
         ep.connect(dict(remote, **(point_at or {})), **client_attrs)
         return ep, remote
@@ -353,15 +358,16 @@ class Client:
 
     # -- 1-3: remote access errors ------------------------------------------------------------
 
-    def access_error(self, name, opcode, rkey_of, addr_of, length=64, server_access=ALL_REMOTE):
+    def access_error(self, name, opcode, rkey_of, addr_of, length=64, server_access=ALL_REMOTE,
+                     server_create=None):
         """opcode with a bad rkey/address/right completes with REM_ACCESS_ERR, the WR queued
         behind it flushes, the QP is in ERR, and later work flushes."""
         def run():
-            ep, remote = self.pair(name, server_access=server_access)
+            ep, remote = self.pair(name, server_access=server_access, server_create=server_create)
             c0 = counters("mroce1")
             try:
                 ep.mr.write(os.urandom(64), 64)
-                if server_access & e.IBV_ACCESS_REMOTE_WRITE:
+                if server_access & e.IBV_ACCESS_REMOTE_WRITE and not server_create:
                     # A good WRITE first: the pair works, so the error is the access's.
                     wr = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, remote["rkey"], remote["addr"])
                     self.expect(ep, wr, e.IBV_WC_SUCCESS)
@@ -651,6 +657,14 @@ class Client:
               self.access_error("ro", e.IBV_WR_RDMA_WRITE, lambda r: r["rkey"], base,
                                 server_access=e.IBV_ACCESS_LOCAL_WRITE
                                 | e.IBV_ACCESS_REMOTE_READ))
+        check("protection domains: RDMA WRITE with the rkey of an MR in another PD of the"
+              " responder -> REM_ACCESS_ERR",
+              self.access_error("otherpd", e.IBV_WR_RDMA_WRITE, lambda r: r["rkey"], base,
+                                server_create={"mr_other_pd": True}))
+        check("QP access flags: RDMA READ from a QP whose qp_access_flags lack REMOTE_READ"
+              " (its MR allows it) -> REM_ACCESS_ERR",
+              self.access_error("qpflags", e.IBV_WR_RDMA_READ, lambda r: r["rkey"], base,
+                                server_create={"qp_access": e.IBV_ACCESS_REMOTE_WRITE}))
         c_access = snap()
         check("RNR, rnr_retry=7: SEND waits for a receive posted 1 s later, data byte-exact",
               self.rnr_infinite)
@@ -694,10 +708,10 @@ class Client:
         self.drop("data")
         c_end = snap()
         # The counters the README documents for these events (diagnostics for operators).
-        check("counters: the 5 remote access errors are counted (nak_sent_remote_access on the"
+        check("counters: the 7 remote access errors are counted (nak_sent_remote_access on the"
               " responder, nak_rcvd_remote_access on the requester)",
-              self.counter_check(c_start, c_access, [("mroce2", "nak_sent_remote_access", 5),
-                                                     ("mroce1", "nak_rcvd_remote_access", 5)]))
+              self.counter_check(c_start, c_access, [("mroce2", "nak_sent_remote_access", 7),
+                                                     ("mroce1", "nak_rcvd_remote_access", 7)]))
         check("counters: RNR is counted (nak_sent_rnr, nak_rcvd_rnr, rnr_retries)",
               self.counter_check(c_access, c_rnr, [("mroce2", "nak_sent_rnr", 2),
                                                    ("mroce1", "nak_rcvd_rnr", 2),

@@ -159,30 +159,112 @@ impl AtomicOp {
 
 /// Memory access the core calls into. All methods must be safe against any key or address:
 /// they come from the wire.
+///
+/// `qp` is the local QP whose stream makes the access. The implementation checks that the
+/// region belongs to that QP's protection domain, and for remote accesses also that the QP
+/// grants the remote right (`IB_ACCESS_REMOTE_*` of its `qp_access_flags`) as well as the
+/// region; a refusal is [`AccessError::Key`] (another PD's key is no key for this QP) or
+/// [`AccessError::Permission`].
 pub trait Memory {
     /// Copies `out.len()` bytes from a local SGE at `offset` within it (sending).
-    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError>;
+    fn read_local(
+        &mut self,
+        qp: u32,
+        sge: &Sge,
+        offset: u32,
+        out: &mut [u8],
+    ) -> Result<(), AccessError>;
     /// Copies `data` into a local SGE at `offset` within it (receiving, READ responses).
-    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError>;
+    fn write_local(
+        &mut self,
+        qp: u32,
+        sge: &Sge,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), AccessError>;
     /// Checks that `[va, va+len)` under `rkey` allows `access`, without touching data.
     fn check_remote(
         &mut self,
+        qp: u32,
         rkey: u32,
         va: u64,
         len: u32,
         access: Access,
     ) -> Result<(), AccessError>;
     /// RDMA WRITE placement.
-    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError>;
+    fn write_remote(&mut self, qp: u32, rkey: u32, va: u64, data: &[u8])
+        -> Result<(), AccessError>;
     /// RDMA READ source.
-    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError>;
+    fn read_remote(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), AccessError>;
     /// Executes an atomic and returns the original value.
-    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
     /// The next receive WQE of the shared receive queue of QP `qp` (a stream with
     /// `StreamConfig::srq`), taken off that queue; None if it is empty (the responder then
     /// answers RNR). Memory without SRQs keeps the default.
     fn shared_recv(&mut self, qp: u32) -> Option<super::stream::RecvWqe> {
         let _ = qp;
         None
+    }
+}
+
+/// [`Memory`] as the stream of one local QP sees it: every access names that QP.
+pub struct QpMem<'a, M: Memory> {
+    /// The memory.
+    pub mem: &'a mut M,
+    /// The local QP making the accesses.
+    pub qp: u32,
+}
+
+impl<'a, M: Memory> QpMem<'a, M> {
+    /// `mem` as QP `qp` sees it.
+    pub fn new(mem: &'a mut M, qp: u32) -> Self {
+        QpMem { mem, qp }
+    }
+
+    /// [`Memory::read_local`] for this QP.
+    pub fn read_local(
+        &mut self,
+        sge: &Sge,
+        offset: u32,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
+        self.mem.read_local(self.qp, sge, offset, out)
+    }
+
+    /// [`Memory::write_local`] for this QP.
+    pub fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+        self.mem.write_local(self.qp, sge, offset, data)
+    }
+
+    /// [`Memory::check_remote`] for this QP.
+    pub fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u32,
+        access: Access,
+    ) -> Result<(), AccessError> {
+        self.mem.check_remote(self.qp, rkey, va, len, access)
+    }
+
+    /// [`Memory::write_remote`] for this QP.
+    pub fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+        self.mem.write_remote(self.qp, rkey, va, data)
+    }
+
+    /// [`Memory::read_remote`] for this QP.
+    pub fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        self.mem.read_remote(self.qp, rkey, va, out)
+    }
+
+    /// [`Memory::atomic`] for this QP.
+    pub fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        self.mem.atomic(self.qp, rkey, va, op)
     }
 }

@@ -765,3 +765,49 @@ fn qps_sharing_a_receive_queue_take_wqes_as_messages_arrive() {
     let rnr = sim.ep[1].conn.stats().naks_out_by_code[3];
     assert_eq!(rnr, 0, "no RNR while the shared queue had WQEs");
 }
+
+/// Protection domains and the QP's own access rights are checked on every access (IBA
+/// 10.2.3, 10.6.3): a region of another PD is no key for the QP, on either side, and a QP
+/// that grants no remote access refuses every RDMA request.
+#[test]
+fn other_pd_key_and_qp_without_remote_rights_are_refused() {
+    // The responder's region is in PD 7, its QP (0x22) in PD 0: the WRITE is refused.
+    let mut sim = Sim::new(LinkConfig::clean(), 21);
+    sim.ep[1].mem.regions.get_mut(&2).unwrap().pd = 7;
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 100)).remote(B_BUF, 2),
+    );
+    assert!(sim.run_until(50_000_000, |s| !s.ep[0].send_cqes.is_empty()));
+    assert_eq!(sim.ep[0].send_cqes[0].status, CqStatus::RemAccessErr);
+    assert!(sim.ep[1].mem.bytes(2, B_BUF, 100).iter().all(|b| *b == 0));
+
+    // Same PD again, but the responder's QP grants no remote rights: READ and atomic refused.
+    for (seed, op) in [(22, WrOpcode::RdmaRead), (23, WrOpcode::FetchAdd)] {
+        let mut sim = Sim::new(LinkConfig::clean(), seed);
+        sim.ep[1].mem.qp_no_remote.insert(0x22);
+        let len = if op == WrOpcode::FetchAdd { 8 } else { 64 };
+        let mut w = SendWqe::new(1, op, sge(1, A_BUF, len)).remote(B_BUF, 2);
+        if op == WrOpcode::FetchAdd {
+            w = w.atomic(1, 0);
+        }
+        post(&mut sim, w);
+        assert!(sim.run_until(50_000_000, |s| !s.ep[0].send_cqes.is_empty()));
+        assert_eq!(
+            sim.ep[0].send_cqes[0].status,
+            CqStatus::RemAccessErr,
+            "{op:?}"
+        );
+    }
+
+    // The requester's local buffer is in another PD than its QP (0x11): a local protection
+    // error, nothing sent.
+    let mut sim = Sim::new(LinkConfig::clean(), 24);
+    sim.ep[0].mem.qp_pd.insert(0x11, 3);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 100)).remote(B_BUF, 2),
+    );
+    assert!(sim.run_until(50_000_000, |s| !s.ep[0].send_cqes.is_empty()));
+    assert_eq!(sim.ep[0].send_cqes[0].status, CqStatus::LocProtErr);
+}

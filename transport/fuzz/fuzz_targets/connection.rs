@@ -25,30 +25,30 @@ impl Mem {
 }
 
 impl Memory for Mem {
-    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_local(&mut self, _qp: u32, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
         let r = self.range(sge.lkey, sge.addr.wrapping_add(u64::from(offset)), out.len())?;
         out.copy_from_slice(&self.0[r]);
         Ok(())
     }
-    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+    fn write_local(&mut self, _qp: u32, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
         let r = self.range(sge.lkey, sge.addr.wrapping_add(u64::from(offset)), data.len())?;
         self.0[r].copy_from_slice(data);
         Ok(())
     }
-    fn check_remote(&mut self, rkey: u32, va: u64, len: u32, _: Access) -> Result<(), AccessError> {
+    fn check_remote(&mut self, _qp: u32, rkey: u32, va: u64, len: u32, _: Access) -> Result<(), AccessError> {
         self.range(rkey, va, len as usize).map(|_| ())
     }
-    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+    fn write_remote(&mut self, _qp: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
         let r = self.range(rkey, va, data.len())?;
         self.0[r].copy_from_slice(data);
         Ok(())
     }
-    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_remote(&mut self, _qp: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let r = self.range(rkey, va, out.len())?;
         out.copy_from_slice(&self.0[r]);
         Ok(())
     }
-    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+    fn atomic(&mut self, _qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
         let r = self.range(rkey, va, 8)?;
         let old = u64::from_ne_bytes(self.0[r.clone()].try_into().unwrap());
         let new = op.apply(old);

@@ -22,7 +22,7 @@ pub mod timer;
 use super::congestion::{
     CcConfig, CcStats, ConnCc, Grant, RateAllocator, SenderSlot, PACKET_OVERHEAD,
 };
-use super::memory::{AtomicOp, Memory};
+use super::memory::{AtomicOp, Memory, QpMem};
 use super::rng::XorShift;
 use super::stream::requester::{RequesterStats, RespVerdict};
 use super::stream::responder::{ResponderStats, ResponseKind, Verdict};
@@ -810,6 +810,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                     _ => Verdict::Nak(NakCode::RemoteOperational, 0),
                 }
             } else {
+                let mem = &mut QpMem::new(&mut *mem, s.cfg.local_qp);
                 match view.header.ext {
                     Ext::Send(x) => s.resp.on_data(
                         b.opcode,
@@ -1548,7 +1549,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 let res =
                     w.local
                         .for_each_piece(info.offset, pl, |sge, off, r| match dst.get_mut(r) {
-                            Some(d) => mem.read_local(sge, off, d),
+                            Some(d) => mem.read_local(cfg.local_qp, sge, off, d),
                             None => Err(super::memory::AccessError::Length),
                         });
                 if let Err(e) = res {
@@ -1602,7 +1603,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                         let dst = buf.get_mut(hl..hl.checked_add(payload_len as usize)?)?;
                         if !dst.is_empty() {
                             let src = va.wrapping_add(u64::from(offset));
-                            if mem.read_remote(rkey, src, dst).is_err() {
+                            if mem.read_remote(cfg.local_qp, rkey, src, dst).is_err() {
                                 s.resp.abort_response(msn);
                                 self.touch(stream);
                                 self.queue_nak(

@@ -9,7 +9,7 @@
 
 use super::super::connection::retransmit::Outcome;
 use super::super::connection::sack::SegWindow;
-use super::super::memory::{AccessError, Memory};
+use super::super::memory::{AccessError, Memory, QpMem};
 use super::super::wire::{seq_diff, NakCode};
 use super::{
     CqStatus, Cqe, PostError, SendWqe, StreamId, WrOpcode, MAX_RD_ATOMIC, MSG_WINDOW, SQ_DEPTH,
@@ -384,7 +384,7 @@ impl Requester {
         total_len: u32,
         data: &[u8],
         mtu: u32,
-        mem: &mut impl Memory,
+        mem: &mut QpMem<'_, impl Memory>,
     ) -> RespVerdict {
         let Some(e) = self.entry(msn) else {
             return RespVerdict::Accept;
@@ -432,7 +432,13 @@ impl Requester {
     }
 
     /// Atomic response: the original value goes to the first 8 bytes of the local buffer.
-    pub fn on_atomic_response(&mut self, now: u64, msn: u32, orig: u64, mem: &mut impl Memory) {
+    pub fn on_atomic_response(
+        &mut self,
+        now: u64,
+        msn: u32,
+        orig: u64,
+        mem: &mut QpMem<'_, impl Memory>,
+    ) {
         let Some(e) = self.entry(msn) else { return };
         if e.state != State::Pending || !matches!(e.opcode, WrOpcode::CmpSwap | WrOpcode::FetchAdd)
         {

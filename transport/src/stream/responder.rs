@@ -7,7 +7,7 @@
 
 use super::super::connection::retransmit::Outcome;
 use super::super::connection::sack::SegWindow;
-use super::super::memory::{Access, AccessError, AtomicOp, Memory};
+use super::super::memory::{Access, AccessError, AtomicOp, Memory, QpMem};
 use super::super::wire::{seq_diff, NakCode, Opcode};
 use super::requester::segments;
 use super::{
@@ -332,7 +332,7 @@ impl Responder {
         data: &[u8],
         mtu: u32,
         rnr_timer_us: u32,
-        mem: &mut impl Memory,
+        mem: &mut QpMem<'_, impl Memory>,
     ) -> Verdict {
         if let Err(v) = self.window_check(msn) {
             return v;
@@ -510,7 +510,7 @@ impl Responder {
         rkey: u32,
         len: u32,
         mtu: u32,
-        mem: &mut impl Memory,
+        mem: &mut QpMem<'_, impl Memory>,
     ) -> Verdict {
         if let Err(v) = self.window_check(msn) {
             return v;
@@ -555,7 +555,7 @@ impl Responder {
         rkey: u32,
         op: AtomicOp,
         opcode: Opcode,
-        mem: &mut impl Memory,
+        mem: &mut QpMem<'_, impl Memory>,
     ) -> Verdict {
         if let Err(v) = self.window_check(msn) {
             return v;
@@ -764,6 +764,7 @@ mod tests {
     impl Memory for Flat {
         fn read_local(
             &mut self,
+            _qp: u32,
             sge: &Sge,
             offset: u32,
             out: &mut [u8],
@@ -772,13 +773,20 @@ mod tests {
             out.copy_from_slice(&self.0[r]);
             Ok(())
         }
-        fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+        fn write_local(
+            &mut self,
+            _qp: u32,
+            sge: &Sge,
+            offset: u32,
+            data: &[u8],
+        ) -> Result<(), AccessError> {
             let r = self.range(sge.lkey, sge.addr + u64::from(offset), data.len())?;
             self.0[r].copy_from_slice(data);
             Ok(())
         }
         fn check_remote(
             &mut self,
+            _qp: u32,
             rkey: u32,
             va: u64,
             len: u32,
@@ -786,17 +794,35 @@ mod tests {
         ) -> Result<(), AccessError> {
             self.range(rkey, va, len as usize).map(|_| ())
         }
-        fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+        fn write_remote(
+            &mut self,
+            _qp: u32,
+            rkey: u32,
+            va: u64,
+            data: &[u8],
+        ) -> Result<(), AccessError> {
             let r = self.range(rkey, va, data.len())?;
             self.0[r].copy_from_slice(data);
             Ok(())
         }
-        fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        fn read_remote(
+            &mut self,
+            _qp: u32,
+            rkey: u32,
+            va: u64,
+            out: &mut [u8],
+        ) -> Result<(), AccessError> {
             let r = self.range(rkey, va, out.len())?;
             out.copy_from_slice(&self.0[r]);
             Ok(())
         }
-        fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        fn atomic(
+            &mut self,
+            _qp: u32,
+            rkey: u32,
+            va: u64,
+            op: AtomicOp,
+        ) -> Result<u64, AccessError> {
             let r = self.range(rkey, va, 8)?;
             let old = u64::from_ne_bytes(self.0[r.clone()].try_into().unwrap());
             let new = op.apply(old);
@@ -807,7 +833,7 @@ mod tests {
 
     fn send(
         r: &mut Responder,
-        mem: &mut Flat,
+        mem: &mut QpMem<'_, Flat>,
         msn: u32,
         rsn: u32,
         off: u32,
@@ -835,7 +861,8 @@ mod tests {
 
     #[test]
     fn out_of_order_send_placement_and_in_order_completion() {
-        let mut mem = Flat(std::vec![0; 64]);
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
         r.post_recv(RecvWqe {
             wr_id: 10,
@@ -865,21 +892,22 @@ mod tests {
         assert_eq!(send(&mut r, &mut mem, 0, 0, 0, 8, 0xa1), Verdict::Accept);
         assert_eq!(r.completed_msn(), 2);
         assert_eq!(
-            &mem.0[0..8],
+            &mem.mem.0[0..8],
             &[0xa1, 0xa1, 0xa1, 0xa1, 0xa2, 0xa2, 0xa2, 0xa2]
         );
-        assert_eq!(&mem.0[16..19], &[0xbb; 3]);
+        assert_eq!(&mem.mem.0[16..19], &[0xbb; 3]);
         let c = r.pop_completion(StreamId(0), 0, false).unwrap();
         assert_eq!((c.wr_id, c.byte_len), (10, 8));
         assert_eq!(r.pop_completion(StreamId(0), 0, false).unwrap().wr_id, 11);
         // Late duplicate of a completed message.
         assert_eq!(send(&mut r, &mut mem, 0, 0, 0, 8, 0xff), Verdict::Accept);
-        assert_eq!(mem.0[0], 0xa1);
+        assert_eq!(mem.mem.0[0], 0xa1);
     }
 
     #[test]
     fn rnr_then_accept() {
-        let mut mem = Flat(std::vec![0; 64]);
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
         assert_eq!(
             send(&mut r, &mut mem, 0, 0, 0, 4, 1),
@@ -900,7 +928,8 @@ mod tests {
 
     #[test]
     fn bad_rkey_fails_and_blocks_later_messages() {
-        let mut mem = Flat(std::vec![0; 64]);
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
         let v = r.on_data(
             Opcode::RdmaWrite,
@@ -935,12 +964,13 @@ mod tests {
             &mut mem,
         );
         assert_eq!(v, Verdict::Nak(NakCode::RemoteAccess, 0));
-        assert_eq!(mem.0[0], 0);
+        assert_eq!(mem.mem.0[0], 0);
     }
 
     #[test]
     fn window_and_misaligned_packets() {
-        let mut mem = Flat(std::vec![0; 64]);
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
         let v = r.on_data(
             Opcode::RdmaWrite,
@@ -978,8 +1008,9 @@ mod tests {
 
     #[test]
     fn read_and_atomic_responses() {
-        let mut mem = Flat(std::vec![0; 64]);
-        mem.0[8..16].copy_from_slice(&5u64.to_ne_bytes());
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        mem.mem.0[8..16].copy_from_slice(&5u64.to_ne_bytes());
         let mut r = Responder::new();
         assert_eq!(r.on_read_request(0, 0, 1, 10, 4, &mut mem), Verdict::Accept);
         assert_eq!(r.on_read_request(0, 0, 1, 10, 4, &mut mem), Verdict::Accept);
@@ -999,7 +1030,7 @@ mod tests {
             Verdict::Accept
         );
         assert_eq!(
-            u64::from_ne_bytes(mem.0[8..16].try_into().unwrap()),
+            u64::from_ne_bytes(mem.mem.0[8..16].try_into().unwrap()),
             8,
             "executed once"
         );

@@ -18,24 +18,31 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 pub struct NullMemory;
 
 impl Memory for NullMemory {
-    fn read_local(&mut self, _: &Sge, _: u32, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_local(&mut self, _qp: u32, _: &Sge, _: u32, out: &mut [u8]) -> Result<(), AccessError> {
         out.fill(0);
         Ok(())
     }
-    fn write_local(&mut self, _: &Sge, _: u32, _: &[u8]) -> Result<(), AccessError> {
+    fn write_local(&mut self, _qp: u32, _: &Sge, _: u32, _: &[u8]) -> Result<(), AccessError> {
         Ok(())
     }
-    fn check_remote(&mut self, _: u32, _: u64, _: u32, _: Access) -> Result<(), AccessError> {
+    fn check_remote(
+        &mut self,
+        _qp: u32,
+        _: u32,
+        _: u64,
+        _: u32,
+        _: Access,
+    ) -> Result<(), AccessError> {
         Ok(())
     }
-    fn write_remote(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), AccessError> {
+    fn write_remote(&mut self, _qp: u32, _: u32, _: u64, _: &[u8]) -> Result<(), AccessError> {
         Ok(())
     }
-    fn read_remote(&mut self, _: u32, _: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_remote(&mut self, _qp: u32, _: u32, _: u64, out: &mut [u8]) -> Result<(), AccessError> {
         out.fill(0);
         Ok(())
     }
-    fn atomic(&mut self, _: u32, _: u64, op: AtomicOp) -> Result<u64, AccessError> {
+    fn atomic(&mut self, _qp: u32, _: u32, _: u64, op: AtomicOp) -> Result<u64, AccessError> {
         Ok(op.apply(0))
     }
 }

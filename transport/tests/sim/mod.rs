@@ -129,6 +129,8 @@ pub struct Region {
     pub remote_write: bool,
     pub remote_read: bool,
     pub remote_atomic: bool,
+    /// Its protection domain.
+    pub pd: u32,
 }
 
 #[derive(Default)]
@@ -138,6 +140,10 @@ pub struct SimMemory {
     pub srq: std::collections::VecDeque<RecvWqe>,
     /// WQEs taken from `srq`.
     pub srq_taken: u64,
+    /// The protection domain of each local QP (a QP not listed is in PD 0).
+    pub qp_pd: HashMap<u32, u32>,
+    /// Local QPs that grant no remote access (`qp_access_flags` 0).
+    pub qp_no_remote: std::collections::HashSet<u32>,
 }
 
 impl SimMemory {
@@ -150,8 +156,18 @@ impl SimMemory {
                 remote_write: true,
                 remote_read: true,
                 remote_atomic: true,
+                pd: 0,
             },
         );
+    }
+
+    /// The region with key `key`, if QP `qp` may name it (same protection domain).
+    fn region_for(&self, qp: u32, key: u32) -> Result<&Region, AccessError> {
+        let r = self.regions.get(&key).ok_or(AccessError::Key)?;
+        if r.pd != self.qp_pd.get(&qp).copied().unwrap_or(0) {
+            return Err(AccessError::Key);
+        }
+        Ok(r)
     }
 
     fn range(
@@ -187,28 +203,47 @@ impl SimMemory {
 }
 
 impl Memory for SimMemory {
-    fn read_local(&mut self, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_local(
+        &mut self,
+        qp: u32,
+        sge: &Sge,
+        offset: u32,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
         if u64::from(offset) + out.len() as u64 > u64::from(sge.len) {
             return Err(AccessError::Length);
         }
+        self.region_for(qp, sge.lkey)?;
         let (r, range) = self.range(sge.lkey, sge.addr + u64::from(offset), out.len())?;
         out.copy_from_slice(&r.data[range]);
         Ok(())
     }
-    fn write_local(&mut self, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
+    fn write_local(
+        &mut self,
+        qp: u32,
+        sge: &Sge,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
         if u64::from(offset) + data.len() as u64 > u64::from(sge.len) {
             return Err(AccessError::Length);
         }
+        self.region_for(qp, sge.lkey)?;
         self.write(sge.lkey, sge.addr + u64::from(offset), data)
     }
     fn check_remote(
         &mut self,
+        qp: u32,
         rkey: u32,
         va: u64,
         len: u32,
         access: Access,
     ) -> Result<(), AccessError> {
+        self.region_for(qp, rkey)?;
         let (r, _) = self.range(rkey, va, len as usize)?;
+        if self.qp_no_remote.contains(&qp) {
+            return Err(AccessError::Permission);
+        }
         let ok = match access {
             Access::Read => r.remote_read,
             Access::Write => r.remote_write,
@@ -220,21 +255,33 @@ impl Memory for SimMemory {
             Err(AccessError::Permission)
         }
     }
-    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
-        self.check_remote(rkey, va, data.len() as u32, Access::Write)?;
+    fn write_remote(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        self.check_remote(qp, rkey, va, data.len() as u32, Access::Write)?;
         self.write(rkey, va, data)
     }
-    fn read_remote(&mut self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        self.check_remote(rkey, va, out.len() as u32, Access::Read)?;
+    fn read_remote(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
+        self.check_remote(qp, rkey, va, out.len() as u32, Access::Read)?;
         let (r, range) = self.range(rkey, va, out.len())?;
         out.copy_from_slice(&r.data[range]);
         Ok(())
     }
-    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+    fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Alignment);
         }
-        self.check_remote(rkey, va, 8, Access::Atomic)?;
+        self.check_remote(qp, rkey, va, 8, Access::Atomic)?;
         let (r, range) = self.range(rkey, va, 8)?;
         let old = u64::from_ne_bytes(r.data[range].try_into().unwrap());
         let new = op.apply(old);
