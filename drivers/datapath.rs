@@ -427,7 +427,7 @@ impl Engine {
         // Nothing kicks the threads any more; stop them (this waits for runs in progress).
         let thread = self.rx_thread.lock().take();
         drop(thread);
-        self.peers.lock().clear();
+        work::lock(&self.peers).clear();
     }
 
     /// A datagram arrived (softirq): queue it for the receive thread.
@@ -449,6 +449,11 @@ impl Engine {
         }
     }
 
+    /// Datagrams waiting in the receive queue.
+    pub(crate) fn rx_queued(&self) -> usize {
+        self.rxq.lock().len
+    }
+
     /// Wakes a receive thread: this CPU's, or the next one's while runs are large (see
     /// `rx_spread`). Any context.
     fn kick_rx(&self) {
@@ -459,11 +464,11 @@ impl Engine {
 
     /// The peer with address `addr` on any plane.
     fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
-        self.peers.lock().iter().find(|p| p.planes.has(addr)).cloned()
+        work::lock(&self.peers).iter().find(|p| p.planes.has(addr)).cloned()
     }
 
     fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
-        let mut peers = self.peers.lock();
+        let mut peers = work::lock(&self.peers);
         if let Some(p) = peers.iter().find(|p| p.planes.has(addr)) {
             return Ok(p.clone());
         }
@@ -504,18 +509,18 @@ impl Engine {
         peers.push(peer.clone(), GFP_KERNEL)?;
         drop(peers);
         // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
-        self.apply_planes(&peer, &mut peer.inner.lock().conn);
+        self.apply_planes(&peer, &mut work::lock(&peer.inner).conn);
         Ok(peer)
     }
 
     /// The QP reached RTS: its requester gets its first MSN and retry limits.
     pub(crate) fn start_sending(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
         let (binding, a) = {
-            let inner = qp.inner.lock();
+            let inner = work::lock(&qp.inner);
             (inner.binding.clone(), inner.attrs)
         };
         let b = binding.ok_or(EINVAL)?;
-        let mut p = b.peer.inner.lock();
+        let mut p = work::lock(&b.peer.inner);
         p.conn
             .start_requester(
                 b.stream,
@@ -534,7 +539,7 @@ impl Engine {
     /// connection's stream storage grows by a chunk if it is full).
     pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
         let (dest, cfg) = {
-            let inner = qp.inner.lock();
+            let inner = work::lock(&qp.inner);
             if inner.binding.is_some() {
                 return Ok(());
             }
@@ -554,7 +559,7 @@ impl Engine {
             (dest, cfg)
         };
         let peer = self.peer_or_new(dest)?;
-        let mut p = peer.inner.lock();
+        let mut p = work::lock(&peer.inner);
         // Room first (for the QP's slot and its place on the feed queue), so that nothing
         // can fail once the stream is open. Its id is a free slot's or the first of a new
         // chunk: below `stream_slots() + 1`.
@@ -580,7 +585,7 @@ impl Engine {
         }
         p.attached += 1;
         {
-            let mut inner = qp.inner.lock();
+            let mut inner = work::lock(&qp.inner);
             // A new stream counts its WQEs from zero.
             if let Some(store) = inner.inline.as_mut() {
                 store.clear();
@@ -597,9 +602,9 @@ impl Engine {
 
     /// The QP moved to the error state: the transport flushes what it holds.
     pub(crate) fn fail(self: &Arc<Self>, qp: &Qp) {
-        let binding = qp.inner.lock().binding.clone();
+        let binding = work::lock(&qp.inner).binding.clone();
         if let Some(b) = binding {
-            let mut p = b.peer.inner.lock();
+            let mut p = work::lock(&b.peer.inner);
             let _ = p.conn.fail_stream(b.stream);
             self.run(&b.peer, &mut p);
         }
@@ -610,9 +615,9 @@ impl Engine {
     /// When it was the connection's last, the stream storage is freed (the connection keeps
     /// its paths, whose sequence numbers the peer's connection continues from).
     pub(crate) fn detach(&self, qp: &Qp) {
-        let binding = qp.inner.lock().binding.take();
+        let binding = work::lock(&qp.inner).binding.take();
         if let Some(b) = binding {
-            let mut p = b.peer.inner.lock();
+            let mut p = work::lock(&b.peer.inner);
             p.conn.close_stream(b.stream);
             if let Some(slot) = p.qps.get_mut(usize::from(b.stream.0)) {
                 if slot.qp.take().is_some() {
@@ -630,7 +635,7 @@ impl Engine {
     pub(crate) fn doorbell(self: &Arc<Self>, qp: &Arc<Qp>) {
         // Dropped last: receive threads woken by what we send run after the peer is unlocked.
         let _tx = work::TxSection::enter();
-        let binding = qp.inner.lock().binding.clone();
+        let binding = work::lock(&qp.inner).binding.clone();
         if let Some(b) = binding {
             match Self::lock_data_path(&b.peer) {
                 Some(mut p) => {
@@ -665,7 +670,7 @@ impl Engine {
             let PeerInner { conn, buf, .. } = &mut *p;
             let mut mem = Mem::new(&self.verbs);
             {
-                let mut alloc = self.alloc.lock();
+                let mut alloc = work::lock(&self.alloc);
                 // Datagrams the full receive queue dropped: the host is the bottleneck.
                 let nomem = self.counters.get(Counter::RxNoMem);
                 let seen = self.nomem_seen.swap(nomem, Ordering::Relaxed);
@@ -801,7 +806,7 @@ impl Engine {
         let QpSlot { qp, .. } = slot;
         {
             let Some(qp) = qp.as_ref() else { return };
-            let mut inner = qp.inner.lock();
+            let mut inner = work::lock(&qp.inner);
             // Receives are taken from RTR on, sends only in RTS; in the error state the
             // rings are flushed instead (`Qp::flush`).
             let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
@@ -958,7 +963,7 @@ impl Engine {
             return None;
         }
         // A holder off the data path (or one just leaving): wait for the lock.
-        let p = peer.inner.lock();
+        let p = work::lock(&peer.inner);
         peer.takes_pending.store(true, Ordering::SeqCst);
         Some(p)
     }
@@ -1023,7 +1028,7 @@ impl Engine {
                 None if peer.takes_pending.load(Ordering::SeqCst) => break,
                 // One off the data path does not: wait for it, then do them.
                 None => {
-                    let p = peer.inner.lock();
+                    let p = work::lock(&peer.inner);
                     peer.takes_pending.store(true, Ordering::SeqCst);
                     p
                 }
@@ -1170,7 +1175,7 @@ impl Memory for Mem<'_> {
             }
             let qp = self.verbs.qp(qp).ok_or(AccessError::Key)?;
             let at = (sge.addr as u32 as usize).saturating_add(offset as usize);
-            let inner = qp.inner.lock();
+            let inner = work::lock(&qp.inner);
             let store = inner.inline.as_ref().ok_or(AccessError::Key)?;
             return store.read(at, out).ok_or(AccessError::Bounds);
         }

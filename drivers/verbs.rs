@@ -886,12 +886,11 @@ impl Verbs {
 
     /// The MR that `key` names, if it belongs to `pd` (or any PD when `pd` is None).
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
-        self.qps.lock().get(qpn, |qp| qp.qpn == qpn)
+        crate::sys::work::lock(&self.qps).get(qpn, |qp| qp.qpn == qpn)
     }
 
     pub(crate) fn mr(&self, key: u32, pd: Option<usize>) -> Option<Arc<Mr>> {
-        self.mrs
-            .lock()
+        crate::sys::work::lock(&self.mrs)
             .get(key, |mr| mr.key == key && pd.is_none_or(|pd| mr.pd == pd))
     }
 }

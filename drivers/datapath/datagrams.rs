@@ -88,6 +88,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Datagrams waiting for the GSI QPs.
+    pub(crate) fn dg_queued(&self) -> usize {
+        self.datagrams.rxq.lock().len
+    }
+
     /// Sends were posted to a GSI QP (any context): the receive thread sends them.
     pub(crate) fn kick_datagrams(&self) {
         self.datagrams.tx_pending.store(true, Ordering::Release);
@@ -163,7 +168,7 @@ impl Engine {
     /// Sends every queued datagram of `qp`.
     fn send_datagrams(&self, qp: &GsiQp) {
         let plane = (qp.port as usize).wrapping_sub(1);
-        let mut scratch = self.datagrams.scratch.lock();
+        let mut scratch = work::lock(&self.datagrams.scratch);
         loop {
             let mut dst = IpAddr::V4([0; 4]);
             let taken = qp.next_send(&mut scratch, |wr, qkey, buf| {
@@ -173,7 +178,7 @@ impl Engine {
             let Some((wr, len)) = taken else { break };
             let sent = len.and_then(|len| {
                 let data = scratch.get(..len)?;
-                match self.planes.lock().get(plane) {
+                match work::lock(&self.planes).get(plane) {
                     // The socket counts what it sends and what fails; a datagram that does not
                     // leave is lost, as on any UD QP (the MAD layer retries).
                     Some(Some(lp)) => {

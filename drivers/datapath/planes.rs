@@ -22,6 +22,7 @@ use crate::{
     transport::wire::{BaseHeader, Ext, Flags, HelloEntry, Opcode, Packet, PlaneAddr},
 };
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sys::work;
 use kernel::{prelude::*, sync::Arc};
 
 /// Planes one device may span (= its ports).
@@ -93,7 +94,7 @@ impl Engine {
     pub(super) fn open_plane0(self: &Arc<Self>, ndev: &NetDev<'_>) -> Result {
         let socket = self.open_socket(ndev, 0)?;
         let up = ndev.link_up();
-        if let Some(slot) = self.planes.lock().get_mut(0) {
+        if let Some(slot) = work::lock(&self.planes).get_mut(0) {
             *slot = Some(LocalPlane { socket, up });
         }
         Ok(())
@@ -110,7 +111,7 @@ impl Engine {
 
     /// Whether the device is alive (plane 0 open; `shutdown` closes every plane).
     pub(crate) fn is_open(&self) -> bool {
-        self.planes.lock().first().is_some_and(Option::is_some)
+        work::lock(&self.planes).first().is_some_and(Option::is_some)
     }
 
     /// Adds plane `plane` on `ndev`: opens its socket, then spreads every connection over the
@@ -128,7 +129,7 @@ impl Engine {
         let socket = self.open_socket(ndev, plane)?;
         let up = ndev.link_up();
         {
-            let mut planes = self.planes.lock();
+            let mut planes = work::lock(&self.planes);
             let slot = planes.get_mut(plane).ok_or(EINVAL)?;
             if slot.is_some() {
                 return Err(EBUSY);
@@ -142,7 +143,7 @@ impl Engine {
     /// Removes plane `plane` (closes its socket); what was in flight on it is recovered on the
     /// other planes. Process context (waits for RCU).
     pub(crate) fn remove_plane(self: &Arc<Self>, plane: usize) {
-        let old = self.planes.lock().get_mut(plane).and_then(Option::take);
+        let old = work::lock(&self.planes).get_mut(plane).and_then(Option::take);
         if old.is_some() {
             // Closes the socket outside the lock.
             drop(old);
@@ -152,7 +153,7 @@ impl Engine {
 
     /// Plane `plane`'s link went up or down: its paths carry packets again, or stop.
     pub(crate) fn set_plane_link(self: &Arc<Self>, plane: usize, up: bool) {
-        let changed = match self.planes.lock().get_mut(plane) {
+        let changed = match work::lock(&self.planes).get_mut(plane) {
             Some(Some(lp)) if lp.up != up => {
                 lp.up = up;
                 true
@@ -161,7 +162,7 @@ impl Engine {
         };
         if changed {
             for peer in self.peer_list().iter() {
-                let mut p = peer.inner.lock();
+                let mut p = work::lock(&peer.inner);
                 self.apply_planes(peer, &mut p.conn);
                 self.run(peer, &mut p);
             }
@@ -173,7 +174,7 @@ impl Engine {
         for peer in self.peer_list().iter() {
             peer.planes.heard.store(false, Ordering::Relaxed);
             peer.planes.hello_sent_ns.store(0, Ordering::Relaxed);
-            let mut p = peer.inner.lock();
+            let mut p = work::lock(&peer.inner);
             self.apply_planes(peer, &mut p.conn);
             self.run(peer, &mut p);
         }
@@ -181,7 +182,7 @@ impl Engine {
 
     /// The peers, to work on without holding the list's lock.
     pub(super) fn peer_list(&self) -> KVec<Arc<Peer>> {
-        let peers = self.peers.lock();
+        let peers = work::lock(&self.peers);
         let mut v = KVec::new();
         for p in peers.iter() {
             if v.push(p.clone(), GFP_KERNEL).is_err() {
@@ -197,7 +198,7 @@ impl Engine {
         let mut up = [false; MAX_PLANES];
         let mut count = 1;
         {
-            let planes = self.planes.lock();
+            let planes = work::lock(&self.planes);
             for (k, (lp, u)) in planes.iter().zip(up.iter_mut()).enumerate() {
                 if let Some(lp) = lp {
                     count = k + 1;
@@ -220,7 +221,7 @@ impl Engine {
         };
         // The socket counts what it sends and what fails (tx_packets, tx_errors); a lost
         // datagram is the transport's to resend.
-        match self.planes.lock().get(plane) {
+        match work::lock(&self.planes).get(plane) {
             Some(Some(lp)) => {
                 let _ = lp.socket.send(&IpAddr::V4(dst), src_port, ecn, data);
             }
@@ -231,7 +232,7 @@ impl Engine {
     /// Sends our HELLO to `peer`: on plane 0, or while that cannot reach the peer, on the
     /// first plane that can.
     fn send_hello(&self, peer: &Peer, reply: bool, now: u64) {
-        let planes = self.planes.lock();
+        let planes = work::lock(&self.planes);
         let mut entries = [HelloEntry {
             plane: 0,
             addr: PlaneAddr::V4([0; 4]),
@@ -333,7 +334,73 @@ impl Engine {
     /// Closes every plane's socket (device going away).
     pub(super) fn close_planes(&self) {
         let planes: LocalPlanes =
-            core::mem::replace(&mut *self.planes.lock(), [const { None }; MAX_PLANES]);
+            core::mem::replace(&mut *work::lock(&self.planes), [const { None }; MAX_PLANES]);
         drop(planes);
+    }
+}
+
+impl Engine {
+    /// The `peers` file: per peer, its address and connection, then a line for each path
+    /// that is not Active or has packets unresolved (a page holds about 40 lines).
+    /// Diagnostics, not an interface: the format may change.
+    pub(crate) fn describe_peers(&self, w: &mut impl core::fmt::Write) {
+        let _ = write!(w, "rxq {} dgq {} threads", self.rx_queued(), self.dg_queued());
+        if let Some(t) = &*self.rx_thread.lock() {
+            t.pending(|i, bits| {
+                let _ = write!(w, " {i}:{bits}");
+            });
+        }
+        let _ = writeln!(w);
+        for peer in self.peer_list().iter() {
+            let [a, b, c, d] = peer.planes.addr(0).unwrap_or([0; 4]);
+            let p = work::lock(&peer.inner);
+            let conn = &p.conn;
+            let s = conn.stats();
+            let cc = conn.congestion();
+            let _ = writeln!(
+                w,
+                "peer {a}.{b}.{c}.{d} qps {} in {} out {} dropped_in {} retx {} timeouts {} \
+                 acks {}/{} cwnd {} pace {} grant_in {} grant_out {}",
+                p.attached,
+                s.packets_in,
+                s.packets_out,
+                s.dropped_in,
+                s.retransmits,
+                s.timeouts,
+                s.acks_in,
+                s.acks_out,
+                cc.window(),
+                cc.pacing_rate(),
+                cc.grant().rate_mbps,
+                conn.grant_out().rate_mbps,
+            );
+            for i in 0..conn.path_count() {
+                let Some(path) = conn.path(i) else { continue };
+                if path.state == crate::transport::connection::path::PathState::Active
+                    && path.inflight.unresolved() == 0
+                {
+                    continue;
+                }
+                let st = &path.stats;
+                let _ = writeln!(
+                    w,
+                    " path {i} {:?} sport {} unres {} cwnd {} srtt {} rto {} sent {} acked {} \
+                     lost {} to {} rx {} dup {} cum {}",
+                    path.state,
+                    path.sport,
+                    path.inflight.unresolved(),
+                    path.cc.cwnd(),
+                    path.rtt.srtt() / 1000,
+                    path.rtt.rto() / 1000,
+                    st.sent,
+                    st.acked,
+                    st.lost,
+                    st.timeouts,
+                    st.received,
+                    st.duplicates,
+                    path.recv.cum(),
+                );
+            }
+        }
     }
 }

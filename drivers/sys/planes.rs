@@ -29,12 +29,16 @@ static PLANES_ATTR: KernelStatic<bindings::device_attribute> =
     // SAFETY: a plain C struct (pointers, integers, optional function pointers): all zeroes
     // is its empty value and valid for every field.
     KernelStatic::new(unsafe { core::mem::zeroed() });
-static ATTRS: KernelStatic<[*mut bindings::attribute; 2]> = KernelStatic::new([ptr::null_mut(); 2]);
+static PEERS_ATTR: KernelStatic<bindings::device_attribute> =
+    // SAFETY: as for `PLANES_ATTR`.
+    KernelStatic::new(unsafe { core::mem::zeroed() });
+static ATTRS: KernelStatic<[*mut bindings::attribute; 3]> = KernelStatic::new([ptr::null_mut(); 3]);
 static GROUP: KernelStatic<bindings::attribute_group> =
     // SAFETY: as for `PLANES_ATTR`.
     KernelStatic::new(unsafe { core::mem::zeroed() });
 
-/// The device's attribute group (`ib_device_ops.device_group`): the `planes` file.
+/// The device's attribute group (`ib_device_ops.device_group`): the `planes` file, and the
+/// read-only `peers` file (the data path's connections, for operators and tests).
 pub(super) fn attribute_group() -> *const bindings::attribute_group {
     GROUP.get()
 }
@@ -51,8 +55,13 @@ pub(super) fn init() {
         attr.attr.mode = 0o644;
         attr.__bindgen_anon_1.show = Some(planes_show);
         attr.__bindgen_anon_2.store = Some(planes_store);
+        let peers = &mut *PEERS_ATTR.get();
+        peers.attr.name = c"peers".as_char_ptr();
+        peers.attr.mode = 0o444;
+        peers.__bindgen_anon_1.show = Some(peers_show);
         let attrs = &mut *ATTRS.get();
         attrs[0] = ptr::addr_of_mut!(attr.attr);
+        attrs[1] = ptr::addr_of_mut!(peers.attr);
         let group = &mut *GROUP.get();
         group.__bindgen_anon_2.attrs = attrs.as_mut_ptr();
     }
@@ -78,7 +87,7 @@ impl Drop for Rtnl {
 }
 
 /// A `core::fmt::Write` into a byte buffer that drops what does not fit.
-struct BufWriter<'a> {
+pub(crate) struct BufWriter<'a> {
     buf: &'a mut [u8],
     len: usize,
 }
@@ -136,6 +145,27 @@ unsafe extern "C" fn planes_show(
     let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), kernel::page::PAGE_SIZE) };
     let mut w = BufWriter { buf: out, len: 0 };
     list_planes(ibdev, &mut w);
+    w.len as isize
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `peers` attribute of one of our devices, with a buffer of
+/// `PAGE_SIZE` bytes.
+unsafe extern "C" fn peers_show(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *mut c_char,
+) -> isize {
+    // SAFETY: as in `planes_show`.
+    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
+    // SAFETY: as in `planes_show`.
+    let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), kernel::page::PAGE_SIZE) };
+    let mut w = BufWriter { buf: out, len: 0 };
+    // SAFETY: the device is live while sysfs calls us.
+    if let Some(engine) = unsafe { ibdev::engine_of(ibdev) } {
+        engine.describe_peers(&mut w);
+    }
     w.len as isize
 }
 
