@@ -7,7 +7,7 @@ use super::bindings;
 use core::{
     ffi::{c_int, c_void},
     ptr::NonNull,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering},
+    sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering},
 };
 use kernel::{
     new_spinlock_irq,
@@ -45,8 +45,6 @@ const ALARM: u8 = 2;
 struct KthreadShared<T> {
     pending: AtomicU8,
     work: Arc<T>,
-    /// The thread (set once it exists), for inline jobs handed back.
-    task: AtomicPtr<bindings::task_struct>,
 }
 
 /// A kernel thread bound to one CPU, at low real-time priority (`sched_set_fifo_low`), that
@@ -75,7 +73,6 @@ impl<T: KthreadWork> Kthread<T> {
             KthreadShared {
                 pending: AtomicU8::new(0),
                 work,
-                task: AtomicPtr::new(core::ptr::null_mut()),
             },
             GFP_KERNEL,
         )?;
@@ -90,7 +87,6 @@ impl<T: KthreadWork> Kthread<T> {
             drop(unsafe { Arc::from_raw(data.cast::<KthreadShared<T>>()) });
             return Err(ENOMEM);
         }
-        shared.task.store(task, Ordering::Release);
         // SAFETY: `task` is the thread just created, not yet running.
         unsafe { bindings::sched_set_fifo_low(task) };
         // SAFETY: start it: it runs `thread_fn`, which returns only when stopped, so the
@@ -106,21 +102,6 @@ impl<T: KthreadWork> Kthread<T> {
     /// Asks the thread to run (again). Any context.
     pub(crate) fn kick(&self) {
         self.post(KICKED, true);
-    }
-
-    /// Like [`Kthread::kick`], but inside a [`TxSection`] the work is done at the section's
-    /// end by the section's task itself, in its context, instead of waking the thread: the
-    /// thread is on this CPU, so waking it would only switch to it. For request/response
-    /// traffic this takes two context switches off every message's path. Any context.
-    fn kick_inline(&self) {
-        if self.shared.pending.fetch_or(KICKED, Ordering::AcqRel) != 0 {
-            // Already pending: whoever made it pending wakes the thread or runs the work.
-            return;
-        }
-        if !defer_inline::<T>(&self.shared) && !defer_wake(self.task) {
-            // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
-            unsafe { bindings::wake_up_process(self.task.as_ptr()) };
-        }
     }
 
     /// Sets `bits` in the thread's pending work and wakes it, whatever was pending. Any
@@ -320,19 +301,13 @@ impl<T: KthreadWork> CpuThreads<T> {
     }
 
     /// Wakes the calling CPU's thread, or with `spread` the next CPU's (wrapping; another's
-    /// if CPU numbers are sparse). The calling CPU's work is done at the end of the transmit
-    /// section we are in, if any, by its task instead ([`Kthread::kick_inline`]). Any
-    /// context.
+    /// if CPU numbers are sparse). Any context.
     pub(crate) fn kick(&self, spread: bool) {
         // SAFETY: reads the CPU number; a stale value only picks another thread.
         let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
         let cpu = cpu + usize::from(spread);
         if let Some(t) = self.threads.get(cpu % self.threads.len().max(1)) {
-            if spread {
-                t.kick();
-            } else {
-                t.kick_inline();
-            }
+            t.kick();
         }
     }
 }
@@ -341,17 +316,6 @@ impl<T: KthreadWork> CpuThreads<T> {
 const TX_CPUS: usize = 64;
 /// Wakeups one section can hold back (more are done at once).
 const TX_DEFERRED: usize = 8;
-/// Work one section can take over from this CPU's threads (more wake their threads).
-const TX_INLINE: usize = 4;
-
-/// Work a section's task does at the section's end: `run(data)`, which takes over `data`.
-struct InlineJob {
-    run: AtomicUsize,
-    /// Instead of `run`: wakes the thread (the section's task has to wait for something).
-    wake: AtomicUsize,
-    data: AtomicPtr<c_void>,
-}
-
 /// One CPU's transmit section: the task in it and the threads to wake when it ends.
 struct TxSlot {
     owner: AtomicPtr<bindings::task_struct>,
@@ -361,12 +325,6 @@ struct TxSlot {
     len: AtomicUsize,
     /// Tasks with a reference taken (`get_task_struct`).
     wake: [AtomicPtr<bindings::task_struct>; TX_DEFERRED],
-    /// Inline jobs claimed (as `len` for `wake`).
-    jobs_len: AtomicUsize,
-    jobs: [InlineJob; TX_INLINE],
-    /// The slot's task is doing inline jobs: work found meanwhile wakes its thread (no
-    /// nesting).
-    inlining: AtomicBool,
 }
 
 static TX_SLOTS: [TxSlot; TX_CPUS] = [const {
@@ -374,15 +332,6 @@ static TX_SLOTS: [TxSlot; TX_CPUS] = [const {
         owner: AtomicPtr::new(core::ptr::null_mut()),
         len: AtomicUsize::new(0),
         wake: [const { AtomicPtr::new(core::ptr::null_mut()) }; TX_DEFERRED],
-        jobs_len: AtomicUsize::new(0),
-        jobs: [const {
-            InlineJob {
-                run: AtomicUsize::new(0),
-                wake: AtomicUsize::new(0),
-                data: AtomicPtr::new(core::ptr::null_mut()),
-            }
-        }; TX_INLINE],
-        inlining: AtomicBool::new(false),
     }
 }; TX_CPUS];
 
@@ -419,32 +368,14 @@ impl Drop for TxSection {
         // migrated, none happen at all), then the deferred wakeups.
         self.slot.owner.store(core::ptr::null_mut(), Ordering::Release);
         self.slot.wake_deferred();
-        let n = self.slot.jobs_len.swap(0, Ordering::AcqRel).min(TX_INLINE);
-        if n > 0 {
-            self.slot.inlining.store(true, Ordering::Release);
-            for job in self.slot.jobs.iter().take(n) {
-                let data = job.data.swap(core::ptr::null_mut(), Ordering::AcqRel);
-                let run = job.run.swap(0, Ordering::AcqRel);
-                job.wake.store(0, Ordering::Release);
-                if !data.is_null() && run != 0 {
-                    // SAFETY: `defer_inline::<T>` stored `run_inline::<T>` (as an address)
-                    // with `data`, a reference it took for that function, which consumes it.
-                    unsafe {
-                        let run: unsafe fn(*mut c_void) = core::mem::transmute(run);
-                        run(data);
-                    }
-                }
-            }
-            self.slot.inlining.store(false, Ordering::Release);
-        }
     }
 }
 
 /// Locks `m`, first doing the wakeups the current task's transmit section holds back if it has
 /// to wait: a section's task that sleeps must not keep other threads asleep meanwhile (their
 /// work would wait for as long as it does; a cycle of such waits stalled a receive thread
-/// for good, its work pending and never woken). Work taken over for the section's end is
-/// handed back to its thread. Any mutex taken on the data path goes through here.
+/// for good, its work pending and never woken). Any mutex taken on the data path goes through
+/// here.
 pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     if let Some(g) = m.try_lock() {
         return g;
@@ -453,8 +384,8 @@ pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock()
 }
 
-/// Does the wakeups the current task's section on this CPU holds back, and wakes the threads
-/// whose work it took over, now (the section goes on). Process context.
+/// Does the wakeups the current task's section on this CPU holds back now (the section goes
+/// on). Process context.
 fn flush_section() {
     // SAFETY: as in `defer_wake`.
     let (cpu, me) = unsafe {
@@ -470,20 +401,6 @@ fn flush_section() {
         return;
     }
     slot.wake_deferred();
-    let n = slot.jobs_len.swap(0, Ordering::AcqRel).min(TX_INLINE);
-    for job in slot.jobs.iter().take(n) {
-        let data = job.data.swap(core::ptr::null_mut(), Ordering::AcqRel);
-        let wake = job.wake.swap(0, Ordering::AcqRel);
-        job.run.store(0, Ordering::Release);
-        if !data.is_null() && wake != 0 {
-            // SAFETY: `defer_inline::<T>` stored `wake_inline::<T>` with `data`, a reference
-            // it took for that function, which consumes it.
-            unsafe {
-                let wake: unsafe fn(*mut c_void) = core::mem::transmute(wake);
-                wake(data);
-            }
-        }
-    }
 }
 
 impl TxSlot {
@@ -501,83 +418,6 @@ impl TxSlot {
                 }
             }
         }
-    }
-}
-
-/// Takes over the work of `shared`'s thread (pending `KICKED`, set by the caller) to do it at
-/// the end of the current task's transmit section on this CPU; false when there is none, it
-/// is doing inline work already, or it is full. Any context.
-fn defer_inline<T: KthreadWork>(shared: &Arc<KthreadShared<T>>) -> bool {
-    // SAFETY: as in `defer_wake`.
-    let (cpu, me) = unsafe {
-        (
-            bindings::metaroce_glue_smp_processor_id() as usize,
-            bindings::metaroce_glue_current(),
-        )
-    };
-    let Some(slot) = TX_SLOTS.get(cpu) else {
-        return false;
-    };
-    if slot.owner.load(Ordering::Acquire) != me || slot.inlining.load(Ordering::Acquire) {
-        return false;
-    }
-    let i = slot.jobs_len.fetch_add(1, Ordering::AcqRel);
-    let Some(job) = slot.jobs.get(i) else {
-        slot.jobs_len.fetch_sub(1, Ordering::AcqRel);
-        return false;
-    };
-    let task = shared.task.load(Ordering::Acquire);
-    if task.is_null() {
-        slot.jobs_len.fetch_sub(1, Ordering::AcqRel);
-        return false;
-    }
-    // SAFETY: the task is alive (its thread is: we are kicking it); the reference keeps its
-    // `task_struct` for the job, which puts it (`run_inline` or `wake_inline`).
-    unsafe { bindings::metaroce_glue_get_task_struct(task) };
-    let data = Arc::into_raw(shared.clone()).cast_mut().cast::<c_void>();
-    job.run
-        .store(run_inline::<T> as unsafe fn(*mut c_void) as usize, Ordering::Release);
-    job.wake
-        .store(wake_inline::<T> as unsafe fn(*mut c_void) as usize, Ordering::Release);
-    job.data.store(data, Ordering::Release);
-    true
-}
-
-/// An inline job handed back: wakes its thread (whose work is still pending).
-///
-/// # Safety
-///
-/// As for [`run_inline`].
-unsafe fn wake_inline<T: KthreadWork>(data: *mut c_void) {
-    // SAFETY: per the contract.
-    let shared = unsafe { Arc::from_raw(data.cast::<KthreadShared<T>>()) };
-    let task = shared.task.load(Ordering::Acquire);
-    // SAFETY: `defer_inline` took a reference to the task for the job (so it is valid even if
-    // the thread has stopped meanwhile: waking an exited task does nothing), put here.
-    unsafe {
-        bindings::wake_up_process(task);
-        bindings::metaroce_glue_put_task_struct(task);
-    }
-}
-
-/// An inline job: the pending work of a thread, done by the section's task.
-///
-/// # Safety
-///
-/// `data` must be a reference to a `KthreadShared<T>` from `Arc::into_raw`, given to this call.
-unsafe fn run_inline<T: KthreadWork>(data: *mut c_void) {
-    // SAFETY: per the contract.
-    let shared = unsafe { Arc::from_raw(data.cast::<KthreadShared<T>>()) };
-    // The thread may have taken the work meanwhile (woken for something else): then nothing
-    // is left here.
-    // SAFETY: `defer_inline` took this reference for the job.
-    unsafe { bindings::metaroce_glue_put_task_struct(shared.task.load(Ordering::Acquire)) };
-    let pending = shared.pending.swap(0, Ordering::AcqRel);
-    if pending & ALARM != 0 {
-        T::alarm(&shared.work);
-    }
-    if pending & KICKED != 0 {
-        T::run(&shared.work);
     }
 }
 
