@@ -140,61 +140,11 @@ struct RxItem {
 }
 
 /// Datagrams waiting for the receive thread: a ring, allocated once.
-struct RxQueue<T = RxItem> {
-    items: KVec<Option<T>>,
-    head: usize,
-    len: usize,
-}
+type RxQueue<T = RxItem> = verbs::Fifo<T>;
 
-impl<T> RxQueue<T> {
-    fn new(entries: usize) -> Result<Self> {
-        let mut items = KVec::with_capacity(entries, GFP_KERNEL)?;
-        for _ in 0..entries {
-            items.push(None, GFP_KERNEL)?;
-        }
-        Ok(RxQueue {
-            items,
-            head: 0,
-            len: 0,
-        })
-    }
-
-    /// Queues `item`; gives it back when the queue is full.
-    fn push(&mut self, item: T) -> core::result::Result<(), T> {
-        let cap = self.items.len();
-        if self.len == cap {
-            return Err(item);
-        }
-        match self.items.get_mut((self.head + self.len) % cap) {
-            Some(slot) => {
-                *slot = Some(item);
-                self.len += 1;
-                Ok(())
-            }
-            None => Err(item),
-        }
-    }
-
-    /// Takes the oldest datagram.
-    fn pop(&mut self) -> Option<T> {
-        if self.len == 0 {
-            return None;
-        }
-        let item = self.items.get_mut(self.head)?.take();
-        self.head = (self.head + 1) % self.items.len();
-        self.len -= 1;
-        item
-    }
-}
-
-impl RxQueue<RxItem> {
-    /// The source of the oldest datagram.
-    fn head_src(&self) -> Option<[u8; 4]> {
-        if self.len == 0 {
-            return None;
-        }
-        self.items.get(self.head)?.as_ref().map(|i| i.src)
-    }
+/// The source of the oldest datagram of `q`.
+fn head_src(q: &RxQueue) -> Option<[u8; 4]> {
+    q.peek().map(|i| i.src)
 }
 
 /// The data path of one device.
@@ -383,7 +333,7 @@ impl Engine {
         ndev: &NetDev<'_>,
         counters: Arc<Counters>,
     ) -> Result<Arc<Self>> {
-        let rxq = RxQueue::new(RX_ENTRIES)?;
+        let rxq = RxQueue::new(RX_ENTRIES as u32)?;
         let datagrams = datagrams::Datagrams::new()?;
         let own_counters = counters.clone();
         let engine = Arc::pin_init(
@@ -439,7 +389,7 @@ impl Engine {
         // tens of milliseconds to drain under emulation, and paths failed).
         let pushed = {
             let mut q = self.rxq.lock();
-            let ce = ce || q.len >= RX_MARK;
+            let ce = ce || q.len() >= RX_MARK;
             q.push(RxItem { src, ce, buf })
         };
         if pushed.is_ok() {
@@ -451,7 +401,7 @@ impl Engine {
 
     /// Datagrams waiting in the receive queue.
     pub(crate) fn rx_queued(&self) -> usize {
-        self.rxq.lock().len
+        self.rxq.lock().len()
     }
 
     /// Wakes a receive thread: this CPU's, or the next one's while runs are large (see
@@ -916,7 +866,7 @@ impl Engine {
         let mut mem = Mem::new(&self.verbs);
         for _ in 0..RX_BATCH {
             let mut q = self.rxq.lock();
-            if !q.head_src().is_some_and(|src| peer.planes.has(src)) {
+            if !head_src(&q).is_some_and(|src| peer.planes.has(src)) {
                 break;
             }
             let Some(item) = q.pop() else {
@@ -1035,7 +985,7 @@ impl Engine {
             };
         }
         // Datagrams of other peers may wait behind ours: the threads take them.
-        if self.rxq.lock().head_src().is_some() {
+        if head_src(&self.rxq.lock()).is_some() {
             self.kick_rx();
         }
     }
@@ -1055,14 +1005,14 @@ impl Engine {
         loop {
             let src = {
                 let q = self.rxq.lock();
-                q.head_src()?
+                head_src(&q)?
             };
             if let Some(peer) = self.peer(src) {
                 return Some(peer);
             }
             // Drop it, if another CPU's thread has not taken it meanwhile.
             let mut q = self.rxq.lock();
-            if q.head_src() == Some(src) {
+            if head_src(&q) == Some(src) {
                 let item = q.pop();
                 drop(q);
                 drop(item);

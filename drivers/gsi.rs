@@ -13,7 +13,7 @@
 
 use crate::{
     sys::{bindings, KernelBuf},
-    verbs::{Cq, Fifo, KernelWc, QpState},
+    verbs::{Caps, Cq, Fifo, KernelWc, QpState},
 };
 use kernel::{new_spinlock_irq, prelude::*, sync::Arc, sync::SpinLockIrq};
 
@@ -133,8 +133,8 @@ pub(crate) struct GsiQp {
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
     sq_sig_all: bool,
-    pub(crate) max_send_wr: u32,
-    pub(crate) max_recv_wr: u32,
+    /// Work requests each way, as created; `GSI_MAX_SGE` SGEs each; no inline data.
+    pub(crate) cap: Caps,
     #[pin]
     inner: SpinLockIrq<GsiInner>,
 }
@@ -179,8 +179,13 @@ impl GsiQp {
             send_cq,
             recv_cq,
             sq_sig_all,
-            max_send_wr,
-            max_recv_wr,
+            cap: Caps {
+                max_send_wr,
+                max_recv_wr,
+                max_send_sge: GSI_MAX_SGE as u32,
+                max_recv_sge: GSI_MAX_SGE as u32,
+                max_inline_data: 0,
+            },
             inner <- new_spinlock_irq!(GsiInner {
                 state: QpState::Reset,
                 qkey: 0,

@@ -193,16 +193,18 @@ impl<T> Table<T> {
 /// A queue of fixed capacity in kernel memory, allocated once: pushing never allocates (so it
 /// works in atomic context).
 pub(crate) struct Fifo<T> {
-    items: KVec<T>,
+    items: KVec<Option<T>>,
     head: usize,
     len: usize,
 }
 
-impl<T: Copy + Default> Fifo<T> {
+impl<T> Fifo<T> {
     pub(crate) fn new(capacity: u32) -> Result<Self> {
         let n = capacity.max(1) as usize;
         let mut items = KVec::with_capacity(n, GFP_KERNEL)?;
-        items.extend_with(n, T::default(), GFP_KERNEL)?;
+        for _ in 0..n {
+            items.push(None, GFP_KERNEL)?;
+        }
         Ok(Fifo {
             items,
             head: 0,
@@ -226,7 +228,7 @@ impl<T: Copy + Default> Fifo<T> {
         }
         match self.items.get_mut((self.head + self.len) % cap) {
             Some(slot) => {
-                *slot = item;
+                *slot = Some(item);
                 self.len += 1;
                 Ok(())
             }
@@ -234,20 +236,29 @@ impl<T: Copy + Default> Fifo<T> {
         }
     }
 
+    /// The oldest entry.
+    pub(crate) fn peek(&self) -> Option<&T> {
+        if self.len == 0 {
+            return None;
+        }
+        self.items.get(self.head)?.as_ref()
+    }
+
     /// Takes the oldest entry.
     pub(crate) fn pop(&mut self) -> Option<T> {
         if self.len == 0 {
             return None;
         }
-        let item = *self.items.get(self.head)?;
+        let item = self.items.get_mut(self.head)?.take();
         self.head = (self.head + 1) % self.items.len();
         self.len -= 1;
-        Some(item)
+        item
     }
 
+    /// Drops every entry.
     pub(crate) fn clear(&mut self) {
+        while self.pop().is_some() {}
         self.head = 0;
-        self.len = 0;
     }
 }
 
@@ -620,6 +631,20 @@ pub(crate) struct Caps {
     pub(crate) max_send_sge: u32,
     pub(crate) max_recv_sge: u32,
     pub(crate) max_inline_data: u32,
+}
+
+impl Caps {
+    /// As `query_qp` reports them.
+    pub(crate) fn to_ib(self) -> bindings::ib_qp_cap {
+        bindings::ib_qp_cap {
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            max_send_sge: self.max_send_sge,
+            max_recv_sge: self.max_recv_sge,
+            max_inline_data: self.max_inline_data,
+            max_rdma_ctxs: 0,
+        }
+    }
 }
 
 /// The lkey of the one SGE that stands for an inline payload: its address is the QP number

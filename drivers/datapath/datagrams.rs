@@ -55,7 +55,7 @@ pub(super) struct Datagrams {
 
 impl Datagrams {
     pub(super) fn new() -> Result<impl PinInit<Self>> {
-        let rxq = RxQueue::new(DG_ENTRIES)?;
+        let rxq = RxQueue::new(DG_ENTRIES as u32)?;
         let mut scratch = KVec::new();
         scratch.extend_with(MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
         Ok(pin_init!(Datagrams {
@@ -90,7 +90,7 @@ impl Engine {
 
     /// Datagrams waiting for the GSI QPs.
     pub(crate) fn dg_queued(&self) -> usize {
-        self.datagrams.rxq.lock().len
+        self.datagrams.rxq.lock().len()
     }
 
     /// Sends were posted to a GSI QP (any context): the receive thread sends them.

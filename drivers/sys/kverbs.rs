@@ -237,11 +237,7 @@ pub(super) unsafe fn create_gsi(
         GFP_KERNEL,
     )?;
     engine.set_gsi(init.port_num, Some(qp.clone()))?;
-    init.cap.max_send_wr = max_send_wr;
-    init.cap.max_recv_wr = max_recv_wr;
-    init.cap.max_send_sge = GSI_MAX_SGE as u32;
-    init.cap.max_recv_sge = GSI_MAX_SGE as u32;
-    init.cap.max_inline_data = 0;
+    init.cap = qp.cap.to_ib();
     // SAFETY: the core's zeroed allocation of our size; not yet visible to anyone else.
     unsafe {
         (*ibqp).qp_num = GSI_QPN;
@@ -403,14 +399,7 @@ pub(super) fn modify_gsi(
     mask: u32,
     qp_type: bindings::ib_qp_type,
 ) -> c_int {
-    let cur = qp.state();
-    let next = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
-        attr.qp_state
-    } else {
-        cur.to_ib()
-    };
-    // SAFETY: a pure function of its arguments.
-    if !unsafe { bindings::ib_modify_qp_is_ok(cur.to_ib(), next, qp_type, mask) } {
+    if !super::verbs::transition_ok(qp.state(), attr, mask, qp_type) {
         return EINVAL.to_errno();
     }
     to_errno(qp.modify(attr, mask))
@@ -424,14 +413,7 @@ pub(super) fn query_gsi(
 ) {
     *attr = bindings::ib_qp_attr::default();
     qp.fill(attr);
-    let cap = bindings::ib_qp_cap {
-        max_send_wr: qp.max_send_wr,
-        max_recv_wr: qp.max_recv_wr,
-        max_send_sge: GSI_MAX_SGE as u32,
-        max_recv_sge: GSI_MAX_SGE as u32,
-        max_inline_data: 0,
-        max_rdma_ctxs: 0,
-    };
+    let cap = qp.cap.to_ib();
     attr.cap = cap;
     init.cap = cap;
     init.qp_type = bindings::ib_qp_type_IB_QPT_GSI;

@@ -129,6 +129,27 @@ fn list_planes(ibdev: *mut bindings::ib_device, w: &mut BufWriter<'_>) {
     }
 }
 
+/// A `show` of one of our device attributes: the listing `f` writes.
+///
+/// # Safety
+///
+/// `dev` and `buf` as sysfs passes them to `show`: the `struct device` of one of our
+/// registered devices (our group is only on those, which stay registered while sysfs calls
+/// us) and a zeroed buffer of `PAGE_SIZE` bytes, ours for the call.
+unsafe fn show(
+    dev: *mut bindings::device,
+    buf: *mut c_char,
+    f: impl FnOnce(*mut bindings::ib_device, &mut BufWriter<'_>),
+) -> isize {
+    // SAFETY: per the contract.
+    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
+    // SAFETY: per the contract.
+    let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), kernel::page::PAGE_SIZE) };
+    let mut w = BufWriter { buf: out, len: 0 };
+    f(ibdev, &mut w);
+    w.len as isize
+}
+
 /// # Safety
 ///
 /// Called only by sysfs, for the `planes` attribute of one of our devices, with a buffer of
@@ -138,14 +159,8 @@ unsafe extern "C" fn planes_show(
     _attr: *mut bindings::device_attribute,
     buf: *mut c_char,
 ) -> isize {
-    // SAFETY: `dev` is the `struct device` of a registered `ib_device` (our group is only on
-    // those), which stays registered while sysfs calls us.
-    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
-    // SAFETY: sysfs hands `show` a zeroed buffer of `PAGE_SIZE` bytes, ours for the call.
-    let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), kernel::page::PAGE_SIZE) };
-    let mut w = BufWriter { buf: out, len: 0 };
-    list_planes(ibdev, &mut w);
-    w.len as isize
+    // SAFETY: per the contract.
+    unsafe { show(dev, buf, list_planes) }
 }
 
 /// # Safety
@@ -157,16 +172,15 @@ unsafe extern "C" fn peers_show(
     _attr: *mut bindings::device_attribute,
     buf: *mut c_char,
 ) -> isize {
-    // SAFETY: as in `planes_show`.
-    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
-    // SAFETY: as in `planes_show`.
-    let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), kernel::page::PAGE_SIZE) };
-    let mut w = BufWriter { buf: out, len: 0 };
-    // SAFETY: the device is live while sysfs calls us.
-    if let Some(engine) = unsafe { ibdev::engine_of(ibdev) } {
-        engine.describe_peers(&mut w);
+    // SAFETY: per the contract.
+    unsafe {
+        show(dev, buf, |ibdev, w| {
+            // SAFETY: the device is live while sysfs calls us.
+            if let Some(engine) = ibdev::engine_of(ibdev) {
+                engine.describe_peers(w);
+            }
+        })
     }
-    w.len as isize
 }
 
 /// # Safety

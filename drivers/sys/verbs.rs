@@ -649,14 +649,7 @@ pub(super) unsafe extern "C" fn modify_qp(
     let Some(qp) = qp else {
         return EINVAL.to_errno();
     };
-    let cur = qp.state();
-    let next = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
-        attr.qp_state
-    } else {
-        cur.to_ib()
-    };
-    // SAFETY: a pure function of its arguments.
-    if !unsafe { bindings::ib_modify_qp_is_ok(cur.to_ib(), next, qp_type, mask) } {
+    if !transition_ok(qp.state(), attr, mask, qp_type) {
         return EINVAL.to_errno();
     }
     if mask & bindings::ib_qp_attr_mask_IB_QP_PATH_MTU != 0
@@ -692,6 +685,23 @@ pub(super) unsafe extern "C" fn modify_qp(
     to_errno(result)
 }
 
+/// Whether `modify_qp` from state `cur` with `attr` and `mask` is a transition the verbs allow
+/// for a QP of `qp_type` (the core's table, `ib_modify_qp_is_ok`).
+pub(super) fn transition_ok(
+    cur: QpState,
+    attr: &bindings::ib_qp_attr,
+    mask: u32,
+    qp_type: bindings::ib_qp_type,
+) -> bool {
+    let next = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
+        attr.qp_state
+    } else {
+        cur.to_ib()
+    };
+    // SAFETY: a pure function of its arguments.
+    unsafe { bindings::ib_modify_qp_is_ok(cur.to_ib(), next, qp_type, mask) }
+}
+
 /// # Safety
 ///
 /// Called only by the RDMA core for a QP we created.
@@ -716,14 +726,7 @@ pub(super) unsafe extern "C" fn query_qp(
     attr.qp_state = inner.state.to_ib();
     attr.cur_qp_state = attr.qp_state;
     inner.attrs.fill(attr);
-    let cap = bindings::ib_qp_cap {
-        max_send_wr: qp.cap.max_send_wr,
-        max_recv_wr: qp.cap.max_recv_wr,
-        max_send_sge: qp.cap.max_send_sge,
-        max_recv_sge: qp.cap.max_recv_sge,
-        max_inline_data: qp.cap.max_inline_data,
-        max_rdma_ctxs: 0,
-    };
+    let cap = qp.cap.to_ib();
     attr.cap = cap;
     init.cap = cap;
     init.qp_type = bindings::ib_qp_type_IB_QPT_RC;
