@@ -8,7 +8,7 @@
 //! append. Each name is documented on its variant.
 
 use core::sync::atomic::{AtomicU64, Ordering};
-use kernel::prelude::*;
+use kernel::{prelude::*, sync::Arc};
 
 macro_rules! counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
@@ -184,15 +184,27 @@ pub(crate) const PATH_COUNTERS: [[Counter; 3]; COUNTED_PATHS] = [
 /// How many counters there are.
 pub(crate) const NUM_COUNTERS: usize = Counter::ALL.len();
 
-/// The counters of one device (port 1).
+/// A set of counters: the device's (port 1: everything, over all planes), or one plane's
+/// (port `k + 1` for plane `k`: what its socket counts), which also counts in the device's.
 pub(crate) struct Counters {
     values: [AtomicU64; NUM_COUNTERS],
+    /// The device's counters, for a plane's.
+    device: Option<Arc<Counters>>,
 }
 
 impl Counters {
     pub(crate) fn new() -> Self {
         Counters {
             values: [const { AtomicU64::new(0) }; NUM_COUNTERS],
+            device: None,
+        }
+    }
+
+    /// A plane's counters, adding to `device`'s too.
+    pub(crate) fn for_plane(device: Arc<Counters>) -> Self {
+        Counters {
+            values: [const { AtomicU64::new(0) }; NUM_COUNTERS],
+            device: Some(device),
         }
     }
 
@@ -201,9 +213,13 @@ impl Counters {
         self.add(counter, 1);
     }
 
-    /// Adds `n` to `counter` (wrapping, like hardware counters).
+    /// Adds `n` to `counter` (wrapping, like hardware counters), and to the device's if these
+    /// are a plane's.
     pub(crate) fn add(&self, counter: Counter, n: u64) {
         self.values[counter as usize].fetch_add(n, Ordering::Relaxed);
+        if let Some(d) = &self.device {
+            d.add(counter, n);
+        }
     }
 
     /// Sets `counter` to `value` (for a gauge).

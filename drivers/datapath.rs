@@ -161,6 +161,8 @@ pub(crate) struct Engine {
     epoch: u32,
     /// The device's hardware counters (`rdma statistic`).
     counters: Arc<Counters>,
+    /// Each plane's (its socket counts there, and so in `counters` too).
+    plane_counters: [Arc<Counters>; MAX_PLANES],
     #[pin]
     peers: Mutex<KVec<Arc<Peer>>>,
     #[pin]
@@ -332,6 +334,7 @@ impl Engine {
         mtu: u32,
         ndev: &NetDev<'_>,
         counters: Arc<Counters>,
+        plane_counters: [Arc<Counters>; MAX_PLANES],
     ) -> Result<Arc<Self>> {
         let rxq = RxQueue::new(RX_ENTRIES as u32)?;
         let datagrams = datagrams::Datagrams::new()?;
@@ -343,6 +346,7 @@ impl Engine {
                 planes <- new_mutex!([const { None }; MAX_PLANES], "metaroce_planes"),
                 epoch: Engine::new_epoch(),
                 counters: own_counters,
+                plane_counters,
                 peers <- new_mutex!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),

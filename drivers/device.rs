@@ -32,28 +32,52 @@ pub(crate) const MAX_PD: u32 = 1 << 16;
 
 /// The driver's state for one device, kept beside the `ib_device` it belongs to.
 pub(crate) struct Device {
-    /// The hardware counters (`rdma statistic`), shared with the UDP layer and the data path.
+    /// The hardware counters (`rdma statistic`), shared with the UDP layer and the data path:
+    /// port 1's.
     counters: Arc<Counters>,
+    /// Each plane's socket counters (port `k + 1` for plane `k` > 0), which add to `counters`.
+    plane_counters: [Arc<Counters>; MAX_PLANES as usize],
     node_guid: u64,
 }
 
 impl Device {
     /// A device on the netdev `ndev`, named after its hardware address.
     pub(crate) fn new(ndev: &NetDev<'_>) -> Result<Self> {
+        let counters = Arc::new(Counters::new(), GFP_KERNEL)?;
+        let mut planes = KVec::with_capacity(MAX_PLANES as usize, GFP_KERNEL)?;
+        for _ in 0..MAX_PLANES {
+            planes.push(
+                Arc::new(Counters::for_plane(counters.clone()), GFP_KERNEL)?,
+                GFP_KERNEL,
+            )?;
+        }
+        let plane_counters = core::array::from_fn(|k| {
+            planes.get(k).cloned().unwrap_or_else(|| counters.clone())
+        });
         Ok(Device {
-            counters: Arc::new(Counters::new(), GFP_KERNEL)?,
+            counters,
+            plane_counters,
             node_guid: node_guid_from_mac(ndev.mac()),
         })
-    }
-
-    /// The device's hardware counters.
-    pub(crate) fn counters(&self) -> &Counters {
-        &self.counters
     }
 
     /// The device's hardware counters, to share.
     pub(crate) fn counters_arc(&self) -> Arc<Counters> {
         self.counters.clone()
+    }
+
+    /// The counters port `port` reports: the device's for port 1, plane `port - 1`'s for the
+    /// others.
+    pub(crate) fn port_counters(&self, port: u32) -> Option<&Counters> {
+        match port {
+            1 => Some(&self.counters),
+            p => self.plane_counters.get((p as usize).checked_sub(1)?).map(|c| &**c),
+        }
+    }
+
+    /// Each plane's counters, to share (index: plane).
+    pub(crate) fn plane_counters(&self) -> [Arc<Counters>; MAX_PLANES as usize] {
+        self.plane_counters.clone()
     }
 
     /// The node GUID, in the byte order `ib_device.node_guid` (`__be64`) stores.

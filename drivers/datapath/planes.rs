@@ -102,11 +102,12 @@ impl Engine {
 
     fn open_socket(self: &Arc<Self>, ndev: &NetDev<'_>, plane: usize) -> Result<PlaneSocket> {
         // The socket's handler holds the engine: `shutdown` breaks that cycle.
+        let counters = self.plane_counters.get(plane).ok_or(EINVAL)?.clone();
         let rx: Arc<dyn RxHandler> = Arc::new(
-            DeviceRx::new(self.counters.clone(), self.clone(), plane as u8),
+            DeviceRx::new(counters.clone(), self.clone(), plane as u8),
             GFP_KERNEL,
         )?;
-        PlaneSocket::open(ndev, rx, self.counters.clone())
+        PlaneSocket::open(ndev, rx, counters)
     }
 
     /// Whether the device is alive (plane 0 open; `shutdown` closes every plane).

@@ -169,8 +169,9 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     let node_guid = state.node_guid();
     let mtu = crate::device::payload_mtu(ndev.mtu());
     let counters = state.counters_arc();
+    let plane_counters = state.plane_counters();
     let parts = Arc::pin_init(Verbs::new(), GFP_KERNEL)
-        .and_then(|verbs| Ok((verbs.clone(), Engine::new(verbs, mtu, ndev, counters)?)));
+        .and_then(|verbs| Ok((verbs.clone(), Engine::new(verbs, mtu, ndev, counters, plane_counters)?)));
     let (verbs, engine) = match parts {
         Ok((verbs, engine)) => (verbs, Some(engine)),
         Err(e) => {

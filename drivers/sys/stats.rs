@@ -72,12 +72,11 @@ pub(super) unsafe extern "C" fn get_hw_stats(
         .min(NUM_COUNTERS);
     // SAFETY: the struct was allocated with `num_counters` values, and `n` is at most that.
     let values = unsafe { stats.value.as_mut_slice(n) };
-    // The device's counters are port 1's; the other ports (planes 1-7) have no counters of
-    // their own yet and report zeros rather than the device's again.
-    if port == 1 {
-        dev.counters().snapshot(values);
-    } else {
-        values.fill(0);
+    // Port 1 reports the device (all planes, and the transport's counters); port k + 1 what
+    // plane k's socket counted.
+    match dev.port_counters(port) {
+        Some(c) => c.snapshot(values),
+        None => values.fill(0),
     }
     n as c_int
 }

@@ -69,8 +69,29 @@ check "4 rate-limited planes carry >= 2.5x what 1 does (measured ${ratio}x)" \
 # Spraying: every plane's veth carries a fair share of the bytes of one transfer.
 tx_bytes() { $IP netns exec ns1 cat /sys/class/net/$1/statistics/tx_bytes; }
 declare -a before
+# Per-plane hardware counters: port k + 1 reports what plane k's socket counted, port 1 the
+# whole device (every plane; and the transport's counters).
+hw() { cat "/sys/class/infiniband/$1/ports/$2/hw_counters/$3"; }
+declare -a hw_tx_before hw_rx_before
+for port in 1 2 3 4; do
+	hw_tx_before[$port]=$(hw mroce1 $port tx_bytes)
+	hw_rx_before[$port]=$(hw mroce2 $port rx_packets)
+done
 for k in 0 1 2 3; do before[$k]=$(tx_bytes ${NS1_IF[$k]}); done
 perftest "ib_write_bw over 4 planes, 64 KiB x 300" ib_write_bw -s 65536 -n 300
+declare -a hw_tx hw_rx
+for port in 1 2 3 4; do
+	hw_tx[$port]=$(($(hw mroce1 $port tx_bytes) - hw_tx_before[port]))
+	hw_rx[$port]=$(($(hw mroce2 $port rx_packets) - hw_rx_before[port]))
+done
+planes_tx=$((hw_tx[2] + hw_tx[3] + hw_tx[4]))
+plane0_tx=$((hw_tx[1] - planes_tx))
+echo "# mroce1 tx_bytes: port 1 (device) ${hw_tx[1]}, ports 2-4 ${hw_tx[2]} ${hw_tx[3]} ${hw_tx[4]}; mroce2 rx_packets ports 1-4: ${hw_rx[*]:1}"
+check "per-plane counters: ports 2-4 count their planes' traffic both ways (mroce1 tx_bytes, mroce2 rx_packets)" \
+	test "${hw_tx[2]}" -gt 0 -a "${hw_tx[3]}" -gt 0 -a "${hw_tx[4]}" -gt 0 \
+	-a "${hw_rx[2]}" -gt 0 -a "${hw_rx[3]}" -gt 0 -a "${hw_rx[4]}" -gt 0
+check "per-plane counters: port 1 counts the device (more than planes 1-3 together; plane 0's ${plane0_tx} B is a fair share)" \
+	test "$plane0_tx" -gt $((hw_tx[1] / 6)) -a "$plane0_tx" -lt $((hw_tx[1] / 3))
 total=0
 declare -a sent
 for k in 0 1 2 3; do
