@@ -919,9 +919,7 @@ impl Engine {
             return None;
         }
         // A holder off the data path (or one just leaving): wait for the lock.
-        let p = work::lock(&peer.inner);
-        peer.takes_pending.store(true, Ordering::SeqCst);
-        Some(p)
+        Some(Self::lock_data_path_waiting(peer))
     }
 
     /// Takes `peer`'s lock if it is free, as a data path holder (one that runs
@@ -930,6 +928,13 @@ impl Engine {
         let p = peer.inner.try_lock()?;
         peer.takes_pending.store(true, Ordering::SeqCst);
         Some(p)
+    }
+
+    /// [`Engine::lock_data_path`], waiting for the lock if it is held.
+    fn lock_data_path_waiting(peer: &Peer) -> MutexGuard<'_, PeerInner> {
+        let p = work::lock(&peer.inner);
+        peer.takes_pending.store(true, Ordering::SeqCst);
+        p
     }
 
     /// Unlocks `peer`, first doing the work others left to us because we held it
@@ -983,11 +988,7 @@ impl Engine {
                 // A data path holder sees the bits when it releases.
                 None if peer.takes_pending.load(Ordering::SeqCst) => break,
                 // One off the data path does not: wait for it, then do them.
-                None => {
-                    let p = work::lock(&peer.inner);
-                    peer.takes_pending.store(true, Ordering::SeqCst);
-                    p
-                }
+                None => Self::lock_data_path_waiting(peer),
             };
         }
         // Datagrams of other peers may wait behind ours: the threads take them.

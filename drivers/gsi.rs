@@ -60,25 +60,30 @@ impl KernelSgl {
         if total > self.len() {
             return false;
         }
-        let mut bufs = self.bufs().iter();
-        let (mut cur, mut off) = (bufs.next(), 0usize);
-        for part in parts {
-            let mut part: &[u8] = part;
-            while !part.is_empty() {
-                let Some(b) = cur else { return false };
-                let room = b.len() - off;
-                if room == 0 {
-                    (cur, off) = (bufs.next(), 0);
-                    continue;
-                }
-                let n = room.min(part.len());
-                let (now, rest) = part.split_at(n);
-                b.write(off, now);
-                off += n;
-                part = rest;
+        let mut at = 0;
+        parts.iter().all(|part| {
+            let ok = self.write_at(at, part);
+            at += part.len();
+            ok
+        })
+    }
+
+    /// Writes `data` at byte `offset` of the list; false if it does not fit.
+    fn write_at(&self, mut offset: usize, mut data: &[u8]) -> bool {
+        for b in self.bufs() {
+            if data.is_empty() {
+                break;
             }
+            if offset >= b.len() {
+                offset -= b.len();
+                continue;
+            }
+            let (now, rest) = data.split_at((b.len() - offset).min(data.len()));
+            b.write(offset, now);
+            data = rest;
+            offset = 0;
         }
-        true
+        data.is_empty()
     }
 }
 

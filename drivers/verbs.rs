@@ -580,11 +580,9 @@ impl QpAttrs {
 
     /// The destination as an IPv4 address, if the GID is IPv4-mapped.
     pub(crate) fn dest_ipv4(&self) -> Option<[u8; 4]> {
-        let g = &self.dgid;
-        if g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff {
-            Some([g[12], g[13], g[14], g[15]])
-        } else {
-            None
+        match crate::net::IpAddr::from_gid(&self.dgid) {
+            crate::net::IpAddr::V4(a) => Some(a),
+            crate::net::IpAddr::V6(_) => None,
         }
     }
 }

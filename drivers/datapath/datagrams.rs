@@ -177,15 +177,9 @@ impl Engine {
             });
             let Some((wr, len)) = taken else { break };
             let sent = len.and_then(|len| {
-                let data = scratch.get(..len)?;
-                match work::lock(&self.planes).get(plane) {
-                    // The socket counts what it sends and what fails; a datagram that does not
-                    // leave is lost, as on any UD QP (the MAD layer retries).
-                    Some(Some(lp)) => {
-                        let _ = lp.socket.send(&dst, UDP_PORT, false, data);
-                    }
-                    _ => self.counters.inc(Counter::TxErrors),
-                }
+                // A datagram that does not leave is lost, as on any UD QP (the MAD layer
+                // retries).
+                self.send_on(plane, &dst, UDP_PORT, false, scratch.get(..len)?);
                 Some(())
             });
             if sent.is_some() {

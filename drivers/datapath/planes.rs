@@ -34,7 +34,7 @@ const HELLO_SRC_PORT: u16 = UDP_PORT;
 
 /// One plane of this device: its socket and whether its link is up.
 pub(crate) struct LocalPlane {
-    pub(super) socket: PlaneSocket,
+    socket: PlaneSocket,
     up: bool,
 }
 
@@ -220,11 +220,16 @@ impl Engine {
             self.counters.inc(Counter::TxErrors);
             return;
         };
-        // The socket counts what it sends and what fails (tx_packets, tx_errors); a lost
-        // datagram is the transport's to resend.
+        // A lost datagram is the transport's to resend.
+        self.send_on(plane, &IpAddr::V4(dst), src_port, ecn, data);
+    }
+
+    /// Sends a datagram on `plane` to `dst`. Its socket counts what it sends and what fails
+    /// (`tx_packets`, `tx_errors`); a plane that does not exist counts in `tx_errors` here.
+    pub(super) fn send_on(&self, plane: usize, dst: &IpAddr, src_port: u16, ecn: bool, data: &[u8]) {
         match work::lock(&self.planes).get(plane) {
             Some(Some(lp)) => {
-                let _ = lp.socket.send(&IpAddr::V4(dst), src_port, ecn, data);
+                let _ = lp.socket.send(dst, src_port, ecn, data);
             }
             _ => self.counters.inc(Counter::TxErrors),
         }

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::verbs::{
     limits, Caps, Cq, CqRing, Fifo, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq,
+    Verbs,
 };
 use core::{
     mem::{offset_of, size_of},
@@ -179,12 +180,9 @@ unsafe fn create_cq_inner(
         // `poll_cq`.
         let notifier = CqNotifier(NonNull::new(ibcq).ok_or(EINVAL)?);
         let cq = Arc::pin_init(Cq::new(CqRing::Kernel(Fifo::new(attr.cqe)?), notifier), GFP_KERNEL)?;
-        // SAFETY: `ibcq` is the core's zeroed allocation of our size; nothing else sees it yet.
-        unsafe {
-            (*ibcq).cqe = cq.capacity() as c_int;
-            ptr::addr_of_mut!((*ibcq.cast::<MetaCq>()).cq).write(Some(cq));
-        }
-        verbs.cqs.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        let entries = cq.capacity();
+        // SAFETY: per the contract.
+        unsafe { install_cq(ibcq, verbs, cq, entries) };
         return Ok(());
     }
     // SAFETY: `attrs` is the live bundle of this uverbs call.
@@ -205,13 +203,26 @@ unsafe fn create_cq_inner(
     };
     // SAFETY: `udata` is this call's.
     unsafe { respond(udata, &mut resp) }?;
-    // SAFETY: `ibcq` is the core's zeroed allocation of our size; nothing else sees it yet.
+    // The ring's extra slot is not the application's.
+    let entries = cq.capacity() - 1;
+    // SAFETY: per the contract.
+    unsafe { install_cq(ibcq, verbs, cq, entries) };
+    Ok(())
+}
+
+/// Makes `cq` the CQ behind `ibcq`, reporting `entries` to the core, and counts it.
+///
+/// # Safety
+///
+/// `ibcq` must be the core's zeroed allocation of our size for a CQ being created, not yet
+/// seen by anyone else.
+unsafe fn install_cq(ibcq: *mut bindings::ib_cq, verbs: &Verbs, cq: Arc<Cq>, entries: u32) {
+    // SAFETY: per the contract.
     unsafe {
-        (*ibcq).cqe = (cq.capacity() - 1) as c_int;
+        (*ibcq).cqe = entries as c_int;
         ptr::addr_of_mut!((*ibcq.cast::<MetaCq>()).cq).write(Some(cq));
     }
     verbs.cqs.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-    Ok(())
 }
 
 /// # Safety

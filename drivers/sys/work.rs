@@ -101,7 +101,7 @@ impl<T: KthreadWork> Kthread<T> {
 
     /// Asks the thread to run (again). Any context.
     pub(crate) fn kick(&self) {
-        self.post(KICKED, true);
+        self.post(KICKED);
     }
 
     /// Sets `bits` in the thread's pending work and wakes it, whatever was pending. Any
@@ -112,12 +112,10 @@ impl<T: KthreadWork> Kthread<T> {
         unsafe { bindings::wake_up_process(self.task.as_ptr()) };
     }
 
-    /// Sets `bits` in the thread's pending work and wakes it if it had none: at the end of
-    /// the [`TxSection`] we are in, if any and `defer`, else now. Any context.
-    fn post(&self, bits: u8, defer: bool) {
-        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0
-            && !(defer && defer_wake(self.task))
-        {
+    /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
+    /// the [`TxSection`] we are in, if any). Any context.
+    fn post(&self, bits: u8) {
+        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0 && !defer_wake(self.task) {
             // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
             unsafe { bindings::wake_up_process(self.task.as_ptr()) };
         }
@@ -387,20 +385,24 @@ pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Does the wakeups the current task's section on this CPU holds back now (the section goes
 /// on). Process context.
 fn flush_section() {
-    // SAFETY: as in `defer_wake`.
+    if let Some(slot) = own_slot() {
+        slot.wake_deferred();
+    }
+}
+
+/// This CPU's transmit section, if the current task (in interrupt context: the task
+/// interrupted) is in it. Any context.
+fn own_slot() -> Option<&'static TxSlot> {
+    // SAFETY: reads the CPU number and `current`; in interrupt context `current` is the task
+    // interrupted, which is what makes a softirq inside a section see it.
     let (cpu, me) = unsafe {
         (
             bindings::metaroce_glue_smp_processor_id() as usize,
             bindings::metaroce_glue_current(),
         )
     };
-    let Some(slot) = TX_SLOTS.get(cpu) else {
-        return;
-    };
-    if slot.owner.load(Ordering::Acquire) != me {
-        return;
-    }
-    slot.wake_deferred();
+    let slot = TX_SLOTS.get(cpu)?;
+    (slot.owner.load(Ordering::Acquire) == me).then_some(slot)
 }
 
 impl TxSlot {
@@ -424,20 +426,9 @@ impl TxSlot {
 /// Holds back the wakeup of `task` until the end of the transmit section the current task is
 /// in on this CPU; false (wake it now) when there is none or it is full. Any context.
 fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
-    // SAFETY: reads the CPU number and `current`; in interrupt context `current` is the task
-    // interrupted, which is what makes a softirq inside a section see it.
-    let (cpu, me) = unsafe {
-        (
-            bindings::metaroce_glue_smp_processor_id() as usize,
-            bindings::metaroce_glue_current(),
-        )
-    };
-    let Some(slot) = TX_SLOTS.get(cpu) else {
+    let Some(slot) = own_slot() else {
         return false;
     };
-    if slot.owner.load(Ordering::Acquire) != me {
-        return false;
-    }
     // Claimed atomically: an interrupt may defer a wakeup in the middle of ours.
     let i = slot.len.fetch_add(1, Ordering::AcqRel);
     let Some(w) = slot.wake.get(i) else {
