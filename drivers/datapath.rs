@@ -27,21 +27,22 @@
 //! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way. The
 //!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
 
-use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::{
-    counters::{Counter, Counters, PATH_COUNTERS},
+    counters::{Counter, Counters, COUNTED_PATHS, PATH_COUNTERS},
     net::RxBuf,
     sys::{
         bindings,
         netdev::NetDev,
         work::{self, CpuThreads, KthreadWork},
+        ZeroedSlice,
     },
     transport::{
         congestion::RateAllocator,
-        connection::{Config, Connection, Event, RecvError, StreamSlots},
+        connection::{path::Path, Config, Connection, Event, RecvError, StreamSlots},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
         stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
-        wire::{Packet, MAX_HEADER_LEN},
+        wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
     },
     verbs::{self, Cqe, Qp, QpState, RecvWqe, SendWqe, Verbs},
 };
@@ -59,11 +60,15 @@ pub(crate) use datagrams::is_datagram;
 
 pub(crate) use planes::MAX_PLANES;
 
-/// Logical paths per connection.
-pub(crate) const PATHS: usize = 8;
+/// Logical paths of a new connection unless the device's `paths` file says otherwise.
+pub(crate) const DEFAULT_PATHS: u16 = 16;
+/// The fewest a device may be set to: what every device has, so what a connection sends on
+/// before the peer's HELLO says how many it has (`DEFAULT_PEER_PATHS`).
+pub(crate) const MIN_PATHS: u16 = DEFAULT_PEER_PATHS;
 
-/// The unified connection to one peer device.
-pub(crate) type Conn = Connection<PATHS, PeerStreams>;
+/// The unified connection to one peer device; its path table is allocated for the paths it
+/// has (`Engine::paths` when it was made), from 8 to `device::MAX_PATHS`.
+pub(crate) type Conn = Connection<ZeroedSlice<Path>, PeerStreams>;
 
 /// Streams per allocation: as many as fit in 128 KiB, so that a chunk uses most of its
 /// (power-of-two sized) kmalloc allocation, or of its pages if vmalloc'd.
@@ -187,6 +192,8 @@ pub(crate) struct Engine {
     /// ([`datagrams`]).
     #[pin]
     datagrams: datagrams::Datagrams,
+    /// Paths of the connections made from now on (the device's `paths` file).
+    paths: AtomicU16,
 }
 
 /// Receive runs averaging at least this many datagrams make `Engine::rx_spread` true.
@@ -318,8 +325,37 @@ struct Reported {
     naks_in: [u64; 6],
     duplicates: u64,
     rnr_naks: u64,
-    /// Per path: packets sent, retransmitted, lost.
-    paths: [[u64; 3]; PATHS],
+    /// Per counted path: packets sent, retransmitted, lost.
+    paths: [[u64; 3]; COUNTED_PATHS],
+}
+
+/// A QP's connection as the direct verbs report it (`Engine::qp_connection`).
+pub(crate) struct ConnInfo {
+    /// Planes the connection's paths are spread over.
+    pub(crate) planes: u32,
+    /// Bit per plane that carries packets to the peer now.
+    pub(crate) planes_up: u32,
+    /// Paths it sends on.
+    pub(crate) paths: u32,
+    /// QPs on it.
+    pub(crate) qps: u32,
+}
+
+/// One path of a connection as the direct verbs report it.
+pub(crate) struct PathInfo {
+    pub(crate) id: u16,
+    pub(crate) plane: u8,
+    /// `PathState` as its number (the ABI's `enum metaroce_path_state`).
+    pub(crate) state: u8,
+    pub(crate) sport: u16,
+    /// Smoothed RTT (0 before a sample).
+    pub(crate) srtt_us: u32,
+    pub(crate) cwnd: u32,
+    pub(crate) in_flight: u32,
+    pub(crate) sent: u64,
+    pub(crate) retransmits: u64,
+    pub(crate) ecn_marks: u64,
+    pub(crate) timeouts: u64,
 }
 
 /// Where a QP sits on the data path: its peer and its stream there.
@@ -363,6 +399,7 @@ impl Engine {
                 rx_spread: AtomicBool::new(false),
                 rx_run_avg: AtomicU32::new(0),
                 datagrams <- datagrams,
+                paths: AtomicU16::new(DEFAULT_PATHS),
             }),
             GFP_KERNEL,
         )?;
@@ -430,7 +467,7 @@ impl Engine {
         }
         let mut cfg = Config::new(0, 0);
         cfg.mtu = self.mtu;
-        cfg.num_paths = PATHS as u16;
+        cfg.num_paths = self.paths();
         cfg.seed = work::random_u64() | 1;
         // ACK at the end of each processed batch (or sooner, see `ACK_DELAY_NS`): batches are
         // whole bursts (see `work::TxSection`), so that is one ACK per burst, and no timer.
@@ -438,7 +475,10 @@ impl Engine {
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         cfg.path.min_rto = PATH_MIN_RTO_NS;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
-        conn.reset(cfg).map_err(|_| EINVAL)?;
+        let table = ZeroedSlice::new(usize::from(cfg.num_paths))?;
+        conn.reset_with_paths(cfg, table).map_err(|_| EINVAL)?;
+        // The peer may have fewer paths: until its HELLO says, only those every device has.
+        conn.set_send_paths(usize::from(DEFAULT_PEER_PATHS));
         let mut buf = KVec::new();
         buf.extend_with(MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
         let peer = Arc::pin_init(
@@ -467,6 +507,24 @@ impl Engine {
         // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
         self.apply_planes(&peer, &mut work::lock(&peer.inner).conn);
         Ok(peer)
+    }
+
+    /// Paths a connection made now gets.
+    pub(crate) fn paths(&self) -> u16 {
+        self.paths.load(Ordering::Relaxed)
+    }
+
+    /// Sets the paths of the connections made from now on: `MIN_PATHS..=MAX_PATHS`, else
+    /// `EINVAL`. A connection is made when the first QP toward a peer device connects and
+    /// kept for the device's life (the peer's connection continues its sequence numbers), with
+    /// the paths it was made with: the setting applies to peers not connected yet.
+    pub(crate) fn set_paths(&self, n: u32) -> Result {
+        let n = u16::try_from(n).map_err(|_| EINVAL)?;
+        if !(MIN_PATHS..=crate::device::MAX_PATHS as u16).contains(&n) {
+            return Err(EINVAL);
+        }
+        self.paths.store(n, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The QP reached RTS: its requester gets its first MSN and retry limits.
@@ -511,6 +569,7 @@ impl Engine {
                 recv_msn: a.rq_psn,
                 ack_timeout: ack_timeout_ns(a.timeout),
                 srq: qp.srq.is_some(),
+                planes: qp.planes(),
             };
             (dest, cfg)
         };
@@ -565,6 +624,55 @@ impl Engine {
             self.run(&b.peer, &mut p);
         }
         qp.flush();
+    }
+
+    /// Restricts the QP's packets to `planes` (bit per plane; 0: every plane): now if its
+    /// stream is open, and when it opens.
+    pub(crate) fn set_qp_planes(&self, qp: &Qp, planes: u32) {
+        qp.set_planes(planes);
+        let binding = work::lock(&qp.inner).binding.clone();
+        if let Some(b) = binding {
+            // The stream may have closed since: then the QP's value is what counts.
+            let _ = work::lock(&b.peer.inner).conn.set_stream_planes(b.stream, planes);
+        }
+    }
+
+    /// The connection the QP rides, for the direct verbs: its planes and QPs, and each of
+    /// its paths passed to `each_path` in order. None before the QP is connected (RTR).
+    pub(crate) fn qp_connection(&self, qp: &Qp, mut each_path: impl FnMut(PathInfo)) -> Option<ConnInfo> {
+        let binding = work::lock(&qp.inner).binding.clone()?;
+        let p = work::lock(&binding.peer.inner);
+        let conn = &p.conn;
+        let planes = conn.config().planes.max(1);
+        let planes_up = (0..planes)
+            .filter(|&k| conn.plane_up(k))
+            .fold(0u32, |m, k| m | 1u32 << k.min(31));
+        for i in 0..conn.send_paths() {
+            let Some(path) = conn.path(i) else { break };
+            each_path(PathInfo {
+                id: path.id,
+                plane: path.plane,
+                state: path.state as u8,
+                sport: path.sport,
+                srtt_us: if path.rtt.has_sample() {
+                    u32::try_from(path.rtt.srtt() / 1000).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
+                cwnd: path.cc.cwnd(),
+                in_flight: path.inflight.unresolved(),
+                sent: path.stats.sent,
+                retransmits: path.stats.retransmitted,
+                ecn_marks: path.stats.ecn_ce,
+                timeouts: path.stats.timeouts,
+            });
+        }
+        Some(ConnInfo {
+            planes: u32::from(planes),
+            planes_up,
+            paths: conn.send_paths() as u32,
+            qps: p.attached as u32,
+        })
     }
 
     /// The QP is being destroyed: close its stream; nothing completes for it afterwards.
@@ -667,7 +775,7 @@ impl Engine {
         let deadline = if p.attached == 0 {
             None
         } else {
-            let hello = self.hello_tick(peer, now);
+            let hello = self.hello_tick(peer, p.conn.path_count(), now);
             let conn = if p.feed.is_empty() {
                 p.conn.poll_timeout()
             } else {

@@ -41,6 +41,16 @@ int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len)
 	return ib_copy_to_udata(udata, src, len);
 }
 
+int metaroce_glue_copy_from_udata(void *dst, struct ib_udata *udata, size_t len)
+{
+	return ib_copy_from_udata(dst, udata, len);
+}
+
+bool metaroce_glue_is_udata_cleared(struct ib_udata *udata, size_t offset, size_t len)
+{
+	return ib_is_udata_cleared(udata, offset, len);
+}
+
 void metaroce_glue_dev_put(struct net_device *ndev)
 {
 	dev_put(ndev);

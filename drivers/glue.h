@@ -15,6 +15,8 @@ struct ib_device *metaroce_glue_device_to_ibdev(struct device *dev);
 enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev);
 unsigned int metaroce_glue_num_possible_cpus(void);
 int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len);
+int metaroce_glue_copy_from_udata(void *dst, struct ib_udata *udata, size_t len);
+bool metaroce_glue_is_udata_cleared(struct ib_udata *udata, size_t offset, size_t len);
 void metaroce_glue_dev_put(struct net_device *ndev);
 struct page *metaroce_glue_sg_page_iter_page(struct sg_page_iter *piter);
 void *metaroce_glue_kmap_local_page(struct page *page);

@@ -617,6 +617,9 @@ pub(crate) struct Qp {
     /// `qp_access_flags` (`IB_ACCESS_REMOTE_*`), also in `inner`: read on the data path
     /// without the QP's lock.
     access: AtomicU32,
+    /// Planes this QP's packets may take (bit per plane; 0: every plane), set through the
+    /// direct verbs (`metaroce_dv_set_qp_planes`); the stream takes it when it opens.
+    planes: AtomicU32,
     #[pin]
     pub(crate) inner: Mutex<QpInner>,
 }
@@ -749,6 +752,7 @@ impl Qp {
             sq_sig_all: p.sq_sig_all,
             cap: p.cap,
             access: AtomicU32::new(0),
+            planes: AtomicU32::new(0),
             inner <- new_mutex!(
                 QpInner {
                     state: QpState::Reset,
@@ -818,6 +822,15 @@ impl Qp {
     /// `qp_access_flags`: the remote accesses the QP allows (`IB_ACCESS_REMOTE_*`).
     pub(crate) fn access_flags(&self) -> u32 {
         self.access.load(Ordering::Acquire)
+    }
+
+    /// The planes the QP's packets may take (0: every plane).
+    pub(crate) fn planes(&self) -> u32 {
+        self.planes.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_planes(&self, planes: u32) {
+        self.planes.store(planes, Ordering::Release);
     }
 
     /// The transport failed the QP's stream (retries exhausted, remote error): the QP is in

@@ -143,4 +143,64 @@ struct metaroce_create_qp_resp {
 	__u32 reserved;
 };
 
+/*
+ * Direct verbs (metaroce_dv_*, rdma-core-provider/metaroce_dv.h). The provider reads and sets a
+ * QP's MetaRoCE state through the driver data of the extended modify_qp command
+ * (IB_USER_VERBS_EX_CMD_MODIFY_QP, ibv_cmd_modify_qp_ex), as mlx5 carries its own modify_qp
+ * options and response; attr_mask may be 0 (no standard attribute changes). A stock
+ * ibv_modify_qp carries neither, and the kernel then does neither.
+ */
+enum metaroce_modify_qp_comp_mask {
+	METAROCE_MODIFY_QP_PLANES = 1 << 0,	/* set plane_mask */
+};
+
+struct metaroce_modify_qp_cmd {
+	__u32 comp_mask;	/* METAROCE_MODIFY_QP_*; an unknown bit: EOPNOTSUPP */
+	__u32 plane_mask;	/* bit k: plane k may carry this QP's packets; 0: every plane */
+	__aligned_u64 reserved;	/* 0, else EINVAL */
+};
+
+/* A path's state (the transport's PathState). */
+enum metaroce_path_state {
+	METAROCE_PATH_ACTIVE = 0,	/* carries data */
+	METAROCE_PATH_SUSPECT = 1,	/* timed out: only probes until one is answered */
+	METAROCE_PATH_FAILED = 2,	/* timed out repeatedly: probed in the background */
+	METAROCE_PATH_PROBING = 3,	/* a failed path that answered: carries data on probation */
+};
+
+/* One path of a QP's connection. */
+struct metaroce_path_info {
+	__u16 path_id;
+	__u8 plane;
+	__u8 state;		/* enum metaroce_path_state */
+	__u16 udp_sport;	/* the path's UDP source port now (its ECMP entropy) */
+	__u16 reserved;
+	__u32 srtt_us;		/* smoothed RTT; 0 before the first sample */
+	__u32 cwnd;		/* window, packets */
+	__u32 in_flight;	/* packets sent and not yet acknowledged or declared lost */
+	__u32 reserved1;
+	__aligned_u64 packets_sent;	/* data and probes, retransmissions included */
+	__aligned_u64 retransmits;
+	__aligned_u64 ecn_marks;	/* CE marks the peer echoed */
+	__aligned_u64 timeouts;
+};
+
+/*
+ * The driver response of that modify_qp, written when the caller's buffer has room for the
+ * fixed part: the QP's restriction, and its connection's planes and paths (the connection all
+ * QPs between the same two devices share). paths[] holds as many entries as the buffer has
+ * room for, in path order, at most num_paths.
+ */
+struct metaroce_modify_qp_resp {
+	__u32 response_length;	/* bytes written, paths[] included */
+	__u32 plane_mask;	/* this QP's restriction now (0: every plane) */
+	__u32 connected;	/* 1 once the QP rides a connection (RTR and later); else 0, and so is the rest */
+	__u32 planes;		/* planes the connection spreads over */
+	__u32 planes_up;	/* bit per plane that carries packets to the peer now */
+	__u32 num_paths;	/* paths the connection sends on */
+	__u32 qps;		/* QPs (streams) open on the connection */
+	__u32 num_path_info;	/* entries in paths[] */
+	struct metaroce_path_info paths[];
+};
+
 #endif /* METAROCE_ABI_USER_H */

@@ -19,7 +19,9 @@ use crate::{
     device::DeviceRx,
     net::{IpAddr, RxHandler},
     sys::{netdev::NetDev, udp::PlaneSocket, udp::UDP_PORT},
-    transport::wire::{BaseHeader, Ext, Flags, HelloEntry, Opcode, Packet, PlaneAddr},
+    transport::wire::{
+        BaseHeader, Ext, Flags, HelloEntry, Opcode, Packet, PlaneAddr, DEFAULT_PEER_PATHS,
+    },
 };
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::sys::work;
@@ -235,9 +237,9 @@ impl Engine {
         }
     }
 
-    /// Sends our HELLO to `peer`: on plane 0, or while that cannot reach the peer, on the
-    /// first plane that can.
-    fn send_hello(&self, peer: &Peer, reply: bool, now: u64) {
+    /// Sends our HELLO to `peer`, whose connection has `paths` paths: on plane 0, or while
+    /// that cannot reach the peer, on the first plane that can.
+    fn send_hello(&self, peer: &Peer, paths: usize, reply: bool, now: u64) {
         let planes = work::lock(&self.planes);
         let mut entries = [HelloEntry {
             plane: 0,
@@ -276,6 +278,7 @@ impl Engine {
             base,
             reply,
             self.epoch,
+            u16::try_from(paths).unwrap_or(u16::MAX),
             entries.get(..n).unwrap_or(&[]),
         ) else {
             return;
@@ -293,7 +296,7 @@ impl Engine {
 
     /// While `peer`'s planes are unheard: sends HELLO (asking for one back) if none went out
     /// in the last 100 ms. Returns when the next one is due, if one is.
-    pub(super) fn hello_tick(&self, peer: &Peer, now: u64) -> Option<u64> {
+    pub(super) fn hello_tick(&self, peer: &Peer, paths: usize, now: u64) -> Option<u64> {
         let pp = &peer.planes;
         if pp.heard.load(Ordering::Relaxed) {
             return None;
@@ -302,7 +305,7 @@ impl Engine {
         if last != 0 && now.saturating_sub(last) < HELLO_INTERVAL_NS {
             return Some(last + HELLO_INTERVAL_NS);
         }
-        self.send_hello(peer, true, now);
+        self.send_hello(peer, paths, true, now);
         pp.hello_sent_ns.store(now.max(1), Ordering::Relaxed);
         Some(now + HELLO_INTERVAL_NS)
     }
@@ -332,8 +335,11 @@ impl Engine {
         pp.epoch.store(h.epoch, Ordering::Relaxed);
         pp.heard.store(true, Ordering::Relaxed);
         self.apply_planes(peer, conn);
+        // We send on as many paths as both connections have.
+        let theirs = if h.paths == 0 { DEFAULT_PEER_PATHS } else { h.paths };
+        conn.set_send_paths(usize::from(theirs));
         if h.reply {
-            self.send_hello(peer, false, now);
+            self.send_hello(peer, conn.path_count(), false, now);
         }
     }
 
@@ -365,9 +371,11 @@ impl Engine {
             let cc = conn.congestion();
             let _ = writeln!(
                 w,
-                "peer {a}.{b}.{c}.{d} qps {} in {} out {} dropped_in {} retx {} timeouts {} \
-                 acks {}/{} cwnd {} pace {} grant_in {} grant_out {}",
+                "peer {a}.{b}.{c}.{d} qps {} paths {}/{} in {} out {} dropped_in {} retx {} \
+                 timeouts {} acks {}/{} cwnd {} pace {} grant_in {} grant_out {}",
                 p.attached,
+                conn.send_paths(),
+                conn.path_count(),
                 s.packets_in,
                 s.packets_out,
                 s.dropped_in,

@@ -67,11 +67,87 @@ pub(crate) fn zeroed_box<T: pin_init::Zeroable>() -> kernel::error::Result<kerne
     kernel::alloc::KVBox::init(pin_init::init_zeroed(), kernel::alloc::flags::GFP_KERNEL)
 }
 
+/// `len` values of `T` with every byte zero, in one kvmalloc'd allocation sized at run time
+/// (a connection's path table). All-zero itself (no allocation, length 0), so a structure
+/// holding one can still be zero-allocated.
+pub(crate) struct ZeroedSlice<T: pin_init::Zeroable> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T: pin_init::Zeroable> ZeroedSlice<T> {
+    fn layout(len: usize) -> core::result::Result<core::alloc::Layout, kernel::error::Error> {
+        core::alloc::Layout::array::<T>(len).map_err(|_| kernel::error::code::EINVAL)
+    }
+
+    /// `len` zeroed values (vmalloc-backed when large).
+    pub(crate) fn new(len: usize) -> kernel::error::Result<Self> {
+        use kernel::alloc::Allocator;
+        if len == 0 || size_of::<T>() == 0 {
+            return Ok(ZeroedSlice { ptr: core::ptr::null_mut(), len: 0 });
+        }
+        let layout = Self::layout(len)?;
+        let flags = kernel::alloc::flags::GFP_KERNEL | kernel::alloc::flags::__GFP_ZERO;
+        let mem = kernel::alloc::allocator::KVmalloc::alloc(layout, flags, kernel::alloc::NumaNode::NO_NODE)?;
+        Ok(ZeroedSlice { ptr: mem.cast::<T>().as_ptr(), len })
+    }
+}
+
+impl<T: pin_init::Zeroable> Drop for ZeroedSlice<T> {
+    fn drop(&mut self) {
+        use kernel::alloc::Allocator;
+        let Some(ptr) = core::ptr::NonNull::new(self.ptr.cast::<u8>()) else {
+            return;
+        };
+        let Ok(layout) = Self::layout(self.len) else {
+            return;
+        };
+        // SAFETY: `ptr` is the allocation `new` made with this allocator and this layout, freed
+        // only here. `T` is plain data here (`Zeroable` values of the transport: no drop glue
+        // that matters, see `Connection::reset`), so freeing without dropping each is sound.
+        unsafe { kernel::alloc::allocator::KVmalloc::free(ptr, layout) };
+    }
+}
+
+impl<T: pin_init::Zeroable> AsRef<[T]> for ZeroedSlice<T> {
+    fn as_ref(&self) -> &[T] {
+        if self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: `ptr` is a live allocation of `len` values, each valid (all-zero bytes are a
+        // valid `T`, and only safe code wrote them since); `&self` borrows it.
+        unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: pin_init::Zeroable> AsMut<[T]> for ZeroedSlice<T> {
+    fn as_mut(&mut self) -> &mut [T] {
+        if self.ptr.is_null() {
+            return &mut [];
+        }
+        // SAFETY: as in `as_ref`; `&mut self` makes the borrow unique.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: a `ZeroedSlice` owns its values as a `Box<[T]>` would: sending or sharing it is
+// sending or sharing them.
+unsafe impl<T: pin_init::Zeroable + Send> Send for ZeroedSlice<T> {}
+// SAFETY: as above.
+unsafe impl<T: pin_init::Zeroable + Sync> Sync for ZeroedSlice<T> {}
+
+// SAFETY: a null pointer and length 0: the empty slice, which owns nothing.
+unsafe impl<T: pin_init::Zeroable> pin_init::Zeroable for ZeroedSlice<T> {}
+
+// SAFETY: every type a path stores is valid as all-zero bytes (see the connection's below).
+unsafe impl pin_init::Zeroable for crate::transport::connection::path::Path {}
+
 // SAFETY: the transport core documents (transport/README.md) that every type a `Connection`
 // stores is valid as all-zero bytes: integers, bools, arrays, and `#[repr(u8)]` enums whose
 // variant 0 is the empty state; no references. Its stream storage, `PeerStreams`, holds a
 // count and an array of `Option<KVBox<_>>`, which is `None` when all-zero (the kernel's
-// `Box` is `repr(transparent)` over `NonNull`, and implements `ZeroableOption`).
+// `Box` is `repr(transparent)` over `NonNull`, and implements `ZeroableOption`); its path
+// table, a `ZeroedSlice`, is empty when all-zero.
 unsafe impl pin_init::Zeroable for crate::datapath::Conn {}
 
 // SAFETY: as the connection's, a stream's types are all valid as all-zero bytes (a closed

@@ -32,13 +32,17 @@ static PLANES_ATTR: KernelStatic<bindings::device_attribute> =
 static PEERS_ATTR: KernelStatic<bindings::device_attribute> =
     // SAFETY: as for `PLANES_ATTR`.
     KernelStatic::new(unsafe { core::mem::zeroed() });
-static ATTRS: KernelStatic<[*mut bindings::attribute; 3]> = KernelStatic::new([ptr::null_mut(); 3]);
+static PATHS_ATTR: KernelStatic<bindings::device_attribute> =
+    // SAFETY: as for `PLANES_ATTR`.
+    KernelStatic::new(unsafe { core::mem::zeroed() });
+static ATTRS: KernelStatic<[*mut bindings::attribute; 4]> = KernelStatic::new([ptr::null_mut(); 4]);
 static GROUP: KernelStatic<bindings::attribute_group> =
     // SAFETY: as for `PLANES_ATTR`.
     KernelStatic::new(unsafe { core::mem::zeroed() });
 
-/// The device's attribute group (`ib_device_ops.device_group`): the `planes` file, and the
-/// read-only `peers` file (the data path's connections, for operators and tests).
+/// The device's attribute group (`ib_device_ops.device_group`): the `planes` file, the
+/// `paths` file (paths per connection) and the read-only `peers` file (the data path's
+/// connections, for operators and tests).
 pub(super) fn attribute_group() -> *const bindings::attribute_group {
     GROUP.get()
 }
@@ -59,9 +63,15 @@ pub(super) fn init() {
         peers.attr.name = c"peers".as_char_ptr();
         peers.attr.mode = 0o444;
         peers.__bindgen_anon_1.show = Some(peers_show);
+        let paths = &mut *PATHS_ATTR.get();
+        paths.attr.name = c"paths".as_char_ptr();
+        paths.attr.mode = 0o644;
+        paths.__bindgen_anon_1.show = Some(paths_show);
+        paths.__bindgen_anon_2.store = Some(paths_store);
         let attrs = &mut *ATTRS.get();
         attrs[0] = ptr::addr_of_mut!(attr.attr);
         attrs[1] = ptr::addr_of_mut!(peers.attr);
+        attrs[2] = ptr::addr_of_mut!(paths.attr);
         let group = &mut *GROUP.get();
         group.__bindgen_anon_2.attrs = attrs.as_mut_ptr();
     }
@@ -180,6 +190,55 @@ unsafe extern "C" fn peers_show(
                 engine.describe_peers(w);
             }
         })
+    }
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `paths` attribute of one of our devices, with a buffer of
+/// `PAGE_SIZE` bytes.
+unsafe extern "C" fn paths_show(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *mut c_char,
+) -> isize {
+    // SAFETY: per the contract.
+    unsafe {
+        show(dev, buf, |ibdev, w| {
+            // SAFETY: the device is live while sysfs calls us.
+            if let Some(engine) = ibdev::engine_of(ibdev) {
+                let _ = writeln!(w, "{}", engine.paths());
+            }
+        })
+    }
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `paths` attribute of one of our devices, with `count`
+/// bytes of input at `buf`.
+unsafe extern "C" fn paths_store(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *const c_char,
+    count: usize,
+) -> isize {
+    // SAFETY: as in `planes_show`.
+    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
+    // SAFETY: sysfs passes `count` readable bytes, valid for the call.
+    let input = unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), count) };
+    let n = core::str::from_utf8(input.trim_ascii())
+        .ok()
+        .and_then(|t| t.parse::<u32>().ok());
+    // SAFETY: the device is live while sysfs calls us.
+    let result = match (n, unsafe { ibdev::engine_of(ibdev) }) {
+        (Some(n), Some(engine)) => engine.set_paths(n),
+        (None, _) => Err(EINVAL),
+        (_, None) => Err(ENODEV),
+    };
+    match result {
+        Ok(()) => count as isize,
+        Err(e) => e.to_errno() as isize,
     }
 }
 

@@ -648,7 +648,7 @@ pub(super) unsafe extern "C" fn modify_qp(
     ibqp: *mut bindings::ib_qp,
     attr: *mut bindings::ib_qp_attr,
     mask: c_int,
-    _udata: *mut bindings::ib_udata,
+    udata: *mut bindings::ib_udata,
 ) -> c_int {
     // SAFETY: per the contract.
     let (qp, attr, qp_type) = unsafe { (qp_of(ibqp), &*attr, (*ibqp).qp_type) };
@@ -659,6 +659,11 @@ pub(super) unsafe extern "C" fn modify_qp(
     }
     let Some(qp) = qp else {
         return EINVAL.to_errno();
+    };
+    // SAFETY: the core passes this call's udata (or null, from a kernel consumer).
+    let dv = match unsafe { dv_command(udata) } {
+        Ok(dv) => dv,
+        Err(e) => return e.to_errno(),
     };
     if !transition_ok(qp.state(), attr, mask, qp_type) {
         return EINVAL.to_errno();
@@ -693,7 +698,147 @@ pub(super) unsafe extern "C" fn modify_qp(
             _ => Ok(()),
         }
     });
-    to_errno(result)
+    if result.is_err() {
+        return to_errno(result);
+    }
+    // SAFETY: the QP's device is live while the core calls us for it.
+    let engine = unsafe { engine_of((*ibqp).device) };
+    if let (Some(planes), Some(engine)) = (dv.planes, engine) {
+        engine.set_qp_planes(qp, planes);
+    } else if let Some(planes) = dv.planes {
+        qp.set_planes(planes);
+    }
+    // SAFETY: as above.
+    to_errno(unsafe { dv_respond(udata, qp, engine) })
+}
+
+/// What the driver data of a `modify_qp` asks (`struct metaroce_modify_qp_cmd`, sent by the
+/// provider's direct verbs; a stock `modify_qp` has none).
+#[derive(Default)]
+struct DvCommand {
+    /// Restrict the QP to these planes.
+    planes: Option<u32>,
+}
+
+/// Reads and checks the driver data of a `modify_qp`.
+///
+/// # Safety
+///
+/// `udata` must be null or the live udata of the current uverbs call.
+unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvCommand> {
+    if udata.is_null() {
+        return Ok(DvCommand::default());
+    }
+    // SAFETY: per the contract.
+    let inlen = unsafe { (*udata).inlen };
+    if inlen == 0 {
+        return Ok(DvCommand::default());
+    }
+    let size = size_of::<bindings::metaroce_modify_qp_cmd>();
+    // SAFETY: a plain C struct of integers: all-zero is a valid value.
+    let mut cmd: bindings::metaroce_modify_qp_cmd = unsafe { core::mem::zeroed() };
+    // SAFETY: `cmd` is `size` writable bytes; the helper checks the user buffer and copies
+    // at most what the caller gave (a shorter command leaves the rest zero).
+    let err = unsafe {
+        bindings::metaroce_glue_copy_from_udata(ptr::from_mut(&mut cmd).cast(), udata, size.min(inlen))
+    };
+    if err != 0 {
+        return Err(Error::from_errno(err));
+    }
+    // A newer provider's longer command: what we do not know must be zero.
+    // SAFETY: per the contract.
+    if inlen > size && !unsafe { bindings::metaroce_glue_is_udata_cleared(udata, size, inlen - size) } {
+        return Err(EOPNOTSUPP);
+    }
+    let known = bindings::metaroce_modify_qp_comp_mask_METAROCE_MODIFY_QP_PLANES;
+    if cmd.comp_mask & !known != 0 {
+        return Err(EOPNOTSUPP);
+    }
+    if cmd.reserved != 0 {
+        return Err(EINVAL);
+    }
+    Ok(DvCommand {
+        planes: (cmd.comp_mask & known != 0).then_some(cmd.plane_mask),
+    })
+}
+
+/// Writes `struct metaroce_modify_qp_resp` and as many path entries as the caller's buffer
+/// takes, if it has room for the fixed part (the provider's direct verbs give it; a stock
+/// `modify_qp` gives none).
+///
+/// # Safety
+///
+/// `udata` must be null or the live udata of the current uverbs call.
+unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Arc<crate::datapath::Engine>>) -> Result {
+    if udata.is_null() {
+        return Ok(());
+    }
+    // SAFETY: per the contract.
+    let outlen = unsafe { (*udata).outlen };
+    let head = size_of::<bindings::metaroce_modify_qp_resp>();
+    let entry = size_of::<bindings::metaroce_path_info>();
+    if outlen < head {
+        return Ok(());
+    }
+    let room = (outlen - head) / entry;
+    let mut paths: KVec<bindings::metaroce_path_info> = KVec::new();
+    // SAFETY: a plain C struct of integers (and an empty flexible array): all-zero is valid.
+    let mut resp: bindings::metaroce_modify_qp_resp = unsafe { core::mem::zeroed() };
+    resp.plane_mask = qp.planes();
+    let mut nomem = false;
+    let info = engine.and_then(|e| {
+        e.qp_connection(qp, |pi| {
+            if paths.len() >= room || nomem {
+                return;
+            }
+            let e = bindings::metaroce_path_info {
+                path_id: pi.id,
+                plane: pi.plane,
+                state: pi.state,
+                udp_sport: pi.sport,
+                reserved: 0,
+                srtt_us: pi.srtt_us,
+                cwnd: pi.cwnd,
+                in_flight: pi.in_flight,
+                reserved1: 0,
+                packets_sent: pi.sent,
+                retransmits: pi.retransmits,
+                ecn_marks: pi.ecn_marks,
+                timeouts: pi.timeouts,
+            };
+            // Under the peer's mutex, a sleeping lock: GFP_KERNEL is fine.
+            nomem = paths.push(e, GFP_KERNEL).is_err();
+        })
+    });
+    if nomem {
+        return Err(ENOMEM);
+    }
+    if let Some(c) = info {
+        resp.connected = 1;
+        resp.planes = c.planes;
+        resp.planes_up = c.planes_up;
+        resp.num_paths = c.paths;
+        resp.qps = c.qps;
+        resp.num_path_info = paths.len() as u32;
+    }
+    let total = head + paths.len() * entry;
+    resp.response_length = total as u32;
+    let mut out: KVec<u8> = KVec::with_capacity(total, GFP_KERNEL)?;
+    // SAFETY: both are plain C structs of integers with explicit padding fields (no padding
+    // bytes: every byte is initialised), `head` and `entry` bytes long.
+    unsafe {
+        out.extend_from_slice(core::slice::from_raw_parts(ptr::from_ref(&resp).cast::<u8>(), head), GFP_KERNEL)?;
+        for e in paths.iter() {
+            out.extend_from_slice(core::slice::from_raw_parts(ptr::from_ref(e).cast::<u8>(), entry), GFP_KERNEL)?;
+        }
+    }
+    // SAFETY: `out` is `total` readable bytes, at most `outlen`; the helper checks the user
+    // buffer.
+    let err = unsafe { bindings::metaroce_glue_copy_to_udata(udata, out.as_mut_ptr().cast(), out.len()) };
+    if err != 0 {
+        return Err(Error::from_errno(err));
+    }
+    Ok(())
 }
 
 /// Whether `modify_qp` from state `cur` with `attr` and `mask` is a transition the verbs allow

@@ -473,7 +473,10 @@ fn ecn_marks_are_echoed_and_shrink_windows() {
 fn two_hundred_fifty_six_paths() {
     use metaroce_transport::connection::Connection;
     use metaroce_transport::stream::StreamConfig;
-    type Big = Connection<256, [metaroce_transport::stream::Stream; 1]>;
+    type Big = Connection<
+        metaroce_transport::connection::Paths<256>,
+        [metaroce_transport::stream::Stream; 1],
+    >;
     let mk = |l: u32, r: u32| -> Box<Big> {
         // SAFETY: all-zero is a valid connection (see `Connection::reset`), reset before use.
         let mut c: Box<Big> = unsafe { Box::new_zeroed().assume_init() };
@@ -600,7 +603,10 @@ fn sending_to_a_closed_qp_fails_fast() {
 #[test]
 fn config_is_validated() {
     use metaroce_transport::connection::{Config, ConfigError, Connection};
-    type C = Connection<32, [metaroce_transport::stream::Stream; 1]>;
+    type C = Connection<
+        metaroce_transport::connection::Paths<32>,
+        [metaroce_transport::stream::Stream; 1],
+    >;
     // One connection on the stack at a time (each is ~230 KiB, and unoptimised code gives
     // every temporary its own stack slot).
     #[inline(never)]
@@ -810,4 +816,71 @@ fn other_pd_key_and_qp_without_remote_rights_are_refused() {
     );
     assert!(sim.run_until(50_000_000, |s| !s.ep[0].send_cqes.is_empty()));
     assert_eq!(sim.ep[0].send_cqes[0].status, CqStatus::LocProtErr);
+}
+
+#[test]
+fn a_stream_restricted_to_a_plane_sends_only_there_while_it_can() {
+    let plane_of = |i: usize| i % 2;
+    let sent_on = |sim: &Sim, plane: usize| -> u64 {
+        (0..sim.ep[0].conn.path_count())
+            .filter(|&i| plane_of(i) == plane)
+            .map(|i| sim.ep[0].conn.path_stats(i).unwrap().sent)
+            .sum()
+    };
+    for plane1_up in [true, false] {
+        let mut sim = Sim::new(LinkConfig::clean(), 12);
+        for ep in sim.ep.iter_mut() {
+            ep.conn.set_planes(2);
+            ep.conn.set_plane_up(1, plane1_up);
+        }
+        let s = sim.ep[0].stream;
+        sim.ep[0].conn.set_stream_planes(s, 0b10).unwrap();
+        let r = run_workload(&mut sim, &bulk(40, 8192), 2_000_000_000);
+        assert!(r.completed, "{r:?}");
+        if plane1_up {
+            // Every data packet of the stream on plane 1; plane 0 carries nothing of ours.
+            assert!(sent_on(&sim, 1) > 80, "plane 1 sent {}", sent_on(&sim, 1));
+            assert_eq!(sent_on(&sim, 0), 0);
+        } else {
+            // Its plane is down: the restriction is set aside, the stream is not failed.
+            assert!(sent_on(&sim, 0) > 80);
+            assert_eq!(sent_on(&sim, 1), 0);
+        }
+        assert!(sim.ep[0].stream_errors.is_empty());
+    }
+    // A closed or unknown stream is refused.
+    let mut sim = Sim::new(LinkConfig::clean(), 13);
+    let s = sim.ep[0].stream;
+    sim.ep[0].conn.close_stream(s);
+    assert!(sim.ep[0].conn.set_stream_planes(s, 1).is_err());
+}
+
+#[test]
+fn a_connection_sends_only_on_the_paths_its_peer_has() {
+    let mut sim = Sim::new(LinkConfig::clean(), 14);
+    let total = sim.ep[0].conn.path_count();
+    assert!(total > 4);
+    for ep in sim.ep.iter_mut() {
+        assert_eq!(ep.conn.send_paths(), total);
+        ep.conn.set_send_paths(4);
+        assert_eq!(ep.conn.send_paths(), 4);
+    }
+    let r = run_workload(&mut sim, &bulk(40, 8192), 2_000_000_000);
+    assert!(r.completed, "{r:?}");
+    for ep in sim.ep.iter() {
+        for i in 0..total {
+            let st = ep.conn.path_stats(i).unwrap();
+            if i < 4 {
+                // Data one way, ACKs (not counted as sent) the other.
+                assert!(st.sent + st.received > 0, "path {i} unused");
+            } else {
+                assert_eq!((st.sent, st.received), (0, 0), "path {i} used");
+            }
+        }
+    }
+    // Clamped to the paths there are, and to at least one.
+    sim.ep[0].conn.set_send_paths(0);
+    assert_eq!(sim.ep[0].conn.send_paths(), 1);
+    sim.ep[0].conn.set_send_paths(10_000);
+    assert_eq!(sim.ep[0].conn.send_paths(), total);
 }

@@ -599,12 +599,12 @@ fn multipath_table() {
     use metaroce_transport::connection::{path::Path, Connection};
     use metaroce_transport::stream::Stream;
     rows.push((
-        "size_of: Path (256-entry in-flight table); Connection<32, [Stream; 16]> as the driver's; Connection<256, [Stream; 16]>".into(),
+        "size_of: Path (256-entry in-flight table); Connection<Paths<32>, [Stream; 16]>; Connection<Paths<256>, [Stream; 16]>".into(),
         format!(
             "{} B; {} KiB; {} KiB",
             std::mem::size_of::<Path>(),
-            std::mem::size_of::<Connection<32, [Stream; 16]>>() >> 10,
-            std::mem::size_of::<Connection<256, [Stream; 16]>>() >> 10
+            std::mem::size_of::<Connection<metaroce_transport::connection::Paths<32>, [Stream; 16]>>() >> 10,
+            std::mem::size_of::<Connection<metaroce_transport::connection::Paths<256>, [Stream; 16]>>() >> 10
         ),
     ));
     eprintln!("\n| multipath (transport simulator) | result |\n|---|---|");

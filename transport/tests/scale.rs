@@ -23,8 +23,8 @@ fn sizes() {
          streams = {} bytes; with [Stream; 16] = {} bytes; Path = {} bytes",
         std::mem::size_of::<Requester>(),
         std::mem::size_of::<Responder>(),
-        std::mem::size_of::<Connection<8, [Stream; 0]>>(),
-        std::mem::size_of::<Connection<8, [Stream; 16]>>(),
+        std::mem::size_of::<Connection<metaroce_transport::connection::Paths<8>, [Stream; 0]>>(),
+        std::mem::size_of::<Connection<metaroce_transport::connection::Paths<8>, [Stream; 16]>>(),
         std::mem::size_of::<metaroce_transport::connection::path::Path>(),
     );
     // An idle QP's transport state stays well under 16 KiB.
@@ -33,7 +33,9 @@ fn sizes() {
 
 #[test]
 fn fixed_storage_refuses_and_growable_storage_grows() {
-    let mut c = Connection::<8, [Stream; 2]>::new(config(1, 2, 1)).unwrap();
+    let mut c =
+        Connection::<metaroce_transport::connection::Paths<8>, [Stream; 2]>::new(config(1, 2, 1))
+            .unwrap();
     c.open_stream(StreamConfig::new(qpn(1, 1), 9)).unwrap();
     c.open_stream(StreamConfig::new(qpn(2, 1), 9)).unwrap();
     assert_eq!(

@@ -61,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
     let mut cfg = Config::new(7, 9);
     cfg.num_paths = 4;
     cfg.mtu = 256;
-    let Ok(mut c) = Connection::<4, [metaroce_transport::stream::Stream; 2]>::new(cfg).map(Box::new) else { return };
+    let Ok(mut c) = Connection::<metaroce_transport::connection::Paths<4>, [metaroce_transport::stream::Stream; 2]>::new(cfg).map(Box::new) else { return };
     let s = c.open_stream(StreamConfig::new(1, 2)).unwrap();
     let mut mem = Mem(vec![0; 64 << 10]);
     let sgl = |addr, len| SgList::single(Sge { addr, len, lkey: 1 });

@@ -47,7 +47,7 @@ pub struct Config {
     pub local_conn_id: u32,
     /// The peer's connection id (our packets carry it).
     pub remote_conn_id: u32,
-    /// Paths in use (at most the `PATHS` const generic).
+    /// Paths in use (at most the connection's path storage holds).
     pub num_paths: u16,
     /// Planes the paths are spread over (path i is on plane i % planes).
     pub planes: u8,
@@ -97,7 +97,7 @@ impl Config {
 /// Why a configuration or stream was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError {
-    /// `num_paths` is 0 or larger than the `PATHS` capacity.
+    /// `num_paths` is 0 or larger than the path storage.
     PathCount,
     /// `mtu` is 0 or too large for a packet length.
     Mtu,
@@ -234,13 +234,35 @@ enum Work {
     },
 }
 
-/// One MetaRoCE connection with up to `PATHS` paths and its streams in `S` (for example
-/// `[Stream; N]`, or storage that grows as streams open).
-pub struct Connection<const PATHS: usize, S: StreamSlots> {
+impl Work {
+    fn stream(&self) -> usize {
+        match *self {
+            Work::Request { stream, .. } | Work::Response { stream, .. } => stream,
+        }
+    }
+}
+
+/// Where a connection's paths live: `[Path; N]` (see [`Paths`]), or a table the caller sizes
+/// at run time to the paths it configures (the kernel allocates exactly those). Its length is
+/// the most paths the connection can have.
+pub trait PathSlots: AsRef<[Path]> + AsMut<[Path]> {}
+
+impl<T: AsRef<[Path]> + AsMut<[Path]>> PathSlots for T {}
+
+/// A fixed table of `N` paths.
+pub type Paths<const N: usize> = [Path; N];
+
+/// One MetaRoCE connection: its paths in `P` (for example [`Paths<32>`], or a table sized at
+/// run time) and its streams in `S` (for example `[Stream; N]`, or storage that grows as
+/// streams open).
+pub struct Connection<P: PathSlots, S: StreamSlots> {
     cfg: Config,
     rng: XorShift,
-    paths: [Path; PATHS],
     num_paths: usize,
+    /// Paths we send on (`..send_paths`): what the peer accepts, at most `num_paths`
+    /// ([`Connection::set_send_paths`]). Everything we send goes on these, ACKs included;
+    /// we receive on all `num_paths`.
+    send_paths: usize,
     /// The QP index and the lists of streams needing attention.
     sched: Sched,
     naks: [PendingNak; NAK_QUEUE],
@@ -273,22 +295,22 @@ pub struct Connection<const PATHS: usize, S: StreamSlots> {
     rx_slot: SenderSlot,
     grant: Grant,
     /// Last: the caller's storage.
+    paths: P,
     streams: S,
 }
 
-impl<const PATHS: usize, const N: usize> Connection<PATHS, [Stream; N]> {
-    /// A connection configured with `cfg`, with room for `N` streams. It is large (tens to
-    /// hundreds of KiB, depending on `PATHS` and `N`): in the kernel, zero-allocate and use
-    /// [`Connection::reset`].
+impl<const PATHS: usize, const N: usize> Connection<Paths<PATHS>, [Stream; N]> {
+    /// A connection configured with `cfg`, with room for `PATHS` paths and `N` streams. It is
+    /// large (tens to hundreds of KiB, depending on `PATHS` and `N`): in the kernel,
+    /// zero-allocate and use [`Connection::reset`].
     pub fn new(cfg: Config) -> Result<Self, ConfigError> {
         Self::with_streams(cfg, core::array::from_fn(|_| Stream::closed()))
     }
 }
 
-impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
+impl<const PATHS: usize, S: StreamSlots> Connection<Paths<PATHS>, S> {
     /// A connection configured with `cfg`, its streams in `streams` (all closed).
     pub fn with_streams(cfg: Config, streams: S) -> Result<Self, ConfigError> {
-        let num_paths = Self::check(&cfg)?;
         let mut rng = XorShift::new(cfg.seed);
         let planes = cfg.planes.max(1);
         let paths = core::array::from_fn(|i| {
@@ -296,11 +318,26 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             let plane = (i % usize::from(planes)) as u8;
             Path::new(id, plane, &cfg.path, &mut rng)
         });
+        Self::with_storage(cfg, paths, streams)
+    }
+}
+
+impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
+    /// A connection configured with `cfg`, its paths in `paths` (at least `cfg.num_paths`
+    /// of them; reset here) and its streams in `streams` (all closed).
+    pub fn with_storage(cfg: Config, mut paths: P, streams: S) -> Result<Self, ConfigError> {
+        let num_paths = Self::check(&cfg, paths.as_ref().len())?;
+        let mut rng = XorShift::new(cfg.seed);
+        let planes = usize::from(cfg.planes.max(1));
+        for (i, p) in paths.as_mut().iter_mut().take(num_paths).enumerate() {
+            p.reset(i as u16, (i % planes) as u8, &cfg.path, &mut rng);
+        }
         Ok(Connection {
             cfg,
             rng,
             paths,
             num_paths,
+            send_paths: num_paths,
             sched: Sched::default(),
             streams,
             naks: [PendingNak::default(); NAK_QUEUE],
@@ -332,16 +369,17 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// kernel, with its small stacks, makes one. The stream storage must be valid as all-zero
     /// too (a `[Stream; N]` is); every stream in it is closed.
     pub fn reset(&mut self, cfg: Config) -> Result<(), ConfigError> {
-        let num_paths = Self::check(&cfg)?;
+        let num_paths = Self::check(&cfg, self.paths.as_ref().len())?;
         self.cfg = cfg;
         self.rng = XorShift::new(cfg.seed);
         let planes = usize::from(cfg.planes.max(1));
         // Only the paths in use: the others are never touched (a zeroed connection's pages
         // for them stay untouched).
-        for (i, p) in self.paths.iter_mut().take(num_paths).enumerate() {
+        for (i, p) in self.paths.as_mut().iter_mut().take(num_paths).enumerate() {
             p.reset(i as u16, (i % planes) as u8, &cfg.path, &mut self.rng);
         }
         self.num_paths = num_paths;
+        self.send_paths = num_paths;
         for i in 0..self.streams.slot_count() {
             if let Some(s) = self.streams.slot_mut(i) {
                 s.reset(None);
@@ -372,9 +410,17 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         Ok(())
     }
 
-    fn check(cfg: &Config) -> Result<usize, ConfigError> {
+    /// [`Connection::reset`] with new path storage (a caller that sizes its path table at
+    /// run time swaps it in here; the old one is dropped).
+    pub fn reset_with_paths(&mut self, cfg: Config, paths: P) -> Result<(), ConfigError> {
+        Self::check(&cfg, paths.as_ref().len())?;
+        self.paths = paths;
+        self.reset(cfg)
+    }
+
+    fn check(cfg: &Config, capacity: usize) -> Result<usize, ConfigError> {
         let num_paths = usize::from(cfg.num_paths);
-        if num_paths == 0 || num_paths > PATHS {
+        if num_paths == 0 || num_paths > capacity {
             return Err(ConfigError::PathCount);
         }
         if cfg.mtu == 0 || cfg.mtu > 65_000 {
@@ -407,9 +453,27 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.num_paths
     }
 
+    /// Paths we send on (the first `send_paths()` of them).
+    pub fn send_paths(&self) -> usize {
+        self.send_paths
+    }
+
+    /// Sends only on the first `n` paths (clamped to 1..=[`Connection::path_count`]): the
+    /// paths the peer has (it drops packets on paths it does not have), as it told us. All
+    /// paths after [`Connection::new`] and [`Connection::reset`]. Growing is always safe;
+    /// shrinking leaves what is in flight on the paths given up to their timers, which
+    /// recover it on the others (as a plane that goes down).
+    pub fn set_send_paths(&mut self, n: usize) {
+        self.send_paths = n.clamp(1, self.num_paths.max(1));
+        if self.rr_ack_path >= self.send_paths {
+            self.rr_ack_path = 0;
+        }
+    }
+
     /// Counters of path `path` (None beyond the paths in use).
     pub fn path_stats(&self, path: usize) -> Option<&PathStats> {
         self.paths
+            .as_ref()
             .get(path)
             .filter(|_| path < self.num_paths)
             .map(|p| &p.stats)
@@ -418,6 +482,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// State of path `path` (None beyond the paths in use).
     pub fn path_state(&self, path: usize) -> Option<PathState> {
         self.paths
+            .as_ref()
             .get(path)
             .filter(|_| path < self.num_paths)
             .map(|p| p.state)
@@ -426,7 +491,10 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// Path `path` itself, read-only (None beyond the paths in use): its RTT estimate,
     /// window, health, UDP source port.
     pub fn path(&self, path: usize) -> Option<&Path> {
-        self.paths.get(path).filter(|_| path < self.num_paths)
+        self.paths
+            .as_ref()
+            .get(path)
+            .filter(|_| path < self.num_paths)
     }
 
     /// Receiver side of congestion control: reports to `alloc`, the allocator of the device
@@ -580,6 +648,13 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         Ok(())
     }
 
+    /// Restricts the stream's packets to `planes` (bit `k`: plane `k`; 0: every plane; see
+    /// [`StreamConfig::planes`]). Takes effect with the next packet the stream sends.
+    pub fn set_stream_planes(&mut self, id: StreamId, planes: u32) -> Result<(), PostError> {
+        self.open_stream_mut(id)?.cfg.planes = planes;
+        Ok(())
+    }
+
     /// Requester and responder counters of a stream.
     pub fn stream_stats(&self, id: StreamId) -> Option<(RequesterStats, ResponderStats)> {
         self.streams
@@ -676,7 +751,8 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             Ext::Ack(h) => {
                 self.stats.acks_in += 1;
                 let stall = self.cfg.stall_timeout;
-                let (paths, streams, sched) = (&mut self.paths, &mut self.streams, &mut self.sched);
+                let (paths, streams, sched) =
+                    (self.paths.as_mut(), &mut self.streams, &mut self.sched);
                 let mut cc = CcSample::default();
                 let mut reorder_extent = 0;
                 for pa in view.ack_paths() {
@@ -765,7 +841,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 // No such QP (closed, or never opened). Acknowledge the packet on its path so
                 // the sender does not resend it as lost, and NAK requests so it fails fast.
                 self.stats.dropped_in += 1;
-                if let Some(p) = self.paths.get_mut(pi) {
+                if let Some(p) = self.paths.as_mut().get_mut(pi) {
                     p.on_receive(now, b.psn, b.timestamp, ecn_ce);
                 }
                 self.ack_now = true;
@@ -897,7 +973,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             self.stats.dropped_in += 1;
             return Ok(());
         }
-        if let Some(p) = self.paths.get_mut(pi) {
+        if let Some(p) = self.paths.as_mut().get_mut(pi) {
             p.on_receive(now, b.psn, b.timestamp, ecn_ce);
         }
         // Inbound data makes the peer one of the device's active senders.
@@ -961,7 +1037,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         let mut e = Earliest::new();
         e.offer(self.ack_deadline(), Timer::Ack);
         e.offer(self.cc.deadline(), Timer::Pacing);
-        for (i, p) in self.paths.iter().take(self.num_paths).enumerate() {
+        for (i, p) in self.paths.as_ref().iter().take(self.num_paths).enumerate() {
             e.offer(p.deadline(), Timer::Path(i));
         }
         e.offer(
@@ -980,7 +1056,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.cc.on_timer(now);
         let stall = self.cfg.stall_timeout;
         let (paths, streams, sched, rng) = (
-            &mut self.paths,
+            self.paths.as_mut(),
             &mut self.streams,
             &mut self.sched,
             &mut self.rng,
@@ -992,7 +1068,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 });
             }
         }
-        self.stats.timeouts = self.paths.iter().map(|p| p.stats.timeouts).sum();
+        self.stats.timeouts = self.paths.as_ref().iter().map(|p| p.stats.timeouts).sum();
         if self.sched.timer_hint().is_some_and(|d| d <= now) {
             self.stream_timers(now);
         }
@@ -1063,14 +1139,29 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             if !self.cc.has_room(in_flight) {
                 return None;
             }
-            let pi = self.pick_path()?;
+            let mut pi = self.pick_path(u32::MAX)?;
             let work = self.pick_work(now)?;
+            let planes = self.streams.slot(work.stream()).map_or(0, |s| s.cfg.planes);
+            // A stream restricted to some planes goes on the best of their paths; when none
+            // of them has room, other streams go first (it waits for that room), unless none
+            // of them is usable at all (then the restriction is set aside).
+            let mut mask = u32::MAX;
+            if planes != 0 {
+                match self.pick_path(planes) {
+                    Some(i) => (pi, mask) = (i, planes),
+                    None if self.planes_usable(planes) => {
+                        self.sched.rotate(&mut self.streams, WORK);
+                        continue;
+                    }
+                    None => {}
+                }
+            }
             if !self.cc.ready(now) {
                 // Held by the pacer (`poll_timeout` now includes its deadline); the next
                 // call picks the same work again.
                 return None;
             }
-            self.commit_path();
+            self.commit_path(mask);
             // Round-robin: the stream goes to the back of the WORK list.
             self.sched.rotate(&mut self.streams, WORK);
             if let Some(t) = self.emit_data(now, pi, work, buf, mem) {
@@ -1084,6 +1175,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// Unresolved packets on all paths.
     fn in_flight(&self) -> u32 {
         self.paths
+            .as_ref()
             .iter()
             .take(self.num_paths)
             .map(|p| p.inflight.unresolved())
@@ -1096,23 +1188,37 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// i % planes) stay evenly loaded; a degraded path gets a smaller share and a smaller
     /// window. Only when no path is usable does data go out on Suspect/Failed paths (so a dead
     /// peer still exhausts the retry count).
-    fn pick_path(&mut self) -> Option<usize> {
-        self.spray(false)
+    ///
+    /// Only paths on the planes in `mask` (bit per plane; `u32::MAX`: all) take part.
+    fn pick_path(&mut self, mask: u32) -> Option<usize> {
+        self.spray(false, mask)
     }
 
-    /// Charges the pick [`Connection::pick_path`] made to the round-robin credits, once the
-    /// packet is sure to leave (nothing changed in between, so the same path is charged).
-    fn commit_path(&mut self) {
-        self.spray(true);
+    /// Charges the pick [`Connection::pick_path`] made with `mask` to the round-robin
+    /// credits, once the packet is sure to leave (nothing changed in between, so the same
+    /// path is charged).
+    fn commit_path(&mut self, mask: u32) {
+        self.spray(true, mask);
+    }
+
+    /// Whether a path on the planes in `mask` is usable (Active or Probing, its plane up),
+    /// with or without window room.
+    fn planes_usable(&self, mask: u32) -> bool {
+        let ok = self.planes_up & mask;
+        self.paths
+            .as_ref()
+            .iter()
+            .take(self.send_paths)
+            .any(|p| plane_bit(p.plane) & ok != 0 && p.usable())
     }
 
     /// One round of smooth weighted round-robin: every eligible path earns its weight, the
     /// one with the most credit is picked and pays the total. With `commit` false nothing
-    /// changes (the credits are only read).
-    fn spray(&mut self, commit: bool) -> Option<usize> {
-        let n = self.num_paths;
-        let planes_up = self.planes_up;
-        let paths = self.paths.get_mut(..n)?;
+    /// changes (the credits are only read). Only paths on the planes in `mask` take part.
+    fn spray(&mut self, commit: bool, mask: u32) -> Option<usize> {
+        let n = self.send_paths;
+        let planes_up = self.planes_up & mask;
+        let paths = self.paths.as_mut().get_mut(..n)?;
         let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
         // One pass for the best health and RTT, among the usable paths and among all that
         // are up (those count when none is usable).
@@ -1207,7 +1313,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     }
 
     fn transmit(&mut self, path: usize, len: usize, ecn_capable: bool) -> Option<Transmit> {
-        let p = self.paths.get(path)?;
+        let p = self.paths.as_ref().get(path)?;
         self.stats.packets_out += 1;
         Some(Transmit {
             len,
@@ -1224,10 +1330,10 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     /// latest arrival on any path). A plane that delivers nothing to us (cut, or the peer
     /// stopped using it because it failed) most likely drops our ACKs too.
     fn control_path(&mut self) -> usize {
-        let n = self.num_paths.max(1);
+        let n = self.send_paths.max(1);
         let planes_up = self.planes_up;
         let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
-        let paths = self.paths.get(..self.num_paths).unwrap_or(&[]);
+        let paths = self.paths.as_ref().get(..self.send_paths).unwrap_or(&[]);
         let newest = paths.iter().map(|p| p.last_rx).max().unwrap_or(0);
         let fresh_after = newest.saturating_sub(self.cfg.path.min_rto);
         // An Active path on a plane that is up and that received lately; else any Active
@@ -1266,7 +1372,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     pub fn set_planes(&mut self, planes: u8) {
         let n = usize::from(planes.max(1));
         self.cfg.planes = planes.max(1);
-        for (i, p) in self.paths.iter_mut().enumerate() {
+        for (i, p) in self.paths.as_mut().iter_mut().enumerate() {
             p.plane = (i % n) as u8;
         }
     }
@@ -1279,6 +1385,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     fn emit_ack(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         let any_path = self
             .paths
+            .as_ref()
             .iter()
             .take(self.num_paths)
             .any(|p| p.recv_pending);
@@ -1301,7 +1408,13 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             return None;
         }
         let cp = self.control_path();
-        let base = base_header(&self.cfg, self.paths.get(cp), Opcode::Ack, None, now);
+        let base = base_header(
+            &self.cfg,
+            self.paths.as_ref().get(cp),
+            Opcode::Ack,
+            None,
+            now,
+        );
         if any_path || any_stream || self.grant.rate_mbps != 0 {
             self.ack_grant = self.grant;
         }
@@ -1317,6 +1430,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         // Repeats of recent entries first, in the room the new ones leave (best effort).
         let pending = self
             .paths
+            .as_ref()
             .iter()
             .take(self.num_paths)
             .filter(|p| p.recv_pending)
@@ -1325,7 +1439,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             .saturating_add(1)
             .saturating_mul(PATH_ACK_LEN)
             .saturating_add(stream_room);
-        for p in self.paths.iter_mut().take(self.num_paths) {
+        for p in self.paths.as_mut().iter_mut().take(self.num_paths) {
             if w.remaining() < reserve || w.path_count() >= u8::MAX - pending.min(254) as u8 {
                 break;
             }
@@ -1335,7 +1449,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                 }
             }
         }
-        for p in self.paths.iter_mut().take(self.num_paths) {
+        for p in self.paths.as_mut().iter_mut().take(self.num_paths) {
             if !p.recv_pending {
                 continue;
             }
@@ -1416,7 +1530,13 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
         self.nak_len -= 1;
         let code = NakCode::from_code(n.code)?;
         let cp = self.control_path();
-        let mut base = base_header(&self.cfg, self.paths.get(cp), Opcode::Nak, None, now);
+        let mut base = base_header(
+            &self.cfg,
+            self.paths.as_ref().get(cp),
+            Opcode::Nak,
+            None,
+            now,
+        );
         base.dst_qp = n.dst_qp;
         base.src_qp = n.src_qp;
         base.msn = n.msn;
@@ -1436,12 +1556,23 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
     }
 
     fn emit_probe(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
-        let i = self.paths.iter().take(self.num_paths).position(|p| {
-            p.need_probe && p.inflight.has_room() && plane_bit(p.plane) & self.planes_up != 0
-        })?;
-        let mut base = base_header(&self.cfg, self.paths.get(i), Opcode::Probe, None, now);
+        let i = self
+            .paths
+            .as_ref()
+            .iter()
+            .take(self.send_paths)
+            .position(|p| {
+                p.need_probe && p.inflight.has_room() && plane_bit(p.plane) & self.planes_up != 0
+            })?;
+        let mut base = base_header(
+            &self.cfg,
+            self.paths.as_ref().get(i),
+            Opcode::Probe,
+            None,
+            now,
+        );
         base.flags = Flags(Flags::ACK_REQ);
-        let p = self.paths.get_mut(i)?;
+        let p = self.paths.as_mut().get_mut(i)?;
         let item = SentItem {
             kind: ItemKind::Probe,
             ..SentItem::default()
@@ -1495,7 +1626,13 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                     WrOpcode::CmpSwap => Opcode::CmpSwap,
                     WrOpcode::FetchAdd => Opcode::FetchAdd,
                 };
-                let mut base = base_header(&self.cfg, self.paths.get(pi), opcode, Some(&cfg), now);
+                let mut base = base_header(
+                    &self.cfg,
+                    self.paths.as_ref().get(pi),
+                    opcode,
+                    Some(&cfg),
+                    now,
+                );
                 base.msn = msn;
                 let mut flags = Flags::default()
                     .with(Flags::FIRST, info.first)
@@ -1579,7 +1716,13 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
                     ResponseKind::Read { .. } => Opcode::ReadResponse,
                     ResponseKind::Atomic { .. } => Opcode::AtomicResponse,
                 };
-                let mut base = base_header(&self.cfg, self.paths.get(pi), opcode, Some(&cfg), now);
+                let mut base = base_header(
+                    &self.cfg,
+                    self.paths.as_ref().get(pi),
+                    opcode,
+                    Some(&cfg),
+                    now,
+                );
                 base.msn = msn;
                 let h = match kind {
                     ResponseKind::Read { va, rkey, len } => {
@@ -1638,7 +1781,7 @@ impl<const PATHS: usize, S: StreamSlots> Connection<PATHS, S> {
             }
         };
         // Claim the PSN and write the header.
-        let p = self.paths.get_mut(pi)?;
+        let p = self.paths.as_mut().get_mut(pi)?;
         let psn = p.on_send(now, item, retransmit)?;
         let mut header = header;
         header.base.psn = psn;

@@ -70,6 +70,10 @@ pub struct StreamConfig {
     /// stream does not have, the responder asks [`super::memory::Memory::shared_recv`] for it
     /// (at once, as the message arrives), instead of answering RNR.
     pub srq: bool,
+    /// Planes (bit `k`: plane `k`) that may carry this stream's packets; 0: every plane. A
+    /// restriction that leaves no usable path (every plane of it down, or its paths failed)
+    /// is set aside until one is usable again: it steers traffic, it never fails a stream.
+    pub planes: u32,
 }
 
 impl StreamConfig {
@@ -86,6 +90,7 @@ impl StreamConfig {
             recv_msn: 0,
             ack_timeout: 0,
             srq: false,
+            planes: 0,
         }
     }
 }

@@ -14,6 +14,9 @@ use super::{EmitError, ParseError};
 pub const MAX_PLANES: usize = 16;
 /// Length of the HELLO extension header.
 pub const HELLO_HEADER_LEN: usize = 8;
+/// Paths every device has at least: what a peer may be sent on before its HELLO says
+/// how many it has (or when it says 0).
+pub const DEFAULT_PEER_PATHS: u16 = 8;
 /// Length of one plane entry.
 pub const HELLO_ENTRY_LEN: usize = 20;
 
@@ -24,6 +27,10 @@ pub struct HelloHeader {
     pub reply: bool,
     /// Entries that follow (at most [`MAX_PLANES`]).
     pub plane_count: u8,
+    /// Paths the sender's connections have (it drops packets on a higher path id), so the
+    /// most the receiver may send on; 0 from a sender that does not say (take
+    /// [`DEFAULT_PEER_PATHS`]).
+    pub paths: u16,
     /// The sender device's incarnation: random, nonzero, fixed for the device's life; a new
     /// value from a known peer means the peer restarted.
     pub epoch: u32,
@@ -41,11 +48,12 @@ impl HelloHeader {
         if usize::from(plane_count) > MAX_PLANES {
             return Err(ParseError::BadLength);
         }
-        r.reserved(2)?;
+        let paths = r.u16()?;
         let epoch = r.u32()?;
         Ok(HelloHeader {
             reply: flags & FLAG_REPLY != 0,
             plane_count,
+            paths,
             epoch,
         })
     }
@@ -56,7 +64,7 @@ impl HelloHeader {
         }
         w.u8(if self.reply { FLAG_REPLY } else { 0 })?;
         w.u8(self.plane_count)?;
-        w.zeros(2)?;
+        w.u16(self.paths)?;
         w.u32(self.epoch)
     }
 }

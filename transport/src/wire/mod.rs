@@ -14,7 +14,8 @@ pub use ack::{
     AckHeader, AckWriter, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN,
 };
 pub use hello::{
-    HelloEntry, HelloHeader, PlaneAddr, HELLO_ENTRY_LEN, HELLO_HEADER_LEN, MAX_PLANES,
+    HelloEntry, HelloHeader, PlaneAddr, DEFAULT_PEER_PATHS, HELLO_ENTRY_LEN, HELLO_HEADER_LEN,
+    MAX_PLANES,
 };
 pub use packet::{
     AtomicExt, BaseHeader, DataExt, DatagramExt, Ext, Header, NakCode, NakExt, Packet, PacketView,

@@ -539,8 +539,15 @@ fn hello_entries() -> Vec<HelloEntry> {
 fn hello_roundtrip() {
     let entries = hello_entries();
     let mut buf = [0u8; 256];
-    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), true, 0x1234_5678, &entries)
-        .expect("emit");
+    let n = Packet::emit_hello(
+        &mut buf,
+        base(Opcode::Hello),
+        true,
+        0x1234_5678,
+        24,
+        &entries,
+    )
+    .expect("emit");
     assert_eq!(n, BASE_HEADER_LEN + HELLO_HEADER_LEN + 2 * HELLO_ENTRY_LEN);
     let p = Packet::parse(&buf[..n]).expect("parse");
     assert_eq!(p.header.base.opcode, Opcode::Hello);
@@ -551,6 +558,7 @@ fn hello_roundtrip() {
         Ext::Hello(HelloHeader {
             reply: true,
             plane_count: 2,
+            paths: 24,
             epoch: 0x1234_5678,
         })
     );
@@ -562,7 +570,7 @@ fn hello_roundtrip() {
 fn hello_rejects_bad_entries() {
     let entries = hello_entries();
     let mut buf = [0u8; 256];
-    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, &entries).unwrap();
+    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, 8, &entries).unwrap();
     let hdr = BASE_HEADER_LEN + HELLO_HEADER_LEN;
     let mutate = |at: usize, v: u8| {
         let mut b = buf[..n].to_vec();
@@ -575,10 +583,9 @@ fn hello_rejects_bad_entries() {
         Some(ParseError::ReservedNonZero)
     );
     assert!(mutate(BASE_HEADER_LEN + 1, 17).is_some());
-    assert_eq!(
-        mutate(BASE_HEADER_LEN + 2, 1),
-        Some(ParseError::ReservedNonZero)
-    );
+    assert_eq!(mutate(hdr + 2, 1), Some(ParseError::ReservedNonZero));
+    // The path count is any value (0: the default).
+    assert!(mutate(BASE_HEADER_LEN + 2, 1).is_none());
     assert_eq!(mutate(hdr + 1, 5), Some(ParseError::BadField));
     assert_eq!(mutate(hdr, 16), Some(ParseError::BadField));
     assert_eq!(mutate(hdr + HELLO_ENTRY_LEN, 0), Some(ParseError::BadField));
@@ -598,14 +605,14 @@ fn hello_rejects_bad_entries() {
     // Emitting out of order or too many is refused.
     let mut rev = entries.clone();
     rev.reverse();
-    assert!(Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, &rev).is_err());
+    assert!(Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, 8, &rev).is_err());
     let many: Vec<_> = (0..17u8)
         .map(|plane| HelloEntry {
             plane: plane.min(15),
             addr: PlaneAddr::V4([0; 4]),
         })
         .collect();
-    assert!(Packet::emit_hello(&mut [0u8; 1024], base(Opcode::Hello), false, 1, &many).is_err());
+    assert!(Packet::emit_hello(&mut [0u8; 1024], base(Opcode::Hello), false, 1, 8, &many).is_err());
 }
 
 fn datagram_base(opcode: Opcode) -> BaseHeader {

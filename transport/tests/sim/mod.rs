@@ -29,7 +29,7 @@ pub const PATHS: usize = 8;
 /// Path capacity of the simulated connections (tests may use up to this many).
 pub const MAX_PATHS: usize = 256;
 pub const STREAMS: usize = 4;
-pub type Conn = Connection<MAX_PATHS, SimSlots>;
+pub type Conn = Connection<metaroce_transport::connection::Paths<MAX_PATHS>, SimSlots>;
 
 /// Streams per chunk of [`SimSlots`].
 pub const CHUNK: usize = 64;
