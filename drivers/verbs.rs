@@ -130,11 +130,24 @@ impl Mr {
 
 /// A table of objects by a 24-bit index; keys and numbers carry the index in their upper bits
 /// and a generation byte below, so a stale key does not find a new object.
+///
+/// A number is reserved (its slot taken) before its object is built and inserted under it, with
+/// the table unlocked in between: the slot stays taken meanwhile, so concurrent creates (other
+/// processes on the same device) never get the same number. Every access checks the whole
+/// number, generation included.
 pub(crate) struct Table<T> {
-    slots: KVec<Option<Arc<T>>>,
+    slots: KVec<Slot<T>>,
     generation: u8,
     max: u32,
+    /// Slots taken (reserved or holding an object).
     live: u32,
+}
+
+enum Slot<T> {
+    Free,
+    /// Taken by `reserve` for this number; its object is not inserted yet.
+    Reserved(u32),
+    Live(u32, Arc<T>),
 }
 
 impl<T> Table<T> {
@@ -153,40 +166,61 @@ impl<T> Table<T> {
             return Err(ENOMEM);
         }
         let first = first as usize;
-        let index = match self.slots.iter().skip(first).position(|s| s.is_none()) {
+        let index = match self
+            .slots
+            .iter()
+            .skip(first)
+            .position(|s| matches!(s, Slot::Free))
+        {
             Some(i) => i + first,
             None => {
                 while self.slots.len() < first {
-                    self.slots.push(None, GFP_KERNEL)?;
+                    self.slots.push(Slot::Free, GFP_KERNEL)?;
                 }
-                self.slots.push(None, GFP_KERNEL)?;
+                self.slots.push(Slot::Free, GFP_KERNEL)?;
                 self.slots.len() - 1
             }
         };
         self.generation = self.generation.wrapping_add(1);
-        Ok(((index as u32) << 8) | u32::from(self.generation))
+        let number = ((index as u32) << 8) | u32::from(self.generation);
+        if let Some(slot) = self.slots.get_mut(index) {
+            *slot = Slot::Reserved(number);
+            self.live += 1;
+        }
+        Ok(number)
     }
 
+    /// Puts `obj` in the slot `reserve` took for `number` (nothing if it is not that one's).
     pub(crate) fn insert(&mut self, number: u32, obj: Arc<T>) {
         if let Some(slot) = self.slots.get_mut((number >> 8) as usize) {
-            if slot.is_none() {
-                self.live += 1;
+            if matches!(slot, Slot::Reserved(n) if *n == number) {
+                *slot = Slot::Live(number, obj);
             }
-            *slot = Some(obj);
         }
     }
 
+    /// Frees `number`'s slot (reserved or holding its object); returns the object.
     pub(crate) fn remove(&mut self, number: u32) -> Option<Arc<T>> {
-        let obj = self.slots.get_mut((number >> 8) as usize)?.take();
-        if obj.is_some() {
-            self.live -= 1;
+        let slot = self.slots.get_mut((number >> 8) as usize)?;
+        let ours = match slot {
+            Slot::Reserved(n) | Slot::Live(n, _) => *n == number,
+            Slot::Free => false,
+        };
+        if !ours {
+            return None;
         }
-        obj
+        self.live -= 1;
+        match core::mem::replace(slot, Slot::Free) {
+            Slot::Live(_, obj) => Some(obj),
+            _ => None,
+        }
     }
 
     pub(crate) fn get(&self, number: u32, matches: impl Fn(&T) -> bool) -> Option<Arc<T>> {
-        let obj = self.slots.get((number >> 8) as usize)?.as_ref()?;
-        matches(obj).then(|| obj.clone())
+        match self.slots.get((number >> 8) as usize)? {
+            Slot::Live(n, obj) if *n == number && matches(obj) => Some(obj.clone()),
+            _ => None,
+        }
     }
 }
 
