@@ -14,6 +14,15 @@
 //!   timers are one high-resolution alarm per device that kicks a receive thread
 //!   ([`CpuThreads::arm`]). So one mutex per peer is all the locking the transport needs, and
 //!   transmitting needs no special context.
+//! - Sending is batched like a NIC's TSO: the transport sends runs of up to [`PATH_BURST`]
+//!   packets on one path (`Config::path_burst`; the spraying shares stay the same), and
+//!   consecutive datagrams of one path go to the IP stack as one UDP GSO packet
+//!   ([`TxBatch`], `UdpSocket::send_segments`): one route lookup, one pass through the
+//!   qdiscs, the veth and the peer's IP layer for up to 16 datagrams; the receiving socket's
+//!   UDP layer cuts it up again. It doubled lossless `ib_write_bw` under TCG (0.28-0.47 to
+//!   0.66-0.84 Gbit/s). Streams take turns of 16 packets (`Config::stream_quantum`), so a
+//!   QP's message goes out whole rather than interleaved packet by packet with thousands of
+//!   others.
 //! - Nobody waits for a peer's mutex on the data path: a doorbell, a receive thread or the
 //!   alarm that finds it locked leaves its work to the holder (`Peer::pending`), which does
 //!   it before unlocking ([`Engine::release`]), as a socket's backlog is processed on release.
@@ -39,7 +48,7 @@ use crate::{
     },
     transport::{
         congestion::RateAllocator,
-        connection::{path::Path, Config, Connection, Event, RecvError, StreamSlots},
+        connection::{path::Path, Config, Connection, Event, RecvError, StreamSlots, Transmit},
         memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
         stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
         wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
@@ -129,6 +138,12 @@ impl StreamSlots for PeerStreams {
 
 /// Largest datagram we send.
 const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
+/// A peer's transmit buffer: consecutive datagrams of one path are written one after the
+/// other and handed to the IP stack as one UDP GSO packet (at most 64 KiB with its headers).
+const TX_BUF: usize = 65_535 - 20 - 8;
+/// Data packets the transport sends in a row on one path (`Config::path_burst`): what one
+/// GSO packet carries at most.
+const PATH_BURST: u8 = 16;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
 const RX_ENTRIES: usize = 1024;
@@ -313,6 +328,50 @@ impl PeerInner {
     }
 }
 
+/// Datagrams of one path waiting in a peer's transmit buffer (`buf[..end]`), `seg` bytes
+/// each but the last.
+struct TxBatch {
+    plane: u8,
+    src_port: u16,
+    ecn: bool,
+    seg: usize,
+    count: usize,
+    end: usize,
+    /// The last one is shorter: nothing may follow it.
+    closed: bool,
+}
+
+impl TxBatch {
+    fn new(t: &Transmit) -> Self {
+        TxBatch {
+            plane: t.plane,
+            src_port: t.src_port,
+            ecn: t.ecn_capable,
+            seg: t.len,
+            count: 1,
+            end: t.len,
+            closed: false,
+        }
+    }
+
+    /// Whether `t` (written right after the batch) can join it.
+    fn takes(&self, t: &Transmit) -> bool {
+        !self.closed
+            && t.plane == self.plane
+            && t.src_port == self.src_port
+            && t.ecn_capable == self.ecn
+            && t.len <= self.seg
+            && t.len > 0
+            && self.count < crate::sys::udp::MAX_GSO_SEGS
+    }
+
+    fn push(&mut self, len: usize) {
+        self.count += 1;
+        self.end += len;
+        self.closed = len < self.seg;
+    }
+}
+
 /// Counter values already added to the device's counters (the transport's only grow).
 #[derive(Clone, Copy, Default)]
 struct Reported {
@@ -474,13 +533,14 @@ impl Engine {
         cfg.path.ack_delay = ACK_DELAY_NS;
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         cfg.path.min_rto = PATH_MIN_RTO_NS;
+        cfg.path_burst = PATH_BURST;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         let table = ZeroedSlice::new(usize::from(cfg.num_paths))?;
         conn.reset_with_paths(cfg, table).map_err(|_| EINVAL)?;
         // The peer may have fewer paths: until its HELLO says, only those every device has.
         conn.set_send_paths(usize::from(DEFAULT_PEER_PATHS));
         let mut buf = KVec::new();
-        buf.extend_with(MAX_DATAGRAM, 0u8, GFP_KERNEL)?;
+        buf.extend_with(TX_BUF, 0u8, GFP_KERNEL)?;
         let peer = Arc::pin_init(
             pin_init!(Peer {
                 planes: planes::PeerPlanes::new(addr),
@@ -745,9 +805,34 @@ impl Engine {
                 let cap = u64::from(alloc.effective_capacity());
                 self.counters.set(Counter::CcRxCapacityMbps, cap);
             }
-            while let Some(t) = conn.poll_transmit(now, buf, &mut mem) {
-                let payload = buf.get(..t.len).unwrap_or(&[]);
-                self.transmit(peer, t.plane, t.src_port, t.ecn_capable, payload);
+            // Datagrams of one path in a row (the transport sends runs of `PATH_BURST`) go
+            // out as one GSO packet: all of one size but the last.
+            let mut batch: Option<TxBatch> = None;
+            loop {
+                let end = batch.as_ref().map_or(0, |b| b.end);
+                if end + MAX_DATAGRAM > buf.len() {
+                    if let Some(b) = batch.take() {
+                        self.transmit_batch(peer, &b, buf);
+                    }
+                    continue;
+                }
+                let Some(t) = conn.poll_transmit(now, buf.get_mut(end..).unwrap_or(&mut []), &mut mem) else {
+                    break;
+                };
+                match batch.as_mut() {
+                    Some(b) if b.takes(&t) => b.push(t.len),
+                    _ => {
+                        if let Some(b) = batch.take() {
+                            self.transmit_batch(peer, &b, buf);
+                            // The new datagram starts the next batch, at the front.
+                            buf.copy_within(end..end + t.len, 0);
+                        }
+                        batch = Some(TxBatch::new(&t));
+                    }
+                }
+            }
+            if let Some(b) = batch.take() {
+                self.transmit_batch(peer, &b, buf);
             }
             while let Some(ev) = p.conn.poll_event() {
                 match &ev {

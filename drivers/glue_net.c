@@ -40,6 +40,11 @@ void metaroce_glue_skb_reserve(struct sk_buff *skb, int len)
 	skb_reserve(skb, len);
 }
 
+struct skb_shared_info *metaroce_glue_skb_shinfo(struct sk_buff *skb)
+{
+	return skb_shinfo(skb);
+}
+
 struct rtable *metaroce_glue_ip_route_output_key(struct net *net, struct flowi4 *fl4)
 {
 	return ip_route_output_key(net, fl4);

@@ -18,6 +18,7 @@ unsigned char *metaroce_glue_skb_transport_header(const struct sk_buff *skb);
 unsigned char *metaroce_glue_skb_tail(const struct sk_buff *skb);
 struct sk_buff *metaroce_glue_alloc_skb_atomic(unsigned int size);
 void metaroce_glue_skb_reserve(struct sk_buff *skb, int len);
+struct skb_shared_info *metaroce_glue_skb_shinfo(struct sk_buff *skb);
 struct rtable *metaroce_glue_ip_route_output_key(struct net *net, struct flowi4 *fl4);
 void metaroce_glue_ip_rt_put(struct rtable *rt);
 struct dst_entry *metaroce_glue_rt_dst(struct rtable *rt);

@@ -215,15 +215,22 @@ impl Engine {
         }
     }
 
-    /// Sends a datagram of `peer`'s connection on `plane`, to the peer's address there.
-    pub(super) fn transmit(&self, peer: &Peer, plane: u8, src_port: u16, ecn: bool, data: &[u8]) {
-        let plane = usize::from(plane);
+    /// Sends a batch of datagrams of `peer`'s connection, all of one path (`buf[..b.end]`), on
+    /// its plane, to the peer's address there: one UDP GSO packet.
+    pub(super) fn transmit_batch(&self, peer: &Peer, b: &super::TxBatch, buf: &[u8]) {
+        let data = buf.get(..b.end).unwrap_or(&[]);
+        let plane = usize::from(b.plane);
         let Some(dst) = peer.planes.addr(plane) else {
-            self.counters.inc(Counter::TxErrors);
+            self.counters.add(Counter::TxErrors, b.count as u64);
             return;
         };
-        // A lost datagram is the transport's to resend.
-        self.send_on(plane, &IpAddr::V4(dst), src_port, ecn, data);
+        match work::lock(&self.planes).get(plane) {
+            Some(Some(lp)) => {
+                // A lost datagram is the transport's to resend.
+                let _ = lp.socket.send_segments(&IpAddr::V4(dst), b.src_port, b.ecn, data, b.seg);
+            }
+            _ => self.counters.add(Counter::TxErrors, b.count as u64),
+        }
     }
 
     /// Sends a datagram on `plane` to `dst`. Its socket counts what it sends and what fails

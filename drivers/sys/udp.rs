@@ -45,6 +45,10 @@ const IPPROTO_UDP: u8 = 17;
 /// `IP_DF` in the IPv4 `frag_off` field.
 const IP_DF: u16 = 0x4000;
 const UDP_HEADER: usize = 8;
+/// Where the checksum sits in the UDP header.
+const UDP_CHECK_OFFSET: u16 = 6;
+/// Datagrams in one UDP GSO packet at most (the stack's `UDP_MAX_SEGMENTS` is larger).
+pub(crate) const MAX_GSO_SEGS: usize = 64;
 const IPV4_HEADER: usize = 20;
 const IPV6_HEADER: usize = 40;
 /// `encap_type` for our sockets: any non-zero value enables `encap_rcv` (rxe uses 1 too).
@@ -134,25 +138,46 @@ impl PlaneSocket {
         ecn_capable: bool,
         payload: &[u8],
     ) -> Result {
+        self.send_segments(dst, src_port, ecn_capable, payload, payload.len())
+    }
+
+    /// Sends `payload` as datagrams of `seg` bytes each (the last may be shorter) to the same
+    /// destination and ports, handed to the IP stack as one UDP GSO packet (`SKB_GSO_UDP_L4`)
+    /// over IPv4: the route, the headers, the qdiscs and a veth are passed once for all of
+    /// them; the stack cuts it into datagrams where it must (a device without UDP
+    /// segmentation; a tunnel socket such as ours receiving it).
+    pub(crate) fn send_segments(
+        &self,
+        dst: &IpAddr,
+        src_port: u16,
+        ecn_capable: bool,
+        payload: &[u8],
+        seg: usize,
+    ) -> Result {
         let tos = if ecn_capable { ECN_ECT0 } else { 0 };
+        let seg = seg.clamp(1, payload.len().max(1));
+        let segs = payload.len().div_ceil(seg).max(1);
         // Tunnel transmits count their nesting per CPU, so they run with bottom halves
         // disabled, as from a netdev's `ndo_start_xmit`.
         let _bh = BhDisabled::new();
         let result = match dst {
-            IpAddr::V4(addr) => self.send4(*addr, src_port, tos, payload),
-            IpAddr::V6(addr) => self.send6(addr, src_port, tos, payload),
+            IpAddr::V4(addr) => self.send4(*addr, src_port, tos, payload, seg),
+            // One datagram at a time over IPv6 (the GSI QP's only).
+            IpAddr::V6(addr) => payload
+                .chunks(seg)
+                .try_for_each(|d| self.send6(addr, src_port, tos, d)),
         };
         match result {
             Ok(()) => {
-                self.counters.inc(Counter::TxPackets);
+                self.counters.add(Counter::TxPackets, segs as u64);
                 self.counters.add(Counter::TxBytes, payload.len() as u64);
             }
-            Err(_) => self.counters.inc(Counter::TxErrors),
+            Err(_) => self.counters.add(Counter::TxErrors, segs as u64),
         }
         result
     }
 
-    fn send4(&self, daddr: [u8; 4], src_port: u16, tos: u8, payload: &[u8]) -> Result {
+    fn send4(&self, daddr: [u8; 4], src_port: u16, tos: u8, payload: &[u8], seg: usize) -> Result {
         let _rcu = rcu::read_lock();
         let sk = self.sk4.load(Ordering::Acquire);
         if sk.is_null() {
@@ -173,7 +198,7 @@ impl PlaneSocket {
         let rt = from_err_ptr(rt).inspect_err(|_| self.counters.inc(Counter::TxNoRoute))?;
         // SAFETY: `rt` is a route we hold a reference on.
         let dst = unsafe { bindings::metaroce_glue_rt_dst(rt) };
-        let skb = match self.build_skb(dst, IPV4_HEADER, payload) {
+        let skb = match self.build_skb(dst, IPV4_HEADER, payload, seg) {
             Ok(skb) => skb,
             Err(e) => {
                 // SAFETY: we hold the route's reference and give it back.
@@ -234,7 +259,7 @@ impl PlaneSocket {
             self.counters.inc(Counter::TxNoRoute);
             return Err(Error::from_errno(route_error.into()));
         }
-        let skb = match self.build_skb(dst, IPV6_HEADER, payload) {
+        let skb = match self.build_skb(dst, IPV6_HEADER, payload, payload.len()) {
             Ok(skb) => skb,
             Err(e) => {
                 // SAFETY: we hold the reference and give it back.
@@ -270,16 +295,22 @@ impl PlaneSocket {
     /// A new skb holding `payload`, with room in front for the link layer of `dst`'s device,
     /// an IP header of `ip_header` bytes and the UDP header; `EMSGSIZE` if the datagram does
     /// not fit the route's MTU.
+    /// An skb holding `payload`, with room for the UDP and IP headers in front: one datagram,
+    /// or (`seg` shorter than `payload`) a UDP GSO packet of datagrams of `seg` bytes.
     fn build_skb(
         &self,
         dst: *mut bindings::dst_entry,
         ip_header: usize,
         payload: &[u8],
+        seg: usize,
     ) -> Result<*mut bindings::sk_buff> {
         // SAFETY: `dst` is a live entry the caller holds.
         let mtu = unsafe { bindings::metaroce_glue_dst_mtu(dst) } as usize;
-        let datagram = ip_header + UDP_HEADER + payload.len();
-        if datagram > mtu || datagram > usize::from(u16::MAX) {
+        let seg = seg.clamp(1, payload.len().max(1));
+        let datagram = ip_header + UDP_HEADER + seg;
+        let total = ip_header + UDP_HEADER + payload.len();
+        let segs = payload.len().div_ceil(seg);
+        if datagram > mtu || total > usize::from(u16::MAX) || segs > MAX_GSO_SEGS {
             return Err(EMSGSIZE);
         }
         // SAFETY: as above.
@@ -299,6 +330,29 @@ impl PlaneSocket {
             bindings::metaroce_glue_skb_reserve(skb, headroom as c_int);
             let data = bindings::skb_put(skb, payload.len() as c_uint);
             ptr::copy_nonoverlapping(payload.as_ptr(), data.cast::<u8>(), payload.len());
+        }
+        if segs > 1 {
+            // UDP GSO as `udp_sendmsg` makes it: the checksum left partial (the stack finishes
+            // it per datagram), starting at the UDP header `udp_tunnel_xmit_skb` will push
+            // just in front of the payload, and the segment size and count in the shared info.
+            // SAFETY: `skb` is ours and has `headroom` >= 8 bytes in front of the payload:
+            // pushing the 8 bytes of the UDP header and pulling them back leaves it as it was;
+            // in between, `skb_partial_csum_set` records that place (offset 0 from `data`, the
+            // checksum field 6 bytes in), which lies within the skb. `skb_shinfo` is the
+            // skb's own shared info, which nobody else sees yet.
+            unsafe {
+                bindings::skb_push(skb, UDP_HEADER as c_uint);
+                let ok = bindings::skb_partial_csum_set(skb, 0, UDP_CHECK_OFFSET);
+                bindings::skb_pull(skb, UDP_HEADER as c_uint);
+                if !ok {
+                    bindings::metaroce_glue_kfree_skb(skb);
+                    return Err(EINVAL);
+                }
+                let info = bindings::metaroce_glue_skb_shinfo(skb);
+                (*info).gso_size = seg as u16;
+                (*info).gso_segs = segs as u16;
+                (*info).gso_type = bindings::SKB_GSO_UDP_L4 as c_uint;
+            }
         }
         Ok(skb)
     }

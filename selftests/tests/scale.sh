@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: GPL-2.0
 # Many QPs between two devices, all streams of one unified connection: perftest with 64 QPs
 # (WRITE and SEND), then 2,000 QPs at once, with the kernel memory they take printed as
-# diagnostics; afterwards the memory is given back and the kernel log is clean.
+# diagnostics; afterwards the memory is given back; then 4 processes of 250 QPs each created
+# at once; and the kernel log is clean.
 source "$(dirname "$0")/../lib.sh"
 dmesg_mark
 modprobe metaroce
@@ -56,6 +57,30 @@ check "the memory of $QPS QPs is given back (MemFree within 8 MiB of before)" \
 check_output "no transport errors with $QPS QPs (rx_no_connection, retry_exceeded 0)" \
 	'rx_no_connection 0 .*retry_exceeded 0' \
 	sh -c "$RDMA statistic show link mroce1/1 | tr '\n' ' '"
+
+# Several processes creating QPs and MRs at the same time on the same devices: each must get
+# its own numbers (a race here once gave two QPs one number, and WQEs failed with
+# LOC_PROT_ERR). 4 perftest pairs of 250 QPs each, started together, all complete.
+procs_ok=0
+for k in 1 2 3 4; do
+	$IP netns exec ns2 timeout 240 ib_write_bw -d mroce2 -x 1 -p $((18700 + k)) -s 4096 -n 20 \
+		-t 8 -q 250 >"$TAP_DIR/conc-s$k.log" 2>&1 &
+done
+# Under TCG the four servers take a while to listen.
+wait_for 30 sh -c "[ \$($IP netns exec ns2 ss -ltnH 2>/dev/null | grep -c ':187[0-9][0-9] ') -ge 4 ]"
+pids=()
+for k in 1 2 3 4; do
+	$IP netns exec ns1 timeout 240 ib_write_bw -d mroce1 -x 1 -p $((18700 + k)) -s 4096 -n 20 \
+		-t 8 -q 250 $NS2_ADDR >"$TAP_DIR/conc-c$k.log" 2>&1 &
+	pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" && procs_ok=$((procs_ok + 1)); done
+wait
+for k in 1 2 3 4; do
+	grep -hE 'error|Failed' "$TAP_DIR/conc-c$k.log" "$TAP_DIR/conc-s$k.log" | head -n 3 | sed "s/^/# process $k: /"
+done
+check "4 processes x 250 QPs created and connected at once all complete ($procs_ok of 4)" \
+	test "$procs_ok" = 4
 
 teardown_pair
 check "rmmod metaroce" rmmod metaroce

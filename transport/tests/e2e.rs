@@ -884,3 +884,86 @@ fn a_connection_sends_only_on_the_paths_its_peer_has() {
     sim.ep[0].conn.set_send_paths(10_000);
     assert_eq!(sim.ep[0].conn.send_paths(), total);
 }
+
+#[test]
+fn a_path_burst_sends_runs_on_one_path_with_the_same_shares() {
+    // What goes out before any ACK: runs of `path_burst` packets per path.
+    let mut sim = Sim::with_config(LinkConfig::clean(), 15, |c| c.path_burst = 4);
+    let s = sim.ep[0].stream;
+    let wqe = SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 64 * 1024)).remote(B_BUF, 2);
+    sim.ep[0].conn.post_send(0, s, wqe).unwrap();
+    let mut buf = std::vec![0u8; 8192];
+    let mut paths = std::vec::Vec::new();
+    let ep = &mut sim.ep[0];
+    while let Some(t) = ep.conn.poll_transmit(0, &mut buf, &mut ep.mem) {
+        paths.push(t.path);
+    }
+    assert!(paths.len() >= 8, "{paths:?}");
+    for run in paths.chunks(4).take(paths.len() / 4) {
+        assert!(
+            run.iter().all(|&p| p == run[0]),
+            "runs of 4 on one path: {paths:?}"
+        );
+    }
+    // A whole transfer: every path carries about its share, as with single-packet spraying.
+    let mut sim = Sim::with_config(LinkConfig::clean(), 16, |c| c.path_burst = 4);
+    let r = run_workload(&mut sim, &bulk(40, 65536), 2_000_000_000);
+    assert!(r.completed, "{r:?}");
+    let sent: std::vec::Vec<u64> = (0..sim.ep[0].conn.path_count())
+        .map(|i| sim.ep[0].conn.path_stats(i).unwrap().sent)
+        .collect();
+    let mean = sent.iter().sum::<u64>() / sent.len() as u64;
+    assert!(
+        sent.iter()
+            .all(|&n| n * 10 >= mean * 7 && n * 10 <= mean * 13),
+        "shares within 30% of the mean: {sent:?}"
+    );
+}
+
+#[test]
+fn streams_take_turns_of_a_quantum_of_packets() {
+    use metaroce_transport::stream::StreamConfig;
+    use metaroce_transport::wire::Packet;
+    // 32 more streams, each with two 4-packet writes (4 KiB MTU): with a quantum of 16
+    // packets each stream sends both messages in its turn; with 1, packets alternate.
+    for (quantum, want_run) in [(16u16, 8usize), (1, 1)] {
+        let mut sim = Sim::with_config(LinkConfig::clean(), 17, |c| c.stream_quantum = quantum);
+        let mut qps = std::vec::Vec::new();
+        for k in 0..32u32 {
+            let (qa, qb) = (0x100 + k, 0x200 + k);
+            let a = sim.ep[0]
+                .conn
+                .open_stream(StreamConfig::new(qa, qb))
+                .unwrap();
+            sim.ep[1]
+                .conn
+                .open_stream(StreamConfig::new(qb, qa))
+                .unwrap();
+            for m in 0..2u64 {
+                let at = u64::from(k) * 32768 + m * 16384;
+                let w = SendWqe::new(m, WrOpcode::RdmaWrite, sge(1, A_BUF + at, 16384))
+                    .remote(B_BUF + at, 2);
+                sim.ep[0].conn.post_send(0, a, w).unwrap();
+            }
+            qps.push(qb);
+        }
+        // Everything the windows let out before any ACK, by destination QP.
+        let mut order = std::vec::Vec::new();
+        let mut buf = std::vec![0u8; 8192];
+        let ep = &mut sim.ep[0];
+        for _ in 0..64 {
+            let Some(t) = ep.conn.poll_transmit(0, &mut buf, &mut ep.mem) else {
+                break;
+            };
+            order.push(Packet::peek_dst_qp(&buf[..t.len]).unwrap());
+        }
+        assert!(order.len() >= 16, "{order:?}");
+        let runs: std::vec::Vec<usize> = order.chunk_by(|a, b| a == b).map(|r| r.len()).collect();
+        // The last run may be cut by the window.
+        let whole = &runs[..runs.len() - 1];
+        assert!(
+            whole.iter().all(|&n| n == want_run),
+            "quantum {quantum}: runs {runs:?}"
+        );
+    }
+}

@@ -53,6 +53,16 @@ pub struct Config {
     pub planes: u8,
     /// Payload bytes per packet.
     pub mtu: u32,
+    /// Packets in a row on one path while it has window room (1: every packet picked
+    /// afresh). Longer runs let a caller hand a path's consecutive datagrams to its network
+    /// stack as one (UDP GSO); the shares over time are the same (each packet is charged to
+    /// the spraying credits as if picked alone).
+    pub path_burst: u8,
+    /// Data packets a stream sends in a row before the next stream with work takes its turn
+    /// (deficit round-robin by packets; 1: every packet). A whole message or a few go out
+    /// together, so messages complete one after the other rather than all at the end, as
+    /// with per-packet turns among thousands of QPs.
+    pub stream_quantum: u16,
     /// Tuning shared by all paths.
     pub path: PathConfig,
     /// ACK after this many packets even without ACK_REQ.
@@ -75,6 +85,8 @@ impl Config {
             num_paths: 32,
             planes: 1,
             mtu: 4096,
+            path_burst: 1,
+            stream_quantum: 16,
             path: PathConfig {
                 initial_psn: 0,
                 initial_cwnd: 16,
@@ -281,6 +293,14 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     ack_grant: Grant,
     unacked: u16,
     rr_ack_path: usize,
+    /// The path the last data packet went on, and how many more may follow it there
+    /// (`Config::path_burst`).
+    burst_path: usize,
+    burst_left: u8,
+    /// The stream whose turn it is, and the data packets its turn has left
+    /// (`Config::stream_quantum`).
+    turn_stream: usize,
+    turn_left: u16,
     /// Planes (bit per plane number) that may carry packets: the caller clears a plane the
     /// peer cannot be reached on (not learned yet, or its netdev down).
     planes_up: u32,
@@ -350,6 +370,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             ack_grant: Grant::default(),
             unacked: 0,
             rr_ack_path: 0,
+            burst_path: 0,
+            burst_left: 0,
+            turn_stream: 0,
+            turn_left: 0,
             planes_up: u32::MAX,
             stats: ConnStats::default(),
             cc: new_cc(&cfg, num_paths),
@@ -399,6 +423,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.ack_grant = Grant::default();
         self.unacked = 0;
         self.rr_ack_path = 0;
+        self.burst_path = 0;
+        self.burst_left = 0;
+        self.turn_stream = 0;
+        self.turn_left = 0;
         self.planes_up = u32::MAX;
         self.stats = ConnStats::default();
         self.cc = new_cc(&cfg, num_paths);
@@ -1162,8 +1190,17 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 return None;
             }
             self.commit_path(mask);
-            // Round-robin: the stream goes to the back of the WORK list.
-            self.sched.rotate(&mut self.streams, WORK);
+            // Deficit round-robin: the stream goes to the back of the WORK list once its turn
+            // has sent `stream_quantum` packets.
+            let si = work.stream();
+            if si != self.turn_stream || self.turn_left == 0 {
+                self.turn_stream = si;
+                self.turn_left = self.cfg.stream_quantum.max(1);
+            }
+            self.turn_left -= 1;
+            if self.turn_left == 0 {
+                self.sched.rotate(&mut self.streams, WORK);
+            }
             if let Some(t) = self.emit_data(now, pi, work, buf, mem) {
                 self.cc.on_send(now, t.len);
                 return Some(t);
@@ -1249,6 +1286,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut total: i32 = 0;
         let mut best: Option<usize> = None;
         let mut best_credit = i32::MIN;
+        let (burst_path, mut burst_ok) = (self.burst_path, false);
         for (i, p) in paths.iter_mut().enumerate() {
             if !eligible(p) || !p.has_window(best_health) {
                 continue;
@@ -1264,11 +1302,23 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 best_credit = credit;
                 best = Some(i);
             }
+            burst_ok |= i == burst_path;
         }
-        let i = best?;
+        // A run on the last path goes on while it may (and the path may take it).
+        let i = if burst_ok && self.burst_left > 0 {
+            burst_path
+        } else {
+            best?
+        };
         if commit {
             if let Some(p) = paths.get_mut(i) {
                 p.credit = p.credit.saturating_sub(total);
+            }
+            if i == burst_path && self.burst_left > 0 {
+                self.burst_left -= 1;
+            } else {
+                self.burst_path = i;
+                self.burst_left = self.cfg.path_burst.saturating_sub(1);
             }
         }
         Some(i)
