@@ -9,7 +9,9 @@
 #   env            MODE=batch|interactive; HOST_TERM, ROWS, COLS for the interactive shell
 #   cmd.sh         the command, run with bash from /mnt/ci/out (optional in interactive mode)
 #   modules/       <kernel version>/... as made by `make modules_install`
-#   payload/       metaroce.ko, libmetaroce-rdmav34.so, metaroce.driver, selftests/, rootfs/
+#   payload/       metaroce.ko, selftests/, rootfs/ and rootfs.symlinks (the provider is in
+#                  rootfs/); also understood: a plugin file libmetaroce-rdmav34.so and
+#                  metaroce.driver at the top
 #   out/           mount point of the second share 'ciout', the caller's result directory
 
 # No set -e: whatever happens, PID 1 must get to the power-off.
@@ -79,11 +81,20 @@ if [ -d $P/selftests ]; then
 	mkdir -p /opt/metaroce
 	cp -a $P/selftests /opt/metaroce/ || setup_failed "cannot install the selftests"
 fi
-# Anything else the build wants in the guest (tools, libraries) goes under payload/rootfs/.
+# Anything else the build wants in the guest (the provider, tools) goes under payload/rootfs/.
 if [ -d $P/rootfs ]; then
 	# tar, not cp: /lib, /bin, /sbin are symlinks into /usr and must stay so.
 	tar -C $P/rootfs -c . | tar -C / -x --keep-directory-symlink --no-same-owner ||
 		setup_failed "cannot copy payload/rootfs"
+	# run-vm.sh copies the payload with symlinks dereferenced: make those rootfs.symlinks
+	# lists ("LINK TARGET", LINK relative to /) links again. The provider's plugin name
+	# libibverbs/libmetaroce-rdmav34.so must be a link to libmetaroce.so.1, not a copy
+	# (a second file: a program linking -lmetaroce would load the provider twice).
+	if [ -f $P/rootfs.symlinks ]; then
+		while read -r link target; do
+			ln -sfn "$target" "/$link" || setup_failed "cannot make the symlink /$link"
+		done <$P/rootfs.symlinks
+	fi
 	ldconfig
 fi
 

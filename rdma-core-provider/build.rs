@@ -16,8 +16,9 @@ use std::process::{Command, Stdio};
 
 /// Must match RDMA_CORE_VERSION in qemu-ci/common.sh.
 const RDMA_CORE_VERSION: &str = "56.1";
-/// IBVERBS_PRIVATE ABI of that rdma-core; the installed plugin name carries it.
-const PABI: &str = "34";
+/// SONAME of the library (installed as `$LIBDIR/libmetaroce.so.1`; the plugin name
+/// `libibverbs/libmetaroce-rdmav34.so`, with the IBVERBS_PRIVATE ABI 34, is a symlink to it).
+const SONAME: &str = "libmetaroce.so.1";
 
 fn main() {
     for var in [
@@ -35,11 +36,15 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").unwrap());
     let uapi = manifest.join("../uapi");
     let wrapper = manifest.join("src/wrapper.h");
-    println!("cargo:rerun-if-changed={}", wrapper.display());
-    println!(
-        "cargo:rerun-if-changed={}",
-        uapi.join("metaroce-abi.h").display()
-    );
+    let version_script = manifest.join("libmetaroce.map");
+    for input in [
+        wrapper.clone(),
+        uapi.join("metaroce-abi.h"),
+        manifest.join("metaroce_dv.h"),
+        version_script.clone(),
+    ] {
+        println!("cargo:rerun-if-changed={}", input.display());
+    }
 
     let (src, build) = rdma_core_tree(&manifest);
     let include = build.join("include");
@@ -53,7 +58,13 @@ fn main() {
     }
     println!("cargo:rerun-if-changed={}", src.join(".done").display());
 
-    bindgen(&wrapper, &include, &uapi, &out.join("bindings.rs"));
+    bindgen(
+        &wrapper,
+        &include,
+        &uapi,
+        &manifest,
+        &out.join("bindings.rs"),
+    );
 
     // Link against the pinned libibverbs (IBVERBS_PRIVATE_34), never the host's. Copies in
     // OUT_DIR: cargo puts link directories inside the target dir on the library path of
@@ -83,7 +94,17 @@ fn main() {
     // Refuse undefined symbols: without it a missing libibverbs links silently and the plugin
     // would lack the versioned IBVERBS_PRIVATE_34 references.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmetaroce-rdmav{PABI}.so");
+    // One library for both roles, as rdma-core's mlx5: applications link libmetaroce.so.1 for
+    // the direct verbs, and libibverbs dlopens it as libibverbs/libmetaroce-rdmav34.so, a
+    // symlink to it (the same file, so the constructor runs once).
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{SONAME}");
+    // Defines the version node METAROCE_1.0 that `.symver` in src/ffi/dv.rs gives the direct
+    // verbs. rustc passes its own anonymous version script (exported = the #[no_mangle]
+    // functions, all else local); lld takes both, GNU ld refuses to combine them.
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        version_script.display()
+    );
     println!("cargo:rustc-env=METAROCE_RDMA_CORE_VERSION={RDMA_CORE_VERSION}");
 }
 
@@ -142,7 +163,7 @@ fn bindgen_cli() -> PathBuf {
         })
 }
 
-fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, output: &Path) {
+fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output: &Path) {
     let mut cmd = Command::new(bindgen_cli());
     if env::var_os("LIBCLANG_PATH").is_none() && Path::new("/usr/lib/llvm-22/lib").is_dir() {
         cmd.env("LIBCLANG_PATH", "/usr/lib/llvm-22/lib");
@@ -157,7 +178,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, output: &Path) {
          verbs_set_ops|ibv_cmd_get_context|ibv_cmd_query_device_any|ibv_cmd_query_port|\
          ibv_cmd_(alloc|dealloc)_pd|ibv_cmd_(reg|dereg)_mr|ibv_cmd_(create|destroy)_cq|\
          ibv_cmd_req_notify_cq|ibv_cmd_(create|query|modify|destroy)_qp|\
-         ibv_cmd_(create|query|modify|destroy)_srq|\
+         ibv_cmd_(create|query|modify|destroy)_srq|ibv_cmd_modify_qp_ex|metaroce_dv_.*|\
          calloc|free|__errno_location|mmap|munmap|write",
     ]);
     cmd.args([
@@ -169,7 +190,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, output: &Path) {
          ibv_create_qp|ibv_query_qp|ibv_modify_qp|ibv_create_srq|ibv_modify_srq|ibv_query_srq|\
          ib_uverbs_post_send|ib_uverbs_post_send_resp|ib_uverbs_cmd_hdr|ib_uverbs_write_cmds|\
          ibv_wc|ibv_send_wr|ibv_recv_wr|ibv_send_flags|ibv_wc_flags|ibv_wc_status|ibv_wc_opcode|\
-         ibv_wr_opcode|ibv_qp_type|ibv_srq_attr_mask",
+         ibv_wr_opcode|ibv_qp_type|ibv_srq_attr_mask|ibv_modify_qp_ex|ib_uverbs_ex_modify_qp_resp",
     ]);
     cmd.args([
         "--allowlist-var",
@@ -179,6 +200,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, output: &Path) {
     cmd.arg("--");
     cmd.arg(format!("-I{}", include.display()));
     cmd.arg(format!("-I{}", uapi.display()));
+    cmd.arg(format!("-I{}", manifest.display()));
     cmd.arg("-Wno-gnu-variable-sized-type-not-at-end");
     let status = cmd
         .status()

@@ -2,14 +2,18 @@
 # SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 #
 # Build the libibverbs provider from a clean clone: prepare rdma-core in the cache if needed
-# (prepare-rdma-core.sh), cargo build --release, then stage the two installable files in
+# (prepare-rdma-core.sh), cargo build --release, then stage the installable files in
+# ${CARGO_TARGET_DIR:-<repo>/target}/metaroce-provider/ (`make install` puts them in place):
 #
-#   ${CARGO_TARGET_DIR:-<repo>/target}/metaroce-provider/libmetaroce-rdmav34.so
-#       -> /usr/lib/x86_64-linux-gnu/libibverbs/libmetaroce-rdmav34.so
-#   ${CARGO_TARGET_DIR:-<repo>/target}/metaroce-provider/metaroce.driver
-#       -> /etc/libibverbs.d/metaroce.driver
+#   libmetaroce.so.1                     -> /usr/lib/x86_64-linux-gnu/libmetaroce.so.1
+#   libmetaroce.so -> libmetaroce.so.1   the link for -lmetaroce (-L this directory)
+#   libmetaroce-rdmav34.so -> libmetaroce.so.1
+#                                           the plugin name; installed as libibverbs/libmetaroce-rdmav34.so
+#                                           -> ../libmetaroce.so.1
+#   include/infiniband/metaroce_dv.h     -> /usr/include/infiniband/metaroce_dv.h (-I.../include)
+#   metaroce.driver                      -> /etc/libibverbs.d/metaroce.driver
 #
-# stdout: that directory, or with --print-so the path of the .so. Logs go to stderr.
+# stdout: that directory, or with --print-so the path of libmetaroce.so.1. Logs go to stderr.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -29,8 +33,11 @@ TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}"
 
 OUT="$TARGET_DIR/metaroce-provider"
 mkdir -p "$OUT"
-SO="$OUT/libmetaroce-rdmav34.so"
+SO="$OUT/libmetaroce.so.1"
 install -m 0644 "$TARGET_DIR/release/libmetaroce_provider.so" "$SO.tmp" && mv "$SO.tmp" "$SO"
+ln -sfn libmetaroce.so.1 "$OUT/libmetaroce.so"
+ln -sfn libmetaroce.so.1 "$OUT/libmetaroce-rdmav34.so"
+install -D -m 0644 "$HERE/metaroce_dv.h" "$OUT/include/infiniband/metaroce_dv.h"
 install -m 0644 "$HERE/metaroce.driver" "$OUT/metaroce.driver"
 case "$print" in
 dir) echo "$OUT" ;;

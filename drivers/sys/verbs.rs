@@ -665,7 +665,9 @@ pub(super) unsafe extern "C" fn modify_qp(
         Ok(dv) => dv,
         Err(e) => return e.to_errno(),
     };
-    if !transition_ok(qp.state(), attr, mask, qp_type) {
+    // No attribute (the direct verbs' call): no transition, in any state (the core's table
+    // has no RTR-to-RTR entry).
+    if mask != 0 && !transition_ok(qp.state(), attr, mask, qp_type) {
         return EINVAL.to_errno();
     }
     if mask & bindings::ib_qp_attr_mask_IB_QP_PATH_MTU != 0

@@ -16,8 +16,15 @@
  *   memfd that the fake kernel also maps, so provider and "kernel" share the rings like with
  *   the real module. On a doorbell the fake consumes the SQ and completes signaled WQEs into
  *   the send CQ; the checks then poll them back through ibv_poll_cq.
+ * - The direct verbs (metaroce_dv.h), looked up with dlvsym(..., "METAROCE_1.0"): the fake
+ *   answers their extended modify_qp (IB_USER_VERBS_EX_CMD_MODIFY_QP with our driver command
+ *   and response) after the checks the kernel's ib_uverbs_write() makes, and like the module
+ *   fills as many path entries as the response has room for.
  *
- * Usage: load-check /path/to/libmetaroce-rdmav34.so
+ * Usage: load-check PLUGIN [LIBRARY]
+ *   PLUGIN   the name libibverbs dlopens (libmetaroce-rdmav34.so, a symlink to the library)
+ *   LIBRARY  the library itself (libmetaroce.so.1): opening it too must give the same handle
+ *            and no second registration (one file, one constructor run)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -33,6 +40,7 @@
 #include <infiniband/driver.h>
 
 #include "metaroce-abi.h"
+#include "metaroce_dv.h"
 
 static const struct verbs_device_ops *registered;
 static int registrations;
@@ -75,6 +83,23 @@ static __u64 fake_last_hca_va;
 static int fake_doorbells;
 static struct metaroce_send_wqe fake_wqes[16];	/* WQEs the fake kernel consumed */
 static unsigned int fake_nwqes;
+
+/* The direct verbs' modify_qp: the QPs' plane masks, the connection, the last call. */
+static __u32 fake_plane_mask[8];
+static int fake_dv_connected;
+#define FAKE_DV_PATHS 3
+static enum {
+	FAKE_DV_OK,
+	FAKE_DV_SILENT,		/* a module without the direct verbs: no driver response */
+	FAKE_DV_OVERFULL,	/* claims one path entry more than the room */
+	FAKE_DV_BUSY,		/* fails the command with EBUSY */
+} fake_dv_mode;
+static struct {
+	int calls;
+	size_t core_in, drv_in, core_out, drv_out;	/* bytes */
+	__u32 qp_handle, attr_mask;
+	struct metaroce_modify_qp_cmd cmd;
+} fake_dv;
 
 static struct metaroce_mmap_info fake_ring_alloc(struct fake_ring *r, __u32 n, __u32 esz)
 {
@@ -197,6 +222,103 @@ static int fill_drv(const struct ib_uverbs_cmd_hdr *hdr, const void *core, size_
 	return 0;
 }
 
+/*
+ * IB_USER_VERBS_EX_CMD_MODIFY_QP: the checks of the kernel's ib_uverbs_write() for _ex
+ * commands, then what the module's modify_qp does with our driver data: the command is
+ * optional (a shorter one reads as zeros), unknown comp_mask bits are refused, and the
+ * response is written when the driver buffer has room for its fixed part, with as many paths
+ * as fit.
+ */
+static ssize_t fake_ex_modify_qp(const void *buf, size_t count)
+{
+	const struct ex_hdr *h = buf;
+	const struct ib_uverbs_ex_modify_qp *core = (const void *)(h + 1);
+	struct ib_uverbs_ex_modify_qp_resp core_resp = { .response_length = sizeof(core_resp) };
+	unsigned char drv_resp[sizeof(struct metaroce_modify_qp_resp) +
+			       FAKE_DV_PATHS * sizeof(struct metaroce_path_info)]
+		__attribute__((aligned(8)));
+	struct metaroce_modify_qp_resp *r = (void *)drv_resp;
+	struct metaroce_path_info *paths = (void *)(r + 1);
+	size_t core_in, drv_in, core_out, drv_out, room, n, i;
+	struct metaroce_modify_qp_cmd cmd = { 0 };
+	char *response;
+
+	if (count < sizeof(*h)) {
+		errno = EINVAL;
+		return -1;
+	}
+	core_in = h->hdr.in_words * 8u;
+	drv_in = h->ex_hdr.provider_in_words * 8u;
+	core_out = h->hdr.out_words * 8u;
+	drv_out = h->ex_hdr.provider_out_words * 8u;
+	if (core_in + drv_in != count - sizeof(*h) || h->ex_hdr.cmd_hdr_reserved ||
+	    !h->ex_hdr.response) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (core_in < sizeof(*core) || core_out < sizeof(core_resp)) {
+		errno = ENOSPC;
+		return -1;
+	}
+	fake_dv.calls++;
+	fake_dv.core_in = core_in;
+	fake_dv.drv_in = drv_in;
+	fake_dv.core_out = core_out;
+	fake_dv.drv_out = drv_out;
+	fake_dv.qp_handle = core->base.qp_handle;
+	fake_dv.attr_mask = core->base.attr_mask;
+	memcpy(&cmd, (const char *)core + core_in, drv_in < sizeof(cmd) ? drv_in : sizeof(cmd));
+	fake_dv.cmd = cmd;
+	if (core->base.qp_handle >= fake_nqp || core->base.attr_mask) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (cmd.comp_mask & ~METAROCE_MODIFY_QP_PLANES) {
+		errno = EOPNOTSUPP;
+		return -1;
+	}
+	if (cmd.reserved) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (fake_dv_mode == FAKE_DV_BUSY) {
+		errno = EBUSY;
+		return -1;
+	}
+	if (cmd.comp_mask & METAROCE_MODIFY_QP_PLANES)
+		fake_plane_mask[core->base.qp_handle] = cmd.plane_mask;
+
+	response = (char *)(uintptr_t)h->ex_hdr.response;
+	memcpy(response, &core_resp, sizeof(core_resp));
+	if (fake_dv_mode == FAKE_DV_SILENT || drv_out < sizeof(*r))
+		return count;
+	room = (drv_out - sizeof(*r)) / sizeof(*paths);
+	memset(drv_resp, 0, sizeof(drv_resp));
+	r->plane_mask = fake_plane_mask[core->base.qp_handle];
+	n = 0;
+	if (fake_dv_connected) {
+		r->connected = 1;
+		r->planes = 2;
+		r->planes_up = 0x3;
+		r->num_paths = FAKE_DV_PATHS;
+		r->qps = 1;
+		n = room < FAKE_DV_PATHS ? room : FAKE_DV_PATHS;
+		for (i = 0; i < n; i++)
+			paths[i] = (struct metaroce_path_info){
+				.path_id = i, .plane = i % 2, .state = i == 2 ? METAROCE_PATH_SUSPECT : 0,
+				.udp_sport = 49152 + i, .reserved = 0xffff, .srtt_us = 100 + i,
+				.cwnd = 10 + i, .in_flight = i, .packets_sent = 1000 + i,
+				.retransmits = 20 + i, .ecn_marks = 30 + i, .timeouts = 40 + i,
+			};
+	}
+	r->num_path_info = n;
+	r->response_length = sizeof(*r) + n * sizeof(*paths);
+	if (fake_dv_mode == FAKE_DV_OVERFULL)
+		r->num_path_info = room + 1;
+	memcpy(response + core_out, drv_resp, sizeof(*r) + n * sizeof(*paths));
+	return count;
+}
+
 static ssize_t fake_uverbs_write(const void *buf, size_t count)
 {
 	const struct ib_uverbs_cmd_hdr *hdr = buf;
@@ -205,6 +327,8 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 		errno = EINVAL;
 		return -1;
 	}
+	if (hdr->command == (IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_EX_CMD_MODIFY_QP))
+		return fake_ex_modify_qp(buf, count);
 	if (hdr->command & IB_USER_VERBS_CMD_FLAG_EXTENDED) {
 		errno = ENOSYS; /* makes libibverbs use the legacy commands */
 		return -1;
@@ -419,6 +543,128 @@ static struct verbs_context *open_fake(struct verbs_device *vdev, __u32 abi_vers
 	return registered->alloc_context(&vdev->device, fake_fd, NULL);
 }
 
+/* The direct verbs, from the plugin by dlvsym(), typed by the header's prototypes. */
+static __typeof__(metaroce_dv_is_supported) *dv_is_supported;
+static __typeof__(metaroce_dv_query_qp) *dv_query_qp;
+static __typeof__(metaroce_dv_set_qp_planes) *dv_set_qp_planes;
+
+static int resolve_dv(void *handle)
+{
+	static const char *const names[] = {
+		"metaroce_dv_is_supported", "metaroce_dv_query_qp", "metaroce_dv_set_qp_planes",
+	};
+	void *fns[3];
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		fns[i] = dlvsym(handle, names[i], "METAROCE_1.0");
+		if (!fns[i]) {
+			fprintf(stderr, "load-check: FAILED: no %s@METAROCE_1.0\n", names[i]);
+			return -1;
+		}
+		/* The default version: what an application linking -lmetaroce binds. */
+		CHECK(dlsym(handle, names[i]) == fns[i]);
+	}
+	dv_is_supported = (__typeof__(dv_is_supported))fns[0];
+	dv_query_qp = (__typeof__(dv_query_qp))fns[1];
+	dv_set_qp_planes = (__typeof__(dv_set_qp_planes))fns[2];
+	return 0;
+}
+
+/* The direct verbs on qp (handle 0, in INIT) through the fake's _ex modify_qp. */
+static void check_dv(struct ibv_qp *qp)
+{
+	static const struct verbs_device_ops other_ops = { .name = "other" };
+	struct verbs_device other_dev = { .ops = &other_ops };
+	struct ibv_context other_ctx = { .device = &other_dev.device };
+	struct ibv_qp other_qp = { .context = &other_ctx }, orphan_qp = { 0 };
+	struct metaroce_dv_path paths[METAROCE_DV_MAX_PATHS + 1];
+	struct metaroce_dv_qp_info info;
+	const size_t fixed = sizeof(struct metaroce_modify_qp_resp);
+	const size_t entry = sizeof(struct metaroce_path_info);
+	int calls;
+
+	CHECK(dv_is_supported(qp->context->device));
+	CHECK(!dv_is_supported(&other_dev.device));
+	CHECK(!dv_is_supported(NULL));
+
+	/* Not connected: the fixed part only; the command as the kernel expects it. */
+	memset(paths, 0xa5, sizeof(paths));
+	info = (struct metaroce_dv_qp_info){ .num_path_entries = 0, .connected = 7 };
+	CHECK(dv_query_qp(qp, &info) == 0);
+	CHECK(info.connected == 0 && info.num_paths == 0 && info.num_path_entries == 0);
+	CHECK(info.plane_mask == 0 && info.comp_mask == 0 && info.paths == NULL);
+	CHECK(fake_dv.calls == 1 && fake_dv.qp_handle == 0 && fake_dv.attr_mask == 0);
+	CHECK(fake_dv.core_in == sizeof(struct ib_uverbs_ex_modify_qp));
+	CHECK(fake_dv.drv_in == sizeof(struct metaroce_modify_qp_cmd));
+	CHECK(fake_dv.core_out == sizeof(struct ib_uverbs_ex_modify_qp_resp));
+	CHECK(fake_dv.drv_out == fixed);
+	CHECK(fake_dv.cmd.comp_mask == 0 && fake_dv.cmd.reserved == 0);
+
+	/* Connected with 3 paths, room for 2: the first 2, the third entry untouched. */
+	fake_dv_connected = 1;
+	info = (struct metaroce_dv_qp_info){ .num_path_entries = 2, .paths = paths };
+	CHECK(dv_query_qp(qp, &info) == 0);
+	CHECK(fake_dv.drv_out == fixed + 2 * entry);
+	CHECK(info.connected == 1 && info.planes == 2 && info.planes_up == 0x3 && info.qps == 1);
+	CHECK(info.num_paths == FAKE_DV_PATHS && info.num_path_entries == 2 && info.paths == paths);
+	CHECK(paths[0].path_id == 0 && paths[1].path_id == 1 && paths[1].plane == 1);
+	CHECK(paths[1].udp_sport == 49153 && paths[1].srtt_us == 101 && paths[1].cwnd == 11);
+	CHECK(paths[1].in_flight == 1 && paths[1].packets_sent == 1001);
+	CHECK(paths[1].retransmits == 21 && paths[1].ecn_marks == 31 && paths[1].timeouts == 41);
+	CHECK(paths[1].state == METAROCE_DV_PATH_ACTIVE && paths[1].reserved0 == 0);
+	CHECK(paths[2].path_id == 0xa5a5);
+
+	/* Room for more than there can be: the buffer is capped at METAROCE_DV_MAX_PATHS. */
+	info = (struct metaroce_dv_qp_info){ .num_path_entries = METAROCE_DV_MAX_PATHS + 1,
+					     .paths = paths };
+	CHECK(dv_query_qp(qp, &info) == 0);
+	CHECK(fake_dv.drv_out == fixed + METAROCE_DV_MAX_PATHS * entry);
+	CHECK(info.num_path_entries == FAKE_DV_PATHS);
+	CHECK(paths[2].state == METAROCE_DV_PATH_SUSPECT && paths[2].timeouts == 42);
+	CHECK(paths[3].path_id == 0xa5a5);
+
+	/* Setting the planes, read back; the command carries the mask and nothing else. */
+	CHECK(dv_set_qp_planes(qp, 0x2) == 0);
+	CHECK(fake_dv.cmd.comp_mask == METAROCE_MODIFY_QP_PLANES && fake_dv.cmd.plane_mask == 0x2);
+	CHECK(fake_dv.attr_mask == 0 && fake_dv.drv_out == fixed);
+	info = (struct metaroce_dv_qp_info){ 0 };
+	CHECK(dv_query_qp(qp, &info) == 0 && info.plane_mask == 0x2);
+	CHECK(dv_set_qp_planes(qp, 0) == 0);
+	CHECK(dv_query_qp(qp, &info) == 0 && info.plane_mask == 0);
+
+	/* Refused before any command. */
+	calls = fake_dv.calls;
+	info = (struct metaroce_dv_qp_info){ .num_path_entries = 1, .paths = NULL, .qps = 77 };
+	CHECK(dv_query_qp(qp, &info) == EINVAL);
+	CHECK(dv_query_qp(NULL, &info) == EINVAL);
+	CHECK(dv_query_qp(qp, NULL) == EINVAL);
+	CHECK(dv_set_qp_planes(NULL, 1) == EINVAL);
+	info.num_path_entries = 0;
+	CHECK(dv_query_qp(&other_qp, &info) == EOPNOTSUPP);
+	CHECK(dv_query_qp(&orphan_qp, &info) == EOPNOTSUPP);
+	CHECK(dv_set_qp_planes(&other_qp, 1) == EOPNOTSUPP);
+	CHECK(dv_set_qp_planes(&orphan_qp, 1) == EOPNOTSUPP);
+	CHECK(fake_dv.calls == calls);
+
+	/* A module without the direct verbs, a malformed answer, a failing command. */
+	fake_dv_mode = FAKE_DV_SILENT;
+	CHECK(dv_query_qp(qp, &info) == EOPNOTSUPP);
+	CHECK(dv_set_qp_planes(qp, 1) == EOPNOTSUPP);
+	fake_dv_mode = FAKE_DV_OVERFULL;
+	info.num_path_entries = 2;
+	info.paths = paths;
+	CHECK(dv_query_qp(qp, &info) == EPROTO);
+	fake_dv_mode = FAKE_DV_BUSY;
+	CHECK(dv_query_qp(qp, &info) == EBUSY);
+	CHECK(dv_set_qp_planes(qp, 1) == EBUSY);
+	/* Failures leave *info alone. */
+	CHECK(info.qps == 77 && info.num_path_entries == 2);
+	fake_dv_mode = FAKE_DV_OK;
+	fake_dv_connected = 0;
+	fake_plane_mask[0] = 0;
+}
+
 static __u32 kernel_producer(const struct fake_ring *r)
 {
 	return __atomic_load_n(&ring_hdr(r)->producer, __ATOMIC_ACQUIRE);
@@ -492,6 +738,7 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(ia.cap.max_inline_data == 128); /* the driver response's value */
 	CHECK(fake_mmaps == 3); /* CQ, SQ, RQ (the refused CQ was never mapped) */
 	CHECK(ibv_modify_qp(qp, &qattr, IBV_QP_STATE) == 0);
+	check_dv(qp);
 	CHECK(ibv_req_notify_cq(cq, 0) == 0);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_REQ_NOTIFY_CQ] == 1);
 
@@ -651,8 +898,8 @@ int main(int argc, char **argv)
 	struct verbs_context *vctx;
 	void *handle;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s PLUGIN.so\n", argv[0]);
+	if (argc != 2 && argc != 3) {
+		fprintf(stderr, "usage: %s PLUGIN.so [LIBRARY.so]\n", argv[0]);
 		return 2;
 	}
 	fake_memfd = memfd_create("metaroce-fake-device", MFD_CLOEXEC);
@@ -672,12 +919,23 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
+	/* The library under its own name: the same object, its constructor ran once. */
+	if (argc == 3) {
+		void *lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+
+		CHECK(lib == handle);
+		if (lib)
+			dlclose(lib);
+	}
+
 	/* Registration. */
 	CHECK(registrations == 1);
 	if (!registered) {
 		fprintf(stderr, "load-check: the constructor registered nothing\n");
 		return 1;
 	}
+	if (resolve_dv(handle))
+		return 1;
 	CHECK(strcmp(registered->name, "metaroce") == 0);
 	CHECK(registered->match_min_abi_version == METAROCE_UVERBS_ABI_VERSION);
 	CHECK(registered->match_max_abi_version == METAROCE_UVERBS_ABI_VERSION);
@@ -753,9 +1011,9 @@ int main(int argc, char **argv)
 	if (failures)
 		return 1;
 	printf("load-check: %s registered \"%s\" (driver id 0x%llx, uverbs ABI %u..%u); "
-	       "alloc_context/query_device_ex/query_port/close and the data path (PD, MR, CQ, QP, "
-	       "SRQ, post_send/recv, poll_cq over shared rings) work against a fake uverbs, "
-	       "a wrong ABI is refused\n",
+	       "alloc_context/query_device_ex/query_port/close, the data path (PD, MR, CQ, QP, "
+	       "SRQ, post_send/recv, poll_cq over shared rings) and the direct verbs "
+	       "(metaroce_dv_*@METAROCE_1.0) work against a fake uverbs, a wrong ABI is refused\n",
 	       argv[1], registered->name, (unsigned long long)ent[0].u.driver_id,
 	       registered->match_min_abi_version, registered->match_max_abi_version);
 	return 0;

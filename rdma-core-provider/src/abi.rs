@@ -13,9 +13,9 @@ pub const DRIVER_ID: u32 = sys::METAROCE_DRIVER_ID;
 /// The one uverbs ABI version (`ib_device_ops.uverbs_abi_ver`) this provider speaks.
 pub const UVERBS_ABI_VERSION: u32 = sys::METAROCE_UVERBS_ABI_VERSION;
 /// Provider name: `driver metaroce` in metaroce.driver, libibverbs then loads
-/// `libmetaroce-rdmav34.so`.
+/// `libibverbs/libmetaroce-rdmav34.so` (a symlink to `libmetaroce.so.1`).
 pub const PROVIDER_NAME: &core::ffi::CStr = c"metaroce";
-/// The libibverbs private ABI this provider is built for (the plugin file name carries it).
+/// The libibverbs private ABI this provider is built for (the plugin name carries it).
 pub const PRIVATE_ABI: u32 = sys::IBVERBS_PABI_VERSION;
 
 /// What the kernel tells a new user context (`struct metaroce_alloc_ucontext_resp`).

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 //! Every `unsafe` line of the provider lives here: the generated rdma-core bindings, the
 //! `verbs_device_ops` / `verbs_context_ops` tables handed to libibverbs, the callbacks behind
-//! them, and the constructor that registers the provider.
+//! them, the constructor that registers the provider, and (in `dv`) the exported direct verbs.
 //!
 //! Object layout (all memory comes from the C allocator and goes back to `free`):
 //! - [`Device`] embeds `struct verbs_device` at offset 0; `alloc_device` callocs it and
@@ -37,8 +37,11 @@ pub(crate) mod sys {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
-// The plugin file name (libmetaroce-rdmav34.so) and the symbol below are tied to this.
+// The plugin name (libibverbs/libmetaroce-rdmav34.so) and the symbol below are tied to this.
 const _: () = assert!(sys::IBVERBS_PABI_VERSION == 34);
+
+/// The exported direct verbs (`metaroce_dv.h`).
+mod dv;
 
 /// Our `struct verbs_device` wrapper. `repr(C)` with `vdev` first, so a `*mut verbs_device`
 /// from libibverbs is also a `*mut Device`.
