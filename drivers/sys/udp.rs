@@ -45,6 +45,26 @@ const IPPROTO_UDP: u8 = 17;
 /// `IP_DF` in the IPv4 `frag_off` field.
 const IP_DF: u16 = 0x4000;
 const UDP_HEADER: usize = 8;
+/// The segment size for `len` bytes asked as `seg`: at least 1, at most `len` (one datagram).
+/// No `clamp` and no division here or in `segments`: their panic paths are calls objtool
+/// does not know as noreturn.
+fn seg_len(seg: usize, len: usize) -> usize {
+    if seg == 0 || seg > len {
+        len.max(1)
+    } else {
+        seg
+    }
+}
+
+/// Datagrams of `seg` bytes (the last shorter) in `len` bytes: at least 1.
+fn segments(len: usize, seg: usize) -> usize {
+    match len.checked_div(seg) {
+        Some(whole) if whole.saturating_mul(seg) == len => whole.max(1),
+        Some(whole) => whole.saturating_add(1),
+        None => 1,
+    }
+}
+
 /// Where the checksum sits in the UDP header.
 const UDP_CHECK_OFFSET: u16 = 6;
 /// Datagrams in one UDP GSO packet at most (the stack's `UDP_MAX_SEGMENTS` is larger).
@@ -155,8 +175,8 @@ impl PlaneSocket {
         seg: usize,
     ) -> Result {
         let tos = if ecn_capable { ECN_ECT0 } else { 0 };
-        let seg = seg.clamp(1, payload.len().max(1));
-        let segs = payload.len().div_ceil(seg).max(1);
+        let seg = seg_len(seg, payload.len());
+        let segs = segments(payload.len(), seg);
         // Tunnel transmits count their nesting per CPU, so they run with bottom halves
         // disabled, as from a netdev's `ndo_start_xmit`.
         let _bh = BhDisabled::new();
@@ -306,10 +326,10 @@ impl PlaneSocket {
     ) -> Result<*mut bindings::sk_buff> {
         // SAFETY: `dst` is a live entry the caller holds.
         let mtu = unsafe { bindings::metaroce_glue_dst_mtu(dst) } as usize;
-        let seg = seg.clamp(1, payload.len().max(1));
+        let seg = seg_len(seg, payload.len());
         let datagram = ip_header + UDP_HEADER + seg;
         let total = ip_header + UDP_HEADER + payload.len();
-        let segs = payload.len().div_ceil(seg);
+        let segs = segments(payload.len(), seg);
         if datagram > mtu || total > usize::from(u16::MAX) || segs > MAX_GSO_SEGS {
             return Err(EMSGSIZE);
         }
