@@ -163,11 +163,68 @@ counters! {
     /// `datagrams_dropped`: datagrams received and dropped: no such QP, a wrong Q_Key, no
     /// receive buffer posted, or too long for it (UD semantics: the sender is not told).
     DatagramsDropped => c"datagrams_dropped",
+    /// `path8_tx_packets`: packets the transport sent on path 8 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path8TxPackets => c"path8_tx_packets",
+    /// `path8_retransmits`: of those, retransmissions.
+    Path8Retransmits => c"path8_retransmits",
+    /// `path8_lost`: packets sent on path 8 declared lost (SACK gap or timeout).
+    Path8Lost => c"path8_lost",
+    /// `path9_tx_packets`: packets the transport sent on path 9 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path9TxPackets => c"path9_tx_packets",
+    /// `path9_retransmits`: of those, retransmissions.
+    Path9Retransmits => c"path9_retransmits",
+    /// `path9_lost`: packets sent on path 9 declared lost (SACK gap or timeout).
+    Path9Lost => c"path9_lost",
+    /// `path10_tx_packets`: packets the transport sent on path 10 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path10TxPackets => c"path10_tx_packets",
+    /// `path10_retransmits`: of those, retransmissions.
+    Path10Retransmits => c"path10_retransmits",
+    /// `path10_lost`: packets sent on path 10 declared lost (SACK gap or timeout).
+    Path10Lost => c"path10_lost",
+    /// `path11_tx_packets`: packets the transport sent on path 11 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path11TxPackets => c"path11_tx_packets",
+    /// `path11_retransmits`: of those, retransmissions.
+    Path11Retransmits => c"path11_retransmits",
+    /// `path11_lost`: packets sent on path 11 declared lost (SACK gap or timeout).
+    Path11Lost => c"path11_lost",
+    /// `path12_tx_packets`: packets the transport sent on path 12 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path12TxPackets => c"path12_tx_packets",
+    /// `path12_retransmits`: of those, retransmissions.
+    Path12Retransmits => c"path12_retransmits",
+    /// `path12_lost`: packets sent on path 12 declared lost (SACK gap or timeout).
+    Path12Lost => c"path12_lost",
+    /// `path13_tx_packets`: packets the transport sent on path 13 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path13TxPackets => c"path13_tx_packets",
+    /// `path13_retransmits`: of those, retransmissions.
+    Path13Retransmits => c"path13_retransmits",
+    /// `path13_lost`: packets sent on path 13 declared lost (SACK gap or timeout).
+    Path13Lost => c"path13_lost",
+    /// `path14_tx_packets`: packets the transport sent on path 14 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path14TxPackets => c"path14_tx_packets",
+    /// `path14_retransmits`: of those, retransmissions.
+    Path14Retransmits => c"path14_retransmits",
+    /// `path14_lost`: packets sent on path 14 declared lost (SACK gap or timeout).
+    Path14Lost => c"path14_lost",
+    /// `path15_tx_packets`: packets the transport sent on path 15 (data, retransmissions,
+    /// probes), summed over the device's connections.
+    Path15TxPackets => c"path15_tx_packets",
+    /// `path15_retransmits`: of those, retransmissions.
+    Path15Retransmits => c"path15_retransmits",
+    /// `path15_lost`: packets sent on path 15 declared lost (SACK gap or timeout).
+    Path15Lost => c"path15_lost",
 }
 
-/// Paths with their own counters (`path<i>_*`); a connection's paths beyond these are not
-/// counted per path.
-pub(crate) const COUNTED_PATHS: usize = 8;
+/// Paths with their own counters (`path<i>_*`): as many as a connection has by default
+/// (`datapath::DEFAULT_PATHS`); a connection's paths beyond these are not counted per path
+/// (the direct verbs and the `peers` file show them).
+pub(crate) const COUNTED_PATHS: usize = 16;
 
 /// Per path id: its `[tx_packets, retransmits, lost]` counters.
 pub(crate) const PATH_COUNTERS: [[Counter; 3]; COUNTED_PATHS] = [
@@ -179,6 +236,14 @@ pub(crate) const PATH_COUNTERS: [[Counter; 3]; COUNTED_PATHS] = [
     [Counter::Path5TxPackets, Counter::Path5Retransmits, Counter::Path5Lost],
     [Counter::Path6TxPackets, Counter::Path6Retransmits, Counter::Path6Lost],
     [Counter::Path7TxPackets, Counter::Path7Retransmits, Counter::Path7Lost],
+    [Counter::Path8TxPackets, Counter::Path8Retransmits, Counter::Path8Lost],
+    [Counter::Path9TxPackets, Counter::Path9Retransmits, Counter::Path9Lost],
+    [Counter::Path10TxPackets, Counter::Path10Retransmits, Counter::Path10Lost],
+    [Counter::Path11TxPackets, Counter::Path11Retransmits, Counter::Path11Lost],
+    [Counter::Path12TxPackets, Counter::Path12Retransmits, Counter::Path12Lost],
+    [Counter::Path13TxPackets, Counter::Path13Retransmits, Counter::Path13Lost],
+    [Counter::Path14TxPackets, Counter::Path14Retransmits, Counter::Path14Lost],
+    [Counter::Path15TxPackets, Counter::Path15Retransmits, Counter::Path15Lost],
 ];
 
 /// How many counters there are.

@@ -71,6 +71,8 @@ pub(crate) use planes::MAX_PLANES;
 
 /// Logical paths of a new connection unless the device's `paths` file says otherwise.
 pub(crate) const DEFAULT_PATHS: u16 = 16;
+// Every path of a default connection has its hardware counters.
+const _: () = assert!(COUNTED_PATHS == DEFAULT_PATHS as usize);
 /// The fewest a device may be set to: what every device has, so what a connection sends on
 /// before the peer's HELLO says how many it has (`DEFAULT_PEER_PATHS`).
 pub(crate) const MIN_PATHS: u16 = DEFAULT_PEER_PATHS;

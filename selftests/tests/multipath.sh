@@ -83,7 +83,7 @@ pp_wait() {
 
 # Device counters: ctr NAME [DIR] and, over all paths, paths NAME (one value per path).
 ctr() { cat "${2:-$CNT}/$1"; }
-paths() { local i; for i in 0 1 2 3 4 5 6 7; do ctr path${i}_$1; done; }
+paths() { local i; for i in $(seq 0 15); do ctr path${i}_$1; done; }
 # sub "a b c" "x y z": element-wise difference.
 sub() { awk -v a="$(echo $1)" -v b="$(echo $2)" 'BEGIN { n = split(a, x, " "); split(b, y, " ");
 	for (i = 1; i <= n; i++) printf "%s ", x[i] - y[i] }'; }
@@ -193,8 +193,9 @@ lightest=$(echo $spine | awk '{ for (i = 1; i <= NF; i++) s += $i;
 	for (i = 1; i <= NF; i++) if ($i > 0.05 * s && (m == "" || $i < m)) { m = $i; k = i } print k }')
 share_light=$(echo $spine | awk -v k="$lightest" '{ for (i = 1; i <= NF; i++) s += $i; printf "%.2f", $k / s }')
 
-# cut_run WHAT CUT-COMMAND...: ib_write_bw of 300 x 64 KiB (about 10 s at the rate the spines
-# allow), CUT-COMMAND 1 s after data starts to flow, then throughput before the cut (1 s), its
+# cut_run WHAT CUT-COMMAND...: ib_write_bw of 600 x 64 KiB (about 8-10 s at the 30-40 Mbit/s
+# the spines allow: at least 3 s after the cut to measure), CUT-COMMAND 1 s after data starts
+# to flow, then throughput before the cut (1 s), its
 # dip (the lowest 0.5 s in the 2.5 s after it) and after it (the last 2 s of the transfer)
 # against the surviving capacity. A fixed amount of data, not a duration: a transfer that
 # stalls after the cut does not end on time and pass, it takes longer and shows it.
@@ -205,7 +206,7 @@ cut_run() {
 	tmo=$(ctr timeouts)
 	rx0=$(fab_stat h2 eth0 rx_bytes)
 	sample_start 80
-	bw_start ib_write_bw -s 65536 -n 300
+	bw_start ib_write_bw -s 65536 -n 600
 	wait_for 20 rx_above $((rx0 + 500000))
 	sleep 1
 	t_cut=$(now)
