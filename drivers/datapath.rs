@@ -18,11 +18,11 @@
 //!   packets on one path (`Config::path_burst`; the spraying shares stay the same), and
 //!   consecutive datagrams of one path go to the IP stack as one UDP GSO packet
 //!   ([`TxBatch`], `UdpSocket::send_segments`): one route lookup, one pass through the
-//!   qdiscs, the veth and the peer's IP layer for up to 16 datagrams; the receiving socket's
-//!   UDP layer cuts it up again. It doubled lossless `ib_write_bw` under TCG (0.28-0.47 to
-//!   0.66-0.84 Gbit/s). Streams take turns of 16 packets (`Config::stream_quantum`), so a
-//!   QP's message goes out whole rather than interleaved packet by packet with thousands of
-//!   others.
+//!   qdiscs, the veth and the peer's IP layer for the run; the receiving socket's UDP layer
+//!   cuts it up again. Under TCG, lossless `ib_write_bw` went from 0.28-0.47 to 0.66-0.84
+//!   Gbit/s with runs of 16 and 0.36-0.54 with runs of 4 (see `PATH_BURST`). Streams take
+//!   turns of 16 packets (`Config::stream_quantum`), so a QP's message goes out whole rather
+//!   than interleaved packet by packet with thousands of others.
 //! - Nobody waits for a peer's mutex on the data path: a doorbell, a receive thread or the
 //!   alarm that finds it locked leaves its work to the holder (`Peer::pending`), which does
 //!   it before unlocking ([`Engine::release`]), as a socket's backlog is processed on release.
@@ -144,8 +144,10 @@ const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 /// other and handed to the IP stack as one UDP GSO packet (at most 64 KiB with its headers).
 const TX_BUF: usize = 65_535 - 20 - 8;
 /// Data packets the transport sends in a row on one path (`Config::path_burst`): what one
-/// GSO packet carries at most.
-const PATH_BURST: u8 = 16;
+/// GSO packet carries at most. 16 sent a CPU-bound `ib_write_bw` twice as fast as 1 (4: about
+/// 1.3-1.9x) but let stale per-path weights starve some paths (planes got 14-39% of the bytes
+/// instead of 25%; `docs/multiplane.md`), so 4 until path estimates decay with time.
+const PATH_BURST: u8 = 4;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
 const RX_ENTRIES: usize = 1024;

@@ -104,7 +104,7 @@ check "per-plane counters: ports 2-4 count their planes' traffic both ways (mroc
 	test "${hw_tx[2]}" -gt 0 -a "${hw_tx[3]}" -gt 0 -a "${hw_tx[4]}" -gt 0 \
 	-a "${hw_rx[2]}" -gt 0 -a "${hw_rx[3]}" -gt 0 -a "${hw_rx[4]}" -gt 0
 check "per-plane counters: port 1 counts the device (more than planes 1-3 together; plane 0's ${plane0_tx} B is a fair share)" \
-	test "$plane0_tx" -gt $((hw_tx[1] / 8)) -a "$plane0_tx" -lt $((hw_tx[1] * 10 / 25))
+	test "$plane0_tx" -gt $((hw_tx[1] / 6)) -a "$plane0_tx" -lt $((hw_tx[1] / 3))
 total=0
 declare -a sent
 for k in 0 1 2 3; do
@@ -116,15 +116,13 @@ ok=0
 for k in 0 1 2 3; do
 	pct=$((total > 0 ? sent[k] * 100 / total : 0))
 	shares="$shares plane$k=${pct}%"
-	# A fair share is 25%. Measured 24-25% when every packet was sprayed alone; since a path
-	# sends runs of up to 16 packets as one GSO packet, 14-36% in the worst of 15 runs (most
-	# within 21-29%): the CPU-bound transfer has path timeouts under TCG (a Suspect path
-	# sends no data until its probe is answered), and a run of bursts moves more at once.
-	# Each plane must carry 12% to 38%; the per-path counters are printed below.
-	if [ "$pct" -lt 12 ] || [ "$pct" -gt 38 ]; then ok=1; fi
+	# A fair share is 25% (measured 24-25%, with paths sending runs of 4 packets as one GSO
+	# packet too; with runs of 16 it was 14-39%, see docs/multiplane.md). Each plane must
+	# carry 18% to 32%.
+	if [ "$pct" -lt 18 ] || [ "$pct" -gt 32 ]; then ok=1; fi
 done
 echo "# bytes per plane:$shares (total $total)"
-_tap $ok "every plane carries 12-38% of the bytes (fair: 25%;$shares)"
+_tap $ok "every plane carries 18-32% of the bytes (fair: 25%;$shares)"
 
 # Direct verbs (metaroce_dv.h): a QP restricted to plane 1 sends its data there only, and
 # reads its connection's planes and paths back. The program checks the data and the answers;
