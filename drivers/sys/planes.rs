@@ -173,6 +173,50 @@ unsafe extern "C" fn planes_show(
     unsafe { show(dev, buf, list_planes) }
 }
 
+/// A `show` of the device's data path: what `f` writes of its engine (nothing while the
+/// device has none).
+///
+/// # Safety
+///
+/// As for [`show`].
+unsafe fn show_engine(
+    dev: *mut bindings::device,
+    buf: *mut c_char,
+    f: impl FnOnce(&crate::datapath::Engine, &mut BufWriter<'_>),
+) -> isize {
+    // SAFETY: per the contract.
+    unsafe {
+        show(dev, buf, |ibdev, w| {
+            // SAFETY: the device is live while sysfs calls us.
+            if let Some(engine) = ibdev::engine_of(ibdev) {
+                f(engine, w);
+            }
+        })
+    }
+}
+
+/// A `store` to one of our device attributes: `f` gets the device and the input.
+///
+/// # Safety
+///
+/// `dev`, `buf` and `count` as sysfs passes them to `store`: the `struct device` of one of
+/// our registered devices and `count` readable bytes at `buf`, valid for the call.
+unsafe fn store(
+    dev: *mut bindings::device,
+    buf: *const c_char,
+    count: usize,
+    f: impl FnOnce(*mut bindings::ib_device, &[u8]) -> Result,
+) -> isize {
+    // SAFETY: per the contract.
+    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
+    // SAFETY: per the contract.
+    let input = unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), count) };
+    match f(ibdev, input) {
+        Ok(()) => count as isize,
+        Err(e) => e.to_errno() as isize,
+    }
+}
+
 /// # Safety
 ///
 /// Called only by sysfs, for the `peers` attribute of one of our devices, with a buffer of
@@ -183,14 +227,7 @@ unsafe extern "C" fn peers_show(
     buf: *mut c_char,
 ) -> isize {
     // SAFETY: per the contract.
-    unsafe {
-        show(dev, buf, |ibdev, w| {
-            // SAFETY: the device is live while sysfs calls us.
-            if let Some(engine) = ibdev::engine_of(ibdev) {
-                engine.describe_peers(w);
-            }
-        })
-    }
+    unsafe { show_engine(dev, buf, |engine, w| engine.describe_peers(w)) }
 }
 
 /// # Safety
@@ -204,11 +241,8 @@ unsafe extern "C" fn paths_show(
 ) -> isize {
     // SAFETY: per the contract.
     unsafe {
-        show(dev, buf, |ibdev, w| {
-            // SAFETY: the device is live while sysfs calls us.
-            if let Some(engine) = ibdev::engine_of(ibdev) {
-                let _ = writeln!(w, "{}", engine.paths());
-            }
+        show_engine(dev, buf, |engine, w| {
+            let _ = writeln!(w, "{}", engine.paths());
         })
     }
 }
@@ -223,22 +257,17 @@ unsafe extern "C" fn paths_store(
     buf: *const c_char,
     count: usize,
 ) -> isize {
-    // SAFETY: as in `planes_show`.
-    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
-    // SAFETY: sysfs passes `count` readable bytes, valid for the call.
-    let input = unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), count) };
-    let n = core::str::from_utf8(input.trim_ascii())
-        .ok()
-        .and_then(|t| t.parse::<u32>().ok());
-    // SAFETY: the device is live while sysfs calls us.
-    let result = match (n, unsafe { ibdev::engine_of(ibdev) }) {
-        (Some(n), Some(engine)) => engine.set_paths(n),
-        (None, _) => Err(EINVAL),
-        (_, None) => Err(ENODEV),
-    };
-    match result {
-        Ok(()) => count as isize,
-        Err(e) => e.to_errno() as isize,
+    // SAFETY: per the contract.
+    unsafe {
+        store(dev, buf, count, |ibdev, input| {
+            let n = core::str::from_utf8(input.trim_ascii())
+                .ok()
+                .and_then(|t| t.parse::<u32>().ok())
+                .ok_or(EINVAL)?;
+            // SAFETY: the device is live while sysfs calls us.
+            let engine = ibdev::engine_of(ibdev).ok_or(ENODEV)?;
+            engine.set_paths(n)
+        })
     }
 }
 
@@ -252,14 +281,8 @@ unsafe extern "C" fn planes_store(
     buf: *const c_char,
     count: usize,
 ) -> isize {
-    // SAFETY: as in `planes_show`.
-    let ibdev = unsafe { bindings::metaroce_glue_device_to_ibdev(dev) };
-    // SAFETY: sysfs passes `count` readable bytes, valid for the call.
-    let input = unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), count) };
-    match command(ibdev, input) {
-        Ok(()) => count as isize,
-        Err(e) => e.to_errno() as isize,
-    }
+    // SAFETY: per the contract.
+    unsafe { store(dev, buf, count, command) }
 }
 
 /// `+NAME` or `-NAME` (surrounding whitespace ignored).

@@ -677,15 +677,18 @@ fn caller_can_move_a_stream_to_error_and_flush() {
     assert!(sim.ep[0].conn.stream_error(sa).is_some());
 }
 
+/// Packets endpoint 0 sent on the paths of `plane` (path `i` is on plane `i % planes`).
+fn sent_on_plane(sim: &Sim, plane: usize, planes: usize) -> u64 {
+    (0..sim.ep[0].conn.path_count())
+        .filter(|&i| i % planes == plane)
+        .map(|i| sim.ep[0].conn.path_stats(i).unwrap().sent)
+        .sum()
+}
+
 #[test]
 fn a_plane_that_is_down_carries_nothing_until_it_is_up() {
     let plane_of = |i: usize| i % 2;
-    let sent_on = |sim: &Sim, plane: usize| -> u64 {
-        (0..sim.ep[0].conn.path_count())
-            .filter(|&i| plane_of(i) == plane)
-            .map(|i| sim.ep[0].conn.path_stats(i).unwrap().sent)
-            .sum()
-    };
+    let sent_on = |sim: &Sim, plane: usize| sent_on_plane(sim, plane, 2);
     for plane1_up in [false, true] {
         let mut sim = Sim::new(LinkConfig::clean(), 11);
         for ep in sim.ep.iter_mut() {
@@ -820,13 +823,7 @@ fn other_pd_key_and_qp_without_remote_rights_are_refused() {
 
 #[test]
 fn a_stream_restricted_to_a_plane_sends_only_there_while_it_can() {
-    let plane_of = |i: usize| i % 2;
-    let sent_on = |sim: &Sim, plane: usize| -> u64 {
-        (0..sim.ep[0].conn.path_count())
-            .filter(|&i| plane_of(i) == plane)
-            .map(|i| sim.ep[0].conn.path_stats(i).unwrap().sent)
-            .sum()
-    };
+    let sent_on = |sim: &Sim, plane: usize| sent_on_plane(sim, plane, 2);
     for plane1_up in [true, false] {
         let mut sim = Sim::new(LinkConfig::clean(), 12);
         for ep in sim.ep.iter_mut() {

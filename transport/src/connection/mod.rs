@@ -1458,13 +1458,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             return None;
         }
         let cp = self.control_path();
-        let base = base_header(
-            &self.cfg,
-            self.paths.as_ref().get(cp),
-            Opcode::Ack,
-            None,
-            now,
-        );
+        let base = self.control_base(cp, Opcode::Ack, now);
         if any_path || any_stream || self.grant.rate_mbps != 0 {
             self.ack_grant = self.grant;
         }
@@ -1580,13 +1574,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.nak_len -= 1;
         let code = NakCode::from_code(n.code)?;
         let cp = self.control_path();
-        let mut base = base_header(
-            &self.cfg,
-            self.paths.as_ref().get(cp),
-            Opcode::Nak,
-            None,
-            now,
-        );
+        let mut base = self.control_base(cp, Opcode::Nak, now);
         base.dst_qp = n.dst_qp;
         base.src_qp = n.src_qp;
         base.msn = n.msn;
@@ -1605,6 +1593,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.transmit(cp, len, false)
     }
 
+    /// The base header of a control packet (ACK, NAK, probe) on path `path`.
+    fn control_base(&self, path: usize, opcode: Opcode, now: u64) -> BaseHeader {
+        base_header(&self.cfg, self.paths.as_ref().get(path), opcode, None, now)
+    }
+
     fn emit_probe(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         let i = self
             .paths
@@ -1614,13 +1607,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             .position(|p| {
                 p.need_probe && p.inflight.has_room() && plane_bit(p.plane) & self.planes_up != 0
             })?;
-        let mut base = base_header(
-            &self.cfg,
-            self.paths.as_ref().get(i),
-            Opcode::Probe,
-            None,
-            now,
-        );
+        let mut base = self.control_base(i, Opcode::Probe, now);
         base.flags = Flags(Flags::ACK_REQ);
         let p = self.paths.as_mut().get_mut(i)?;
         let item = SentItem {
