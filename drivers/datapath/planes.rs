@@ -224,23 +224,34 @@ impl Engine {
             self.counters.add(Counter::TxErrors, b.count as u64);
             return;
         };
-        match work::lock(&self.planes).get(plane) {
-            Some(Some(lp)) => {
-                // A lost datagram is the transport's to resend.
-                let _ = lp.socket.send_segments(&IpAddr::V4(dst), b.src_port, b.ecn, data, b.seg);
-            }
-            _ => self.counters.add(Counter::TxErrors, b.count as u64),
-        }
+        // A lost datagram is the transport's to resend.
+        self.send_segments_on(plane, &IpAddr::V4(dst), b.src_port, b.ecn, data, b.seg, b.count);
     }
 
     /// Sends a datagram on `plane` to `dst`. Its socket counts what it sends and what fails
     /// (`tx_packets`, `tx_errors`); a plane that does not exist counts in `tx_errors` here.
     pub(super) fn send_on(&self, plane: usize, dst: &IpAddr, src_port: u16, ecn: bool, data: &[u8]) {
+        self.send_segments_on(plane, dst, src_port, ecn, data, data.len(), 1);
+    }
+
+    /// Sends `data`, `count` datagrams of `seg` bytes (the last may be shorter), on `plane`
+    /// to `dst`, as `send_on` sends one.
+    #[allow(clippy::too_many_arguments)]
+    fn send_segments_on(
+        &self,
+        plane: usize,
+        dst: &IpAddr,
+        src_port: u16,
+        ecn: bool,
+        data: &[u8],
+        seg: usize,
+        count: usize,
+    ) {
         match work::lock(&self.planes).get(plane) {
             Some(Some(lp)) => {
-                let _ = lp.socket.send(dst, src_port, ecn, data);
+                let _ = lp.socket.send_segments(dst, src_port, ecn, data, seg);
             }
-            _ => self.counters.inc(Counter::TxErrors),
+            _ => self.counters.add(Counter::TxErrors, count as u64),
         }
     }
 

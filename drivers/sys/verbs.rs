@@ -782,15 +782,15 @@ unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Ar
     if outlen < head {
         return Ok(());
     }
-    let room = (outlen - head) / entry;
-    let mut paths: KVec<bindings::metaroce_path_info> = KVec::new();
-    // SAFETY: a plain C struct of integers (and an empty flexible array): all-zero is valid.
-    let mut resp: bindings::metaroce_modify_qp_resp = unsafe { core::mem::zeroed() };
-    resp.plane_mask = qp.planes();
+    let room = ((outlen - head) / entry).min(crate::device::MAX_PATHS as usize);
+    // The answer as the user buffer takes it: the fixed part (written last), then the entries.
+    let mut out: KVec<u8> = KVec::with_capacity(head + room * entry, GFP_KERNEL)?;
+    out.extend_with(head, 0u8, GFP_KERNEL)?;
+    let mut entries = 0usize;
     let mut nomem = false;
     let info = engine.and_then(|e| {
         e.qp_connection(qp, |pi| {
-            if paths.len() >= room || nomem {
+            if entries >= room || nomem {
                 return;
             }
             let e = bindings::metaroce_path_info {
@@ -808,39 +808,50 @@ unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Ar
                 ecn_marks: pi.ecn_marks,
                 timeouts: pi.timeouts,
             };
-            // Under the peer's mutex, a sleeping lock: GFP_KERNEL is fine.
-            nomem = paths.push(e, GFP_KERNEL).is_err();
+            // Within the capacity reserved above: no allocation under the peer's mutex.
+            // SAFETY: `metaroce_path_info` has explicit padding fields only.
+            nomem = out.extend_from_slice(unsafe { c_bytes(&e) }, GFP_KERNEL).is_err();
+            entries += 1;
         })
     });
     if nomem {
         return Err(ENOMEM);
     }
+    // SAFETY: a plain C struct of integers (and an empty flexible array): all-zero is valid.
+    let mut resp: bindings::metaroce_modify_qp_resp = unsafe { core::mem::zeroed() };
+    resp.plane_mask = qp.planes();
     if let Some(c) = info {
         resp.connected = 1;
         resp.planes = c.planes;
         resp.planes_up = c.planes_up;
         resp.num_paths = c.paths;
         resp.qps = c.qps;
-        resp.num_path_info = paths.len() as u32;
+        resp.num_path_info = entries as u32;
     }
-    let total = head + paths.len() * entry;
-    resp.response_length = total as u32;
-    let mut out: KVec<u8> = KVec::with_capacity(total, GFP_KERNEL)?;
-    // SAFETY: both are plain C structs of integers with explicit padding fields (no padding
-    // bytes: every byte is initialised), `head` and `entry` bytes long.
-    unsafe {
-        out.extend_from_slice(core::slice::from_raw_parts(ptr::from_ref(&resp).cast::<u8>(), head), GFP_KERNEL)?;
-        for e in paths.iter() {
-            out.extend_from_slice(core::slice::from_raw_parts(ptr::from_ref(e).cast::<u8>(), entry), GFP_KERNEL)?;
-        }
+    resp.response_length = out.len() as u32;
+    if let Some(fixed) = out.get_mut(..head) {
+        // SAFETY: `metaroce_modify_qp_resp` is eight `__u32`s (its flexible array is empty).
+        fixed.copy_from_slice(unsafe { c_bytes(&resp) });
     }
-    // SAFETY: `out` is `total` readable bytes, at most `outlen`; the helper checks the user
-    // buffer.
+    // SAFETY: `out` is at most `outlen` readable bytes (the fixed part and at most `room`
+    // entries); the helper checks the user buffer.
     let err = unsafe { bindings::metaroce_glue_copy_to_udata(udata, out.as_mut_ptr().cast(), out.len()) };
     if err != 0 {
         return Err(Error::from_errno(err));
     }
     Ok(())
+}
+
+/// The bytes of `v`.
+///
+/// # Safety
+///
+/// `T` must have no padding bytes (every byte initialised): the ABI's response structs, plain
+/// C integers with explicit padding fields.
+unsafe fn c_bytes<T>(v: &T) -> &[u8] {
+    // SAFETY: `v` is `size_of::<T>()` readable bytes for the borrow, all initialised per the
+    // contract.
+    unsafe { core::slice::from_raw_parts(ptr::from_ref(v).cast::<u8>(), size_of::<T>()) }
 }
 
 /// Whether `modify_qp` from state `cur` with `attr` and `mask` is a transition the verbs allow
