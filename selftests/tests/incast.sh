@@ -69,7 +69,9 @@ hwsum() {
 	echo $t
 }
 
-# incast KIND N -> prints "util jain marked dropped ok" (ok = clients that reported)
+# incast KIND N -> prints "util jain marked dropped ok cal" (ok = clients that reported; cal =
+# clients that finished their transfer but had no number to report: perftest's clock
+# calibration failed, see `perftest` in lib.sh; they count in neither utilisation nor Jain)
 incast() {
 	local kind="$1" n="$2" i pids=() port
 	for i in $(seq 1 "$n"); do
@@ -90,17 +92,21 @@ incast() {
 	wait 2>/dev/null
 	local after
 	after=$(red_stats)
-	local rates=()
+	local rates=() cal=0 r
 	for i in $(seq 1 "$n"); do
-		rates+=("$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" | tail -n 1 | awk '{print $(NF - 1)}')")
+		r=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" | tail -n 1 | awk '{print $(NF - 1)}')
+		rates+=("$r")
+		if [ -z "$r" ] && grep -q 'Correlation coefficient' "$TAP_DIR/incast-cli-$i.log"; then
+			cal=$((cal + 1))
+		fi
 	done
-	printf '%s\n' "${rates[@]}" | awk -v rate="$RATE_MBIT" -v n="$n" -v b="$before" -v a="$after" '
+	printf '%s\n' "${rates[@]}" | awk -v rate="$RATE_MBIT" -v n="$n" -v b="$before" -v a="$after" -v cal=$cal '
 		$1 != "" {s += $1; q += $1 * $1; k++}
 		END {
 			split(b, B, " "); split(a, A, " ")
 			util = (s * 1000) / rate
 			jain = (k > 0 && q > 0) ? (s * s) / (k * q) : 0
-			printf "%.2f %.2f %d %d %d\n", util, jain, A[1] - B[1], A[2] - B[2], k
+			printf "%.2f %.2f %d %d %d %d\n", util, jain, A[1] - B[1], A[2] - B[2], k, cal
 		}'
 }
 
@@ -120,7 +126,7 @@ for n in 4 7; do
 			to0=$(hwsum timeouts $senders)
 		fi
 		R[$kind$n]=$(incast $kind $n)
-		read -r util jain marked dropped ok <<<"${R[$kind$n]}"
+		read -r util jain marked dropped ok cal <<<"${R[$kind$n]}"
 		name=$([ $kind = m ] && echo metaroce || echo rxe)
 		if [ $kind = m ]; then
 			retx=$(($(hwsum retransmits $senders) - retx0))
@@ -130,24 +136,21 @@ for n in 4 7; do
 		fi
 		echo "| $n | $name | $util | $jain | $marked | $dropped | $retx | $tos |" >>"$TABLE"
 		# rxe is the comparison: its runs are reported, not required to finish.
-		if [ $kind = m ] && [ "$ok" != "$n" ]; then
+		if [ $kind = m ] && [ $((ok + cal)) != "$n" ]; then
 			for i in $(seq 1 "$n"); do
 				grep -qE '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" && continue
 				echo "# client s$i:"
+				# Its errors (stderr, unbuffered) come before its buffered report lines.
+				grep -iE "correlation|produce a report|fail|error" "$TAP_DIR/incast-cli-$i.log" | sed 's/^/#   error: /'
 				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-cli-$i.log" | tail -n 6 | sed 's/^/#   /'
 				echo "# its server:"
 				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-srv-$i.log" | tail -n 6 | sed 's/^/#   /'
 				echo "# ms$i: $(for c in retransmits timeouts retry_exceeded nak_rcvd_rnr nak_rcvd_remote_op rx_nomem; do echo -n "$c $(hwsum $c ms$i) "; done)"
 			done
 		fi
-		if [ $kind = m ] && [ "$n" -le 4 ]; then
-			check "incast $n-to-1, metaroce: every client reports (got $ok of $n)" test "$ok" = "$n"
-		elif [ $kind = m ]; then
-			if [ "$ok" = "$n" ]; then
-				check "incast $n-to-1, metaroce: every client reports (got $ok of $n)" true
-			else
-				todo "incast $n-to-1, metaroce: every client reports (got $ok of $n)" "a failing client prints its header and no result within SECS+25 s (0-1 of 7 since the bottleneck estimate, 1-4 before; retry_exceeded stays 0)"
-			fi
+		if [ $kind = m ]; then
+			check "incast $n-to-1, metaroce: every client completes (got $ok reports; $cal more finished, their perftest clock calibration failed)" \
+				test $((ok + cal)) = "$n"
 		fi
 	done
 	# Goals (issue 5): utilisation well above rxe's, Jain >= 0.8 across the senders.
@@ -170,28 +173,44 @@ read -r _ _ m_marked m_dropped _ <<<"${R[m7]}"
 check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked) and the receiver counted CE ($ce_before -> $ce_after)" \
 	test "$m_marked" -gt 0 -a "$ce_after" -gt "$ce_before"
 
-# Victim: s1 -> v through another egress, alone and during a 7-to-1 metaroce incast.
+# Victim: s1 -> v through another egress, alone and during a 7-to-1 metaroce incast. A
+# client whose clock calibration failed at report time (perftest under TCG on a loaded guest:
+# "Correlation coefficient r^2 < 0.9", then "Can't produce a report"; see `perftest` in
+# lib.sh) has no number to give: the run is repeated, twice at most (during the incast, the
+# incast is repeated too).
 victim() {
 	$IP netns exec v timeout $((SECS + 25)) ib_write_bw -d mv -x 1 -s $SIZE -D "$SECS" -p 19100 \
 		--report_gbits >"$TAP_DIR/victim-srv.log" 2>&1 &
 	sleep 1.5
 	$IP netns exec s1 timeout $((SECS + 25)) ib_write_bw -d ms1 -x 1 -s $SIZE -D "$SECS" -p 19100 \
-		--report_gbits 10.80.100.2 >"$TAP_DIR/victim-cli.log" 2>&1
+		--report_gbits 10.80.100.2 >"$TAP_DIR/victim-cli.log" 2>"$TAP_DIR/victim-cli.err"
 	wait
 	grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/victim-cli.log" | tail -n 1 | awk '{print $(NF - 1)}'
 }
-alone=$(victim)
-( incast m $MAXN >/dev/null ) &
-bg=$!
-sleep 2
-during=$(victim)
-wait $bg
+uncalibrated() { grep -q 'Correlation coefficient' "$TAP_DIR/victim-cli.err"; }
+for try in 1 2 3; do
+	alone=$(victim)
+	[ -n "$alone" ] || ! uncalibrated || { echo "# victim alone: perftest's clock calibration failed, run again"; continue; }
+	break
+done
+for try in 1 2 3; do
+	( incast m $MAXN >/dev/null ) &
+	bg=$!
+	sleep 2
+	during=$(victim)
+	wait $bg
+	[ -n "$during" ] || ! uncalibrated || { echo "# victim during the incast: perftest's clock calibration failed, run again"; continue; }
+	break
+done
 echo "# victim s1 -> v: ${alone:-none} Gb/s alone, ${during:-none} Gb/s during a 7-to-1 incast"
-[ -n "$during" ] || grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/victim-cli.log" | tail -n 4 | sed 's/^/# victim client:   /'
+if [ -z "$during" ]; then
+	sed 's/^/# victim client stderr: /' "$TAP_DIR/victim-cli.err"
+	grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/victim-cli.log" | tail -n 4 | sed 's/^/# victim client:   /'
+fi
 if awk -v a="${alone:-0}" -v d="${during:-0}" 'BEGIN {exit !(a > 0 && d >= a / 2)}'; then
 	check "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" true
 else
-	todo "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" "the victim shares s1 and the guest's 2 vCPUs with 14 busy-polling perftest processes of the incast: 0.23 -> 0.09 Gb/s in one run (no stall since the receive-thread wakeup fix: it used to report 0)"
+	todo "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" "the victim shares s1 and the guest's 2 vCPUs with 14 busy-polling perftest processes of the incast: 0.23 -> 0.09 Gb/s in one run"
 fi
 
 for n in rx v $(seq -f 's%g' 1 $MAXN); do

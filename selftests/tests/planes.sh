@@ -145,26 +145,44 @@ check "an unrestricted QP sprays over every plane" \
 	test "${hw_tx[2]}" -gt $((hw_tx[1] / 8)) -a "${hw_tx[3]}" -gt $((hw_tx[1] / 8)) -a "${hw_tx[4]}" -gt $((hw_tx[1] / 8))
 
 # Cutting a plane in the middle of a transfer: the other planes finish it. TOOL runs with
-# -d mroce2 in ns2 (server) and -d mroce1 in ns1 (client).
+# -d mroce2 in ns2 (server) and -d mroce1 in ns1 (client). A perftest client whose clock
+# calibration failed at report time (TCG, see `perftest` in lib.sh: "Correlation coefficient
+# r^2 < 0.9", then "Can't produce a report", exit status 1, after a transfer that went fine)
+# is run again, cut and all, twice at most.
 cut_plane_during() { # what plane delay TOOL ARGS...
-	local what="$1" k="$2" delay="$3" tool="$4" srv cli rc
+	local what="$1" k="$2" delay="$3" tool="$4" srv cli rc try cut_at
 	shift 4
-	$IP netns exec ns2 timeout 90 "$tool" -d mroce2 "$@" >"$TAP_DIR/cut-server.log" 2>&1 &
-	srv=$!
-	sleep 1
-	$IP netns exec ns1 timeout 90 "$tool" -d mroce1 "$@" $NS2_ADDR >"$TAP_DIR/cut-client.log" 2>&1 &
-	cli=$!
-	sleep "$delay"
-	local cut_at=$SECONDS
-	$IP -n ns1 link set ${NS1_IF[$k]} down
-	wait $cli && rc=0 || rc=$?
-	wait $srv || rc=${rc/#0/server-failed}
-	echo "# finished $((SECONDS - cut_at)) s after the cut"
-	$IP -n ns1 link set ${NS1_IF[$k]} up
+	for try in 1 2 3; do
+		$IP netns exec ns2 timeout 90 "$tool" -d mroce2 "$@" >"$TAP_DIR/cut-server.log" 2>&1 &
+		srv=$!
+		sleep 1
+		$IP netns exec ns1 timeout 90 "$tool" -d mroce1 "$@" $NS2_ADDR >"$TAP_DIR/cut-client.log" \
+			2>"$TAP_DIR/cut-client.err" &
+		cli=$!
+		sleep "$delay"
+		cut_at=$SECONDS
+		$IP -n ns1 link set ${NS1_IF[$k]} down
+		wait $cli && rc=0 || rc=$?
+		wait $srv || rc=${rc/#0/server-failed}
+		echo "# finished $((SECONDS - cut_at)) s after the cut"
+		$IP -n ns1 link set ${NS1_IF[$k]} up
+		wait_for 10 sh -c "grep -q '^$k ${NS1_IF[$k]} .* up\$' $P1"
+		if [ "$rc" != 0 ] && [ "$try" != 3 ] && grep -q 'Correlation coefficient' "$TAP_DIR/cut-client.err"; then
+			echo "# perftest's clock calibration failed (TCG): run again"
+			continue
+		fi
+		break
+	done
 	if [ "$rc" != 0 ]; then
+		# Errors go to stderr, unbuffered: they would come before the buffered report.
+		sed 's/^/# client stderr: /' "$TAP_DIR/cut-client.err"
 		tail -n 15 "$TAP_DIR/cut-client.log" | sed 's/^/# /'
 		tail -n 5 "$TAP_DIR/cut-server.log" | sed 's/^/# server: /'
 		echo "# (exit status $rc)"
+		local d c
+		for d in mroce1 mroce2; do
+			echo "# $d: $(cd /sys/class/infiniband/$d/ports/1/hw_counters && for c in retransmits timeouts retry_exceeded nak_sent_* nak_rcvd_* tx_errors tx_no_route rx_malformed rx_no_connection; do echo -n "$c $(cat $c) "; done)"
+		done
 	else
 		grep -E '^ +[0-9]+ +[0-9]+ |bytes in' "$TAP_DIR/cut-client.log" | tail -n 1 | sed 's/^/# /'
 	fi
@@ -172,10 +190,8 @@ cut_plane_during() { # what plane delay TOOL ARGS...
 }
 cut_plane_during "ib_write_bw completes with plane 2 cut in the middle" 2 3 \
 	ib_write_bw -x 1 --report_gbits -s 65536 -D 6
-wait_for 10 sh -c "grep -q '^2 pl2a .* up$' $P1"
 cut_plane_during "ibv_rc_pingpong -c completes with plane 1 cut in the middle" 1 2 \
 	ibv_rc_pingpong -g 1 -n 1500 -s 4096 -c
-wait_for 10 sh -c "grep -q '^1 pl1a .* up$' $P1"
 check_output "a plane that comes back is listed up again" '^1 pl1a 10\.77\.1\.1 up$' cat $P1
 
 check "remove plane 3 through metaroce-plane" sh -c "$PLANE_CLI del mroce1 pl3a && $PLANE_CLI del mroce2 pl3b"
