@@ -71,7 +71,8 @@ hwsum() {
 
 # incast KIND N -> prints "util jain marked dropped ok cal" (ok = clients that reported; cal =
 # clients that finished their transfer but had no number to report: perftest's clock
-# calibration failed, see `perftest` in lib.sh; they count in neither utilisation nor Jain)
+# calibration failed, `perftest_uncalibrated` in lib.sh; they count in neither utilisation
+# nor Jain)
 incast() {
 	local kind="$1" n="$2" i pids=() port
 	for i in $(seq 1 "$n"); do
@@ -96,7 +97,7 @@ incast() {
 	for i in $(seq 1 "$n"); do
 		r=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" | tail -n 1 | awk '{print $(NF - 1)}')
 		rates+=("$r")
-		if [ -z "$r" ] && grep -q 'Correlation coefficient' "$TAP_DIR/incast-cli-$i.log"; then
+		if [ -z "$r" ] && perftest_uncalibrated "$TAP_DIR/incast-cli-$i.log"; then
 			cal=$((cal + 1))
 		fi
 	done
@@ -140,8 +141,7 @@ for n in 4 7; do
 			for i in $(seq 1 "$n"); do
 				grep -qE '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" && continue
 				echo "# client s$i:"
-				# Its errors (stderr, unbuffered) come before its buffered report lines.
-				grep -iE "correlation|produce a report|fail|error" "$TAP_DIR/incast-cli-$i.log" | sed 's/^/#   error: /'
+				perftest_errors "$TAP_DIR/incast-cli-$i.log" '#   error: '
 				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-cli-$i.log" | tail -n 6 | sed 's/^/#   /'
 				echo "# its server:"
 				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-srv-$i.log" | tail -n 6 | sed 's/^/#   /'
@@ -174,10 +174,8 @@ check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked
 	test "$m_marked" -gt 0 -a "$ce_after" -gt "$ce_before"
 
 # Victim: s1 -> v through another egress, alone and during a 7-to-1 metaroce incast. A
-# client whose clock calibration failed at report time (perftest under TCG on a loaded guest:
-# "Correlation coefficient r^2 < 0.9", then "Can't produce a report"; see `perftest` in
-# lib.sh) has no number to give: the run is repeated, twice at most (during the incast, the
-# incast is repeated too).
+# client whose clock calibration failed (`perftest_uncalibrated` in lib.sh) has no number to
+# give: the run is repeated, twice at most (during the incast, the incast is repeated too).
 victim() {
 	$IP netns exec v timeout $((SECS + 25)) ib_write_bw -d mv -x 1 -s $SIZE -D "$SECS" -p 19100 \
 		--report_gbits >"$TAP_DIR/victim-srv.log" 2>&1 &
@@ -187,10 +185,9 @@ victim() {
 	wait
 	grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/victim-cli.log" | tail -n 1 | awk '{print $(NF - 1)}'
 }
-uncalibrated() { grep -q 'Correlation coefficient' "$TAP_DIR/victim-cli.err"; }
 for try in 1 2 3; do
 	alone=$(victim)
-	[ -n "$alone" ] || ! uncalibrated || { echo "# victim alone: perftest's clock calibration failed, run again"; continue; }
+	[ -n "$alone" ] || ! perftest_uncalibrated "$TAP_DIR/victim-cli.err" || { echo "# victim alone: perftest's clock calibration failed, run again"; continue; }
 	break
 done
 for try in 1 2 3; do
@@ -199,7 +196,7 @@ for try in 1 2 3; do
 	sleep 2
 	during=$(victim)
 	wait $bg
-	[ -n "$during" ] || ! uncalibrated || { echo "# victim during the incast: perftest's clock calibration failed, run again"; continue; }
+	[ -n "$during" ] || ! perftest_uncalibrated "$TAP_DIR/victim-cli.err" || { echo "# victim during the incast: perftest's clock calibration failed, run again"; continue; }
 	break
 done
 echo "# victim s1 -> v: ${alone:-none} Gb/s alone, ${during:-none} Gb/s during a 7-to-1 incast"

@@ -47,9 +47,8 @@ bw_wait() {
 	BW_LINE=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/bw.log" | tail -n 1)
 	[ -n "$BW_LINE" ] || rc=1
 	if [ "$rc" != 0 ]; then
-		# Errors (stderr, unbuffered) come before the buffered report lines: a failed clock
-		# calibration ("Correlation coefficient", TCG) is perftest's, not the transfer's.
-		grep -iE 'correlation|produce a report|fail|error' "$TAP_DIR/bw.log" | sed 's/^/# error: /'
+		# A failed clock calibration is perftest's, not the transfer's (lib.sh).
+		perftest_errors "$TAP_DIR/bw.log" '# error: '
 		grep -Ev '^ (GID|local address|remote address)|^-+$|^ [A-Za-z* ]+ +: ' \
 			"$TAP_DIR/bw.log" | tail -n 10 | sed 's/^/# /'
 		tail -n 5 "$TAP_DIR/bw-server.log" | sed 's/^/# server: /'
