@@ -74,12 +74,24 @@ for k in 1 2 3 4; do
 		-t 8 -q 250 $NS2_ADDR >"$TAP_DIR/conc-c$k.log" 2>&1 &
 	pids+=($!)
 done
-for p in "${pids[@]}"; do wait "$p" && procs_ok=$((procs_ok + 1)); done
+# A client whose transfer finished but whose clock calibration failed afterwards (see
+# perftest_uncalibrated) completed too: it counts, and is named.
+uncalibrated=0
+for k in 1 2 3 4; do
+	if wait "${pids[k - 1]}"; then
+		procs_ok=$((procs_ok + 1))
+	elif perftest_uncalibrated "$TAP_DIR/conc-c$k.log" &&
+		! grep -qiE 'completion with error|failed status|couldn.t' "$TAP_DIR/conc-c$k.log"; then
+		procs_ok=$((procs_ok + 1))
+		uncalibrated=$((uncalibrated + 1))
+	fi
+done
 wait
 for k in 1 2 3 4; do
-	grep -hE 'error|Failed' "$TAP_DIR/conc-c$k.log" "$TAP_DIR/conc-s$k.log" | head -n 3 | sed "s/^/# process $k: /"
+	perftest_errors "$TAP_DIR/conc-c$k.log" "# process $k client: " | head -n 3
+	perftest_errors "$TAP_DIR/conc-s$k.log" "# process $k server: " | head -n 3
 done
-check "4 processes x 250 QPs created and connected at once all complete ($procs_ok of 4)" \
+check "4 processes x 250 QPs created and connected at once all complete ($procs_ok of 4; $uncalibrated of them finished but failed perftest's clock calibration)" \
 	test "$procs_ok" = 4
 
 teardown_pair
