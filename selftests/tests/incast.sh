@@ -203,6 +203,11 @@ echo "# victim s1 -> v: ${alone:-none} Gb/s alone, ${during:-none} Gb/s during a
 if [ -z "$during" ]; then
 	sed 's/^/# victim client stderr: /' "$TAP_DIR/victim-cli.err"
 	grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/victim-cli.log" | tail -n 4 | sed 's/^/# victim client:   /'
+	# What the two devices saw (s1's counters include its incast flow), and their connections.
+	for dev in ms1 mv; do
+		echo "# $dev: $($RDMA statistic show link $dev/1 | grep -oE '\b(rx_nomem|retransmits|timeouts|retry_exceeded|rnr_retries|tx_errors|tx_no_route|rx_no_connection|nak_rcvd_[a-z_]+) [0-9]+' | tr '\n' ' ')"
+		sed "s/^/# $dev peers: /" "/sys/class/infiniband/$dev/peers"
+	done
 fi
 if awk -v a="${alone:-0}" -v d="${during:-0}" 'BEGIN {exit !(a > 0 && d >= a / 2)}'; then
 	check "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" true
