@@ -612,3 +612,61 @@ fn multipath_table() {
         eprintln!("| {k} | {v} |");
     }
 }
+
+// ------------------------------------------------------------------------- runs per path
+
+/// Per-plane shares (per mille of the data packets) and per-path sent counts of a bulk
+/// transfer over `planes` planes of one rate-limited link each, whose queue drops what would
+/// wait over 20 ms (a tbf qdisc, as the guest's planes test has), with runs of `burst`
+/// packets per path.
+fn runs_over_limited_planes(
+    planes: usize,
+    paths: u16,
+    burst: u8,
+    seed: u64,
+) -> (Vec<u64>, Vec<u64>, WorkloadResult, u64) {
+    let mut f = EcmpFabric::uniform(planes, 1, 50_000, 40);
+    for l in &mut f.links {
+        l.queue_limit_ns = 20_000_000;
+    }
+    let mut sim = Sim::with_fabric(f, nic(), paths, seed, |c| {
+        c.path_burst = burst;
+        c.path.max_rto = 100_000_000;
+        c.stall_timeout = 200_000_000;
+    });
+    let r = run(&mut sim, &writes(60, 65536));
+    let s = sent(&sim);
+    let total: u64 = s.iter().sum();
+    let shares = (0..planes)
+        .map(|pl| s.iter().skip(pl).step_by(planes).sum::<u64>() * 1000 / total.max(1))
+        .collect();
+    (shares, s, r, path_sum(&sim, |p| p.spurious))
+}
+
+#[test]
+fn runs_per_path_keep_tail_drop_planes_even() {
+    // The guest's planes test (4 planes, each a tbf that drops beyond 20 ms of queue) got
+    // 14-39% of the bytes per plane with runs of 16 packets per path, before path estimates
+    // aged ([`Path::age`]): a path that lost part of a run kept the low weight of a stale
+    // loss rate and RTT. This simulator does not reproduce that unevenness (every variant
+    // gives 24-26% with or without aging); it holds the conditions to the same bounds:
+    // every plane within 20-30%, every path at least a third of the mean.
+    for (burst, seed) in [(16u8, 1u64), (4, 1), (1, 1)] {
+        let (shares, s, r, spurious) = runs_over_limited_planes(4, 24, burst, seed);
+        eprintln!(
+            "runs of {burst}, 24 paths over 4 planes at 40 Mbit/s, seed {seed}: per plane {shares:?} per mille, per path {s:?}; goodput {} Mbit/s, {} queue drops, {} retransmits, {} timeouts, spurious {}",
+            r.goodput_mbps(),
+            r.net.queue_drops,
+            r.retransmits, r.timeouts, spurious
+        );
+        assert!(
+            shares.iter().all(|&x| (200..=300).contains(&x)),
+            "every plane within 20-30%: {shares:?}"
+        );
+        let mean = s.iter().sum::<u64>() / s.len() as u64;
+        assert!(
+            s.iter().all(|&n| n * 3 >= mean),
+            "every path at least a third of the mean: {s:?}"
+        );
+    }
+}

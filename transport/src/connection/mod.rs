@@ -1167,7 +1167,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             if !self.cc.has_room(in_flight) {
                 return None;
             }
-            let mut pi = self.pick_path(u32::MAX)?;
+            let mut pi = self.pick_path(now, u32::MAX)?;
             let work = self.pick_work(now)?;
             let planes = self.streams.slot(work.stream()).map_or(0, |s| s.cfg.planes);
             // A stream restricted to some planes goes on the best of their paths; when none
@@ -1175,7 +1175,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             // of them is usable at all (then the restriction is set aside).
             let mut mask = u32::MAX;
             if planes != 0 {
-                match self.pick_path(planes) {
+                match self.pick_path(now, planes) {
                     Some(i) => (pi, mask) = (i, planes),
                     None if self.planes_usable(planes) => {
                         self.sched.rotate(&mut self.streams, WORK);
@@ -1189,7 +1189,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 // call picks the same work again.
                 return None;
             }
-            self.commit_path(mask);
+            self.commit_path(now, mask);
             // Deficit round-robin: the stream goes to the back of the WORK list once its turn
             // has sent `stream_quantum` packets.
             let si = work.stream();
@@ -1227,15 +1227,15 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// peer still exhausts the retry count).
     ///
     /// Only paths on the planes in `mask` (bit per plane; `u32::MAX`: all) take part.
-    fn pick_path(&mut self, mask: u32) -> Option<usize> {
-        self.spray(false, mask)
+    fn pick_path(&mut self, now: u64, mask: u32) -> Option<usize> {
+        self.spray(now, false, mask)
     }
 
     /// Charges the pick [`Connection::pick_path`] made with `mask` to the round-robin
     /// credits, once the packet is sure to leave (nothing changed in between, so the same
     /// path is charged).
-    fn commit_path(&mut self, mask: u32) {
-        self.spray(true, mask);
+    fn commit_path(&mut self, now: u64, mask: u32) {
+        self.spray(now, true, mask);
     }
 
     /// Whether a path on the planes in `mask` is usable (Active or Probing, its plane up),
@@ -1252,7 +1252,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// One round of smooth weighted round-robin: every eligible path earns its weight, the
     /// one with the most credit is picked and pays the total. With `commit` false nothing
     /// changes (the credits are only read). Only paths on the planes in `mask` take part.
-    fn spray(&mut self, commit: bool, mask: u32) -> Option<usize> {
+    fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
         let n = self.send_paths;
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
@@ -1262,7 +1262,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut any_usable = false;
         let (mut usable_health, mut usable_srtt) = (0u16, u64::MAX);
         let (mut up_health, mut up_srtt) = (0u16, u64::MAX);
-        for p in paths.iter().filter(|p| up(p)) {
+        for p in paths.iter_mut().filter(|p| up(p)) {
+            p.age(now);
             let srtt = if p.rtt.has_sample() {
                 p.rtt.srtt()
             } else {
@@ -1291,7 +1292,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             if !eligible(p) || !p.has_window(best_health) {
                 continue;
             }
-            let w = p.weight(best_srtt);
+            let w = p.weight(best_srtt, now);
             // Bounded: a path left out for long (no window) must not hoard credit.
             let credit = p.credit.saturating_add(w).clamp(-(1 << 20), 1 << 20);
             if commit {

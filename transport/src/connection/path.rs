@@ -41,6 +41,14 @@ pub const FULL_HEALTH: u16 = 1024;
 /// ACKs after the one that reported a path's news that repeat its entry (an ACK lost on a
 /// broken reverse route must not cost the sender a timeout).
 pub const ACK_REPEATS: u8 = 2;
+/// The loss and ECN rates of a path halve for every this many of its smoothed RTTs without
+/// news of them (no ACK, no loss on it), and its RTT counts against its weight only this
+/// long after its last sample: a path the picker seldom chooses is seldom measured, and must
+/// not keep a verdict from long ago (with runs of 16 packets per path, paths that lost part
+/// of one run at a full queue kept a tenth of their share).
+pub const ESTIMATE_AGE_RTTS: u64 = 8;
+/// Nor shorter than this many RTOs: a verdict is kept for a few timeouts at least.
+pub const ESTIMATE_AGE_RTOS: u64 = 4;
 
 /// Counters of one path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -133,6 +141,10 @@ pub struct Path {
     loss_rate: u16,
     /// Recent ECN CE rate, 0..=65535 (EWMA over acknowledged packets).
     ecn_rate: u16,
+    /// When the two rates last had news (or were last aged, [`Path::age`]).
+    news_at: u64,
+    /// When the latest RTT sample was taken.
+    rtt_at: u64,
     /// Health from the two rates and the probe state, 1..=1024 (0 before reset).
     health: u16,
     /// Packets still to be acknowledged while Probing.
@@ -178,6 +190,8 @@ impl Path {
             need_probe: false,
             loss_rate: 0,
             ecn_rate: 0,
+            news_at: 0,
+            rtt_at: 0,
             health: FULL_HEALTH,
             probation: 0,
             credit: 0,
@@ -212,6 +226,8 @@ impl Path {
         self.need_probe = false;
         self.loss_rate = 0;
         self.ecn_rate = 0;
+        self.news_at = 0;
+        self.rtt_at = 0;
         self.health = FULL_HEALTH;
         self.probation = 0;
         self.credit = 0;
@@ -255,11 +271,48 @@ impl Path {
         self.ecn_rate
     }
 
+    /// How long estimates stay as they are without news: `ESTIMATE_AGE_RTTS` smoothed RTTs,
+    /// at least `ESTIMATE_AGE_RTOS` RTOs.
+    fn age_period(&self) -> u64 {
+        self.rtt
+            .srtt()
+            .saturating_mul(ESTIMATE_AGE_RTTS)
+            .max(self.rtt.rto().saturating_mul(ESTIMATE_AGE_RTOS))
+    }
+
+    /// Ages the loss and ECN rates: they halve for every aging period that passed without
+    /// news of them (an ACK, a loss), so one seldom used drifts back towards full health and
+    /// gets picked, and so measured, again. A path in use gets news with every ACK and keeps
+    /// its estimates as measured.
+    ///
+    /// Only an Active path ages: a Suspect or Failed one has unanswered packets, which is news
+    /// (a cut route must not look healthy again by waiting).
+    pub fn age(&mut self, now: u64) {
+        if self.state != PathState::Active || (self.loss_rate | self.ecn_rate) == 0 {
+            return;
+        }
+        let period = self.age_period().max(1);
+        let k = now.saturating_sub(self.news_at) / period;
+        if k == 0 {
+            return;
+        }
+        // Checked: `>>` by 16 or more on a u16 panics with overflow checks, else shifts by
+        // the amount modulo 16.
+        let k = k.min(16) as u32;
+        self.loss_rate = self.loss_rate.checked_shr(k).unwrap_or(0);
+        self.ecn_rate = self.ecn_rate.checked_shr(k).unwrap_or(0);
+        self.update_health();
+        self.news_at = now;
+    }
+
     /// Selection weight: the health, halved when the smoothed RTT is over twice `best_srtt`
-    /// (the best of the connection's paths) and quartered over four times (cheap: shifts).
-    pub fn weight(&self, best_srtt: u64) -> i32 {
+    /// (the best of the connection's paths) and quartered over four times (cheap: shifts);
+    /// an RTT sampled longer than an aging period before `now` no longer counts.
+    pub fn weight(&self, best_srtt: u64, now: u64) -> i32 {
         let srtt = self.rtt.srtt();
-        let shift = if best_srtt == 0 || srtt < best_srtt.saturating_mul(2) {
+        let stale =
+            self.state == PathState::Active && now.saturating_sub(self.rtt_at) > self.age_period();
+        let shift = if stale || best_srtt == 0 || srtt < best_srtt.saturating_mul(2) {
             0
         } else if srtt < best_srtt.saturating_mul(4) {
             1
@@ -327,6 +380,7 @@ impl Path {
         if sum.acked > 0 {
             let sample = (now as u32).wrapping_sub(ack.echo_ts);
             self.rtt.sample(u64::from(sample));
+            self.rtt_at = now;
             self.timer_start = now;
             self.probe_armed = false;
             self.need_probe = false;
@@ -363,6 +417,9 @@ impl Path {
         let delivered = sum.acked + sum.spurious;
         self.loss_rate = Self::ewma(self.loss_rate, sum.lost, delivered + sum.lost);
         self.ecn_rate = Self::ewma(self.ecn_rate, u32::from(ack.ecn_ce), sum.acked);
+        if delivered + sum.lost > 0 {
+            self.news_at = now;
+        }
         self.update_health();
         sum
     }
@@ -414,6 +471,7 @@ impl Path {
             lost = self.inflight.detect_lost(now, srtt, &mut report);
             self.stats.lost += u64::from(lost);
             self.loss_rate = Self::ewma(self.loss_rate, lost, lost);
+            self.news_at = now;
             self.update_health();
         }
         match self.probe_deadline() {
@@ -448,6 +506,7 @@ impl Path {
         self.need_probe = true;
         let n = timed_out.max(1);
         self.loss_rate = Self::ewma(self.loss_rate, n, n);
+        self.news_at = now;
         self.update_health();
         lost + timed_out
     }
@@ -571,7 +630,7 @@ mod tests {
         let mut c = cfg();
         c.initial_cwnd = 64;
         let mut p = Path::new(0, 0, &c, &mut rng);
-        assert_eq!((p.health(), p.weight(0)), (FULL_HEALTH, 1024));
+        assert_eq!((p.health(), p.weight(0, 0)), (FULL_HEALTH, 1024));
         // Every other packet lost, for a while.
         let mut t = 0u64;
         for _ in 0..20 {
@@ -617,6 +676,92 @@ mod tests {
             p.on_ack(t, &ack, |_, _, _| {});
         }
         assert!(p.health() > 1000 && p.health() > h, "{}", p.health());
+    }
+
+    /// One round of 8 packets sent at `t`, every other one lost: a SACK, the reordering
+    /// timer declaring the holes lost, an ACK for the rest. Returns when the round ended.
+    fn lossy_round(p: &mut Path, rng: &mut XorShift, t: u64) -> u64 {
+        let first = p.inflight.next_psn();
+        for _ in 0..8 {
+            p.on_send(t, SentItem::default(), false);
+        }
+        let mut sack = [0u64; super::super::super::wire::SACK_WORDS];
+        for k in (1..8).step_by(2) {
+            sack[0] |= 1 << (k - 1);
+        }
+        let ack = |cum_psn, sack| PathAck {
+            cum_psn,
+            echo_ts: t as u32,
+            sack,
+            ..PathAck::default()
+        };
+        p.on_ack(t + 10_000, &ack(first, sack), |_, _, _| {});
+        let end = p.deadline().unwrap_or(t + 20_000);
+        p.on_timer(end, rng, |_, _, _| {});
+        // One more packet, acknowledged: nothing left outstanding.
+        p.on_send(end, SentItem::default(), false);
+        p.on_ack(
+            end + 10_000,
+            &ack(p.inflight.next_psn(), [0; _]),
+            |_, _, _| {},
+        );
+        end + 10_000
+    }
+
+    #[test]
+    fn estimates_without_news_age_back_to_health() {
+        let mut rng = XorShift::new(5);
+        let mut c = cfg();
+        c.initial_cwnd = 64;
+        let mut p = Path::new(0, 0, &c, &mut rng);
+        let mut t = 10_000_000;
+        for _ in 0..10 {
+            t = lossy_round(&mut p, &mut rng, t);
+        }
+        assert_eq!(p.state, PathState::Active);
+        let (loss, health) = (p.loss_rate(), p.health());
+        assert!(loss > 15_000 && health < 500, "{loss} {health}");
+        let period = p.age_period();
+        // Within a period of the last news: as measured.
+        p.age(t + period - 1);
+        assert_eq!(p.loss_rate(), loss);
+        // Not Active: unanswered packets are news enough, no aging.
+        p.state = PathState::Suspect;
+        p.age(t + 5 * period);
+        assert_eq!(p.loss_rate(), loss);
+        p.state = PathState::Active;
+        // A period without news halves the rate; news starts the clock again.
+        p.age(t + period);
+        assert_eq!(p.loss_rate(), loss >> 1);
+        let t = lossy_round(&mut p, &mut rng, t + 2 * period);
+        let (loss, period) = (p.loss_rate(), p.age_period());
+        p.age(t + period - 1);
+        assert_eq!(p.loss_rate(), loss);
+        // Long without news: back to (nearly) full health, so picked and measured again.
+        p.age(t + 20 * period);
+        assert!(p.health() > 1000, "{}", p.health());
+    }
+
+    #[test]
+    fn a_stale_rtt_stops_lowering_the_weight() {
+        let mut rng = XorShift::new(6);
+        let mut p = Path::new(0, 0, &cfg(), &mut rng);
+        p.on_send(0, SentItem::default(), false);
+        let t = 400_000;
+        let ack = PathAck {
+            cum_psn: p.inflight.next_psn(),
+            echo_ts: 0,
+            ..PathAck::default()
+        };
+        p.on_ack(t, &ack, |_, _, _| {});
+        let srtt = p.rtt.srtt();
+        assert!(srtt >= 400_000, "{srtt}");
+        // Over four times the best path's: a quarter of the weight, while the sample is fresh.
+        assert_eq!(p.weight(srtt / 5, t), FULL_HEALTH as i32 / 4);
+        assert_eq!(
+            p.weight(srtt / 5, t + p.age_period() + 1),
+            FULL_HEALTH as i32
+        );
     }
 
     #[test]

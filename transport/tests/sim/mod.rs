@@ -362,6 +362,9 @@ pub struct EcmpLink {
     pub ecn_queue_ns: u64,
     /// Blackholed (both directions) from `.0` until `.1` (simulated ns).
     pub cut: Option<(u64, u64)>,
+    /// A packet that would wait longer than this in the link's queue is dropped (tail drop,
+    /// as a tbf qdisc's `latency`); 0: the queue is unbounded.
+    pub queue_limit_ns: u64,
 }
 
 impl EcmpLink {
@@ -376,6 +379,7 @@ impl EcmpLink {
             ce_ppm: 0,
             ecn_queue_ns: 0,
             cut: None,
+            queue_limit_ns: 0,
         }
     }
 
@@ -465,6 +469,8 @@ pub struct NetStats {
     pub link_packets: Vec<u64>,
     /// ECMP fabric: packets dropped because their link was cut.
     pub cut_drops: u64,
+    /// ECMP fabric: packets dropped at a full link queue (`EcmpLink::queue_limit_ns`).
+    pub queue_drops: u64,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -627,6 +633,10 @@ impl Sim {
         if let Some(ser) = ((len as u64 + 50) * 8 * 1_000).checked_div(link.rate_bits_per_us) {
             let start = out.max(self.fab_free[l][from]);
             queued = start - out;
+            if link.queue_limit_ns > 0 && queued > link.queue_limit_ns {
+                self.net.queue_drops += 1;
+                return None;
+            }
             out = start + ser;
             self.fab_free[l][from] = out;
         }
@@ -756,6 +766,9 @@ impl Sim {
             if ep.conn.poll_timeout().is_some_and(|d| d <= self.now) {
                 ep.conn.handle_timeout(self.now);
             }
+            // Completions are seen at the time they happen: a workload that is done must not
+            // wait for the next timer (which may be far) to notice.
+            ep.drain_events();
         }
         self.record_trace();
         true
