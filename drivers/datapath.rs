@@ -145,8 +145,10 @@ const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 const TX_BUF: usize = 65_535 - 20 - 8;
 /// Data packets the transport sends in a row on one path (`Config::path_burst`): what one
 /// GSO packet carries at most. 16 sent a CPU-bound `ib_write_bw` twice as fast as 1 (4: about
-/// 1.3-1.9x) but let stale per-path weights starve some paths (planes got 14-39% of the bytes
-/// instead of 25%; `docs/multiplane.md`), so 4 until path estimates decay with time.
+/// 1.3-1.9x) but let some paths starve (planes got 14-39% of the bytes instead of 25%;
+/// `docs/multiplane.md`). Path estimates that age without news (`Path::age`) did not cure it:
+/// with them, runs of 16 gave 25/25/27/20% in one guest run and 33/30/14/20% in the next
+/// (0.53-0.84 Gbit/s against 0.32-0.50 with 4, same boot). So 4.
 const PATH_BURST: u8 = 4;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
