@@ -20,7 +20,8 @@
 //!   ([`TxBatch`], `UdpSocket::send_segments`): one route lookup, one pass through the
 //!   qdiscs, the veth and the peer's IP layer for the run; the receiving socket's UDP layer
 //!   cuts it up again. Under TCG, lossless `ib_write_bw` went from 0.28-0.47 to 0.66-0.84
-//!   Gbit/s with runs of 16 and 0.36-0.54 with runs of 4 (see `PATH_BURST`). Streams take
+//!   Gbit/s with runs of 16 and 0.36-0.54 with runs of 4 (see `PATH_BURST`); runs are 4 long
+//!   on a path that loses packets (`LOSSY_PATH_BURST`). Streams take
 //!   turns of 16 packets (`Config::stream_quantum`), so a QP's message goes out whole rather
 //!   than interleaved packet by packet with thousands of others.
 //! - Nobody waits for a peer's mutex on the data path: a doorbell, a receive thread or the
@@ -145,11 +146,13 @@ const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 const TX_BUF: usize = 65_535 - 20 - 8;
 /// Data packets the transport sends in a row on one path (`Config::path_burst`): what one
 /// GSO packet carries at most. 16 sent a CPU-bound `ib_write_bw` twice as fast as 1 (4: about
-/// 1.3-1.9x) but let some paths starve (planes got 14-39% of the bytes instead of 25%;
-/// `docs/multiplane.md`). Path estimates that age without news (`Path::age`) did not cure it:
-/// with them, runs of 16 gave 25/25/27/20% in one guest run and 33/30/14/20% in the next
-/// (0.53-0.84 Gbit/s against 0.32-0.50 with 4, same boot). So 4.
-const PATH_BURST: u8 = 4;
+/// 1.3-1.9x) but, on paths that lose packets at tail-drop queues, let some paths starve
+/// (planes got 14-39% of the bytes instead of 25%, even with path estimates that age; with 4
+/// they get 24-25%; `docs/multiplane.md`). So runs are 16 long on a path that loses nothing
+/// and [`LOSSY_PATH_BURST`] on one that does (`Config::lossy_path_burst`).
+const PATH_BURST: u8 = 16;
+/// Runs on a path whose loss rate is over 1% (`transport::connection::LOSSY_RUN_RATE`).
+const LOSSY_PATH_BURST: u8 = 4;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
 const RX_ENTRIES: usize = 1024;
@@ -540,6 +543,7 @@ impl Engine {
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         cfg.path.min_rto = PATH_MIN_RTO_NS;
         cfg.path_burst = PATH_BURST;
+        cfg.lossy_path_burst = LOSSY_PATH_BURST;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         let table = ZeroedSlice::new(usize::from(cfg.num_paths))?;
         conn.reset_with_paths(cfg, table).map_err(|_| EINVAL)?;

@@ -670,3 +670,38 @@ fn runs_per_path_keep_tail_drop_planes_even() {
         );
     }
 }
+
+#[test]
+fn runs_are_short_on_a_lossy_path() {
+    // Runs of 8 where nothing is lost, of 2 on the path that loses 5%: a run that meets a
+    // full tail-drop queue loses several packets at once.
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let mut sim = Sim::with_fabric(fabric(), nic(), 8, 4, |c| {
+        c.path_burst = 8;
+        c.lossy_path_burst = 2;
+    });
+    let (log, lossy) = (seen.clone(), lossy_path_filter(3));
+    sim.drop_if = Some(Box::new(move |from, b| {
+        if from == 0 && b.len() > 1000 {
+            if let Ok(v) = metaroce_transport::wire::Packet::parse(b) {
+                log.borrow_mut().push(v.header.base.path_id);
+            }
+        }
+        lossy(from, b)
+    }));
+    run(&mut sim, &writes(240, 16384));
+    let seen = seen.borrow();
+    // The longest run per path over the second half (path 3's loss rate is known by then).
+    let mut longest = [0usize; 8];
+    let half = &seen[seen.len() / 2..];
+    for run in half.chunk_by(|a, b| a == b) {
+        let p = usize::from(run[0]) % 8;
+        longest[p] = longest[p].max(run.len());
+    }
+    eprintln!("longest runs per path over the second half: {longest:?}");
+    assert!(longest[3] <= 2, "{longest:?}");
+    assert!(
+        longest.iter().enumerate().any(|(p, &n)| p != 3 && n >= 6),
+        "{longest:?}"
+    );
+}

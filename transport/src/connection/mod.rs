@@ -40,6 +40,10 @@ use streams::{Sched, ACK, EVENT, FREE, TIMER, WORK};
 pub use streams::{StreamSlots, MAX_STREAMS};
 use timer::{Earliest, Timer};
 
+/// The loss rate (of 65535) over which a path's runs are `Config::lossy_path_burst` long:
+/// 1%.
+pub const LOSSY_RUN_RATE: u16 = 655;
+
 /// Connection settings. Both ends must agree on `mtu`, `initial_psn` and the path count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -58,6 +62,11 @@ pub struct Config {
     /// stack as one (UDP GSO); the shares over time are the same (each packet is charged to
     /// the spraying credits as if picked alone).
     pub path_burst: u8,
+    /// Runs on a path that loses packets (loss rate over [`LOSSY_RUN_RATE`]): at most this
+    /// many. A run that reaches a full tail-drop queue loses several packets at once, and
+    /// the path's weight falls with them: short runs there keep the spraying even (TSO
+    /// sizing that backs off under loss, as it were), long ones where nothing is lost.
+    pub lossy_path_burst: u8,
     /// Data packets a stream sends in a row before the next stream with work takes its turn
     /// (deficit round-robin by packets; 1: every packet). A whole message or a few go out
     /// together, so messages complete one after the other rather than all at the end, as
@@ -86,6 +95,7 @@ impl Config {
             planes: 1,
             mtu: 4096,
             path_burst: 1,
+            lossy_path_burst: 1,
             stream_quantum: 16,
             path: PathConfig {
                 initial_psn: 0,
@@ -1319,7 +1329,13 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 self.burst_left -= 1;
             } else {
                 self.burst_path = i;
-                self.burst_left = self.cfg.path_burst.saturating_sub(1);
+                let lossy = paths.get(i).is_some_and(|p| p.loss_rate() > LOSSY_RUN_RATE);
+                let run = if lossy {
+                    self.cfg.path_burst.min(self.cfg.lossy_path_burst)
+                } else {
+                    self.cfg.path_burst
+                };
+                self.burst_left = run.saturating_sub(1);
             }
         }
         Some(i)
