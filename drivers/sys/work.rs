@@ -7,7 +7,7 @@ use super::bindings;
 use core::{
     ffi::{c_int, c_void},
     ptr::NonNull,
-    sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering},
+    sync::atomic::{AtomicPtr, AtomicU8, Ordering},
 };
 use kernel::{
     new_spinlock_irq,
@@ -317,18 +317,20 @@ const TX_DEFERRED: usize = 8;
 /// One CPU's transmit section: the task in it and the threads to wake when it ends.
 struct TxSlot {
     owner: AtomicPtr<bindings::task_struct>,
-    /// Used only in the owner's context on this CPU (its own code and the softirqs and
-    /// interrupts that run on top of it: an interrupt may come between two steps of ours,
-    /// so slots are claimed with one atomic add).
-    len: AtomicUsize,
-    /// Tasks with a reference taken (`get_task_struct`).
+    /// Tasks with a reference taken (`get_task_struct`); null: free. Filled in the owner's
+    /// context on this CPU (its own code and the softirqs and interrupts that run on top of
+    /// it), each entry claimed from null with one compare-exchange and emptied with one swap,
+    /// so an interrupt that comes while the owner wakes them (`flush_section`) can neither
+    /// overwrite a task not yet woken nor be skipped. (Claiming by a counter, reset before
+    /// the entries were read, let an interrupt overwrite one: that thread's wakeup was lost
+    /// with its `pending` bit set, so no kick woke it again, and its device stopped receiving
+    /// for good: the incast victim's receiver, its queue full, in CI.)
     wake: [AtomicPtr<bindings::task_struct>; TX_DEFERRED],
 }
 
 static TX_SLOTS: [TxSlot; TX_CPUS] = [const {
     TxSlot {
         owner: AtomicPtr::new(core::ptr::null_mut()),
-        len: AtomicUsize::new(0),
         wake: [const { AtomicPtr::new(core::ptr::null_mut()) }; TX_DEFERRED],
     }
 }; TX_CPUS];
@@ -408,8 +410,7 @@ fn own_slot() -> Option<&'static TxSlot> {
 impl TxSlot {
     /// Wakes the tasks deferred so far. The slot's owner's context.
     fn wake_deferred(&self) {
-        let n = self.len.swap(0, Ordering::AcqRel).min(TX_DEFERRED);
-        for w in self.wake.iter().take(n) {
+        for w in &self.wake {
             let task = w.swap(core::ptr::null_mut(), Ordering::AcqRel);
             if !task.is_null() {
                 // SAFETY: `defer_wake` took a reference to the task, released here after the
@@ -429,15 +430,24 @@ fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
     let Some(slot) = own_slot() else {
         return false;
     };
-    // Claimed atomically: an interrupt may defer a wakeup in the middle of ours.
-    let i = slot.len.fetch_add(1, Ordering::AcqRel);
-    let Some(w) = slot.wake.get(i) else {
-        slot.len.fetch_sub(1, Ordering::AcqRel);
-        return false;
-    };
     // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
     // keeps it so until the section's end wakes it.
     unsafe { bindings::metaroce_glue_get_task_struct(task.as_ptr()) };
-    w.store(task.as_ptr(), Ordering::Release);
-    true
+    for w in &slot.wake {
+        if w
+            .compare_exchange(
+                core::ptr::null_mut(),
+                task.as_ptr(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            return true;
+        }
+    }
+    // Full: woken now by the caller; the reference is not needed.
+    // SAFETY: we took it above.
+    unsafe { bindings::metaroce_glue_put_task_struct(task.as_ptr()) };
+    false
 }
