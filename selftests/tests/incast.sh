@@ -215,6 +215,15 @@ else
 	todo "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" "the victim shares s1 and the guest's 2 vCPUs with 14 busy-polling perftest processes of the incast: 0.23 -> 0.09 Gb/s in one run"
 fi
 
+# Nothing is left queued with no thread to take it (a lost wakeup once left the victim's
+# receiver asleep with its queue full, for good, and the victim QP failed).
+stuck=""
+for n in rx v $(seq -f 's%g' 1 $MAXN); do
+	wait_for 5 sh -c "head -n 1 /sys/class/infiniband/m$n/peers | grep -q '^rxq 0 '" ||
+		stuck="$stuck m$n: $(head -n 1 "/sys/class/infiniband/m$n/peers");"
+done
+check "every device's receive queue drains after the runs${stuck:+ (left:$stuck)}" test -z "$stuck"
+
 for n in rx v $(seq -f 's%g' 1 $MAXN); do
 	$IP netns exec "$n" $RDMA link delete "m$n"
 	$IP netns exec "$n" $RDMA link delete "r$n"
