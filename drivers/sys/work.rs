@@ -115,7 +115,10 @@ impl<T: KthreadWork> Kthread<T> {
     /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
     /// the [`TxSection`] we are in, if any). Any context.
     fn post(&self, bits: u8) {
-        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0 && !defer_wake(self.task) {
+        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) != 0 {
+            // Already kicked: woken, or held back by a section, perhaps one preempted here.
+            rescue_preempted();
+        } else if !defer_wake(self.task) {
             // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
             unsafe { bindings::wake_up_process(self.task.as_ptr()) };
         }
@@ -156,6 +159,7 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
         }
         // SAFETY: as above.
         unsafe { bindings::metaroce_glue_set_current_running() };
+        rescue_preempted();
         if pending & ALARM != 0 {
             T::alarm(&shared.work);
         }
@@ -229,6 +233,7 @@ unsafe extern "C" fn alarm_fn<T: KthreadWork>(
     let threads = unsafe { core::slice::from_raw_parts(alarm.threads, alarm.count) };
     // SAFETY: reads the CPU number; a stale value only picks another thread.
     let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
+    rescue_preempted();
     if let Some(t) = threads.get(cpu % threads.len().max(1)) {
         // Not deferred: the interrupted task may be in a section for a while. And woken even
         // if work was pending already: a safety net should a wakeup ever be held back.
@@ -355,10 +360,21 @@ impl TxSection {
         let slot = TX_SLOTS.get(cpu)?;
         // SAFETY: reads `current`.
         let me = unsafe { bindings::metaroce_glue_current() };
-        slot.owner
-            .compare_exchange(core::ptr::null_mut(), me, Ordering::AcqRel, Ordering::Acquire)
-            .ok()?;
-        Some(TxSection { slot })
+        match slot.owner.compare_exchange(
+            core::ptr::null_mut(),
+            me,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Some(TxSection { slot }),
+            Err(owner) => {
+                if owner != me {
+                    // Another task's, preempted in it: what it holds back is woken now.
+                    slot.wake_deferred();
+                }
+                None
+            }
+        }
     }
 }
 
@@ -392,6 +408,28 @@ fn flush_section() {
     }
 }
 
+/// Wakes what this CPU's transmit section holds back if its owner is not the current task (in
+/// interrupt context: the task interrupted): the owner was preempted inside it, and the
+/// threads it deferred must not wait for it to be scheduled again (with a dozen busy-polling
+/// processes per CPU that was many milliseconds, during which a receiver's thread slept
+/// with its queue filling). Called where this CPU runs our code in another context: a
+/// receive thread starting its work, a kick from a softirq, the alarm. Any context.
+pub(crate) fn rescue_preempted() {
+    // SAFETY: reads the CPU number and `current`, as in `own_slot`.
+    let (cpu, me) = unsafe {
+        (
+            bindings::metaroce_glue_smp_processor_id() as usize,
+            bindings::metaroce_glue_current(),
+        )
+    };
+    if let Some(slot) = TX_SLOTS.get(cpu) {
+        let owner = slot.owner.load(Ordering::Acquire);
+        if !owner.is_null() && owner != me {
+            slot.wake_deferred();
+        }
+    }
+}
+
 /// This CPU's transmit section, if the current task (in interrupt context: the task
 /// interrupted) is in it. Any context.
 fn own_slot() -> Option<&'static TxSlot> {
@@ -408,7 +446,8 @@ fn own_slot() -> Option<&'static TxSlot> {
 }
 
 impl TxSlot {
-    /// Wakes the tasks deferred so far. The slot's owner's context.
+    /// Wakes the tasks deferred so far. Any context: each entry is emptied by one swap, so
+    /// the owner and a rescuer ([`rescue_preempted`]) never wake the same one twice.
     fn wake_deferred(&self) {
         for w in &self.wake {
             let task = w.swap(core::ptr::null_mut(), Ordering::AcqRel);
@@ -428,6 +467,7 @@ impl TxSlot {
 /// in on this CPU; false (wake it now) when there is none or it is full. Any context.
 fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
     let Some(slot) = own_slot() else {
+        rescue_preempted();
         return false;
     };
     // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
