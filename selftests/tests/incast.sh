@@ -4,11 +4,14 @@
 # N senders (namespaces s1..sN) each run a stock ib_write_bw client into one receiver (rx)
 # through a router namespace (sw) whose egress towards rx is rate-limited (htb) under RED with
 # ECN (marks ECN-capable packets instead of dropping them, drops the rest). Reported per
-# transport and N: bottleneck utilisation, Jain fairness across the senders, packets RED marked
-# and dropped, metaroce's retransmissions and path timeouts; checked: every run completes,
-# metaroce's utilisation is well above rxe's with Jain >= 0.8, its packets are ECN-capable and
-# get marked rather than dropped, and a victim flow through another egress of the router
-# (s1 -> v) keeps its throughput while the incast runs.
+# transport and N: the bottleneck's load and Jain fairness across the senders, from the
+# router's byte counters over a window in which every client runs (retransmissions included:
+# rxe's go-back-N load is mostly that), goodput and Jain as the clients report them, packets
+# RED marked and dropped, metaroce's retransmissions and path timeouts. Checked: every run
+# completes, metaroce's goodput is well above rxe's (Jain >= 0.8 is a goal: a TODO when
+# missed), its packets are ECN-capable and get marked rather than dropped, a victim flow
+# through another egress of the router (s1 -> v) keeps at least half its throughput while the
+# incast runs, and every device's receive queue drains.
 source "$(dirname "$0")/../lib.sh"
 set -u
 dmesg_mark
@@ -16,7 +19,7 @@ modprobe metaroce
 modprobe rdma_rxe
 
 RATE_MBIT=${INCAST_RATE_MBIT:-40}
-SECS=${INCAST_SECS:-4}
+SECS=${INCAST_SECS:-6}
 MAXN=7
 SIZE=65536
 
@@ -69,15 +72,63 @@ hwsum() {
 	echo $t
 }
 
-# incast KIND N -> prints "util jain marked dropped ok cal" (ok = clients that reported; cal =
-# clients that finished their transfer but had no number to report: perftest's clock
-# calibration failed, `perftest_uncalibrated` in lib.sh; they count in neither utilisation
-# nor Jain)
+# Bytes through the router, read in one go: "<time ns> <swr tx> <swv tx> <sw1 rx> .. <swN rx>"
+# (what left the bottleneck towards rx, what went to the victim, what each sender sent in).
+# Rates and fairness are computed from these, over a window all the flows share: perftest's
+# own figure rests on its cycle counter, calibrated at start, which a loaded TCG guest makes
+# unreliable (a victim QP's connection once sent 3x what its client reported). Read from
+# /proc/PID/net/dev of a process in sw, with no process started: `ip netns exec` took over a
+# second per sample on a loaded guest.
+$IP netns exec sw sleep 100000 &
+SW_PID=$!
+sw_bytes() { # N
+	awk -v t="$EPOCHREALTIME" -v n="$1" '
+		(i = index($0, ":")) > 0 {
+			name = substr($0, 1, i - 1); gsub(/ /, "", name)
+			split(substr($0, i + 1), f, " "); rx[name] = f[1]; tx[name] = f[9]
+		}
+		END {
+			split(t, T, "[.,]")
+			printf "%s%06d000 %.0f %.0f", T[1], T[2], tx["swr"], tx["swv"]
+			for (k = 1; k <= n; k++) printf " %.0f", rx["sw" k]
+			printf "\n"
+		}' "/proc/$SW_PID/net/dev"
+}
+
+# window N SECS -> prints the byte counters (sw_bytes) at the start and at the end of a
+# SECS-long window that starts once each of the N senders has sent something since the call
+# (or, failing that, after WINDOW_WAIT seconds), on two lines.
+WINDOW_WAIT=${INCAST_WINDOW_WAIT:-3}
+window() {
+	local n="$1" secs="$2" base now deadline=$((SECONDS + WINDOW_WAIT))
+	base=$(sw_bytes "$n")
+	while [ "$SECONDS" -lt "$deadline" ]; do
+		sleep 0.3
+		now=$(sw_bytes "$n")
+		# Every sender moved 256 KiB since the call (fields 4.. are the senders).
+		awk -v a="$base" -v b="$now" 'BEGIN {
+			split(a, A, " "); split(b, B, " ")
+			for (i = 4; i in B; i++) if (B[i] - A[i] < 262144) exit 1
+		}' && break
+	done
+	sw_bytes "$n"
+	sleep "$secs"
+	sw_bytes "$n"
+}
+
+# incast KIND N -> prints "util jain marked dropped ok cal goodput pjain": util and jain from
+# the router's byte counters over a window in which all N clients run (WINDOW seconds:
+# bottleneck utilisation from what left it, Jain fairness over what each sender sent in);
+# goodput (sum of the clients' reports over the bottleneck rate) and pjain from perftest's
+# own figures; ok = clients that reported; cal = clients that finished their transfer but had
+# no number to report: perftest's clock calibration failed, `perftest_uncalibrated` in
+# lib.sh; they count in neither goodput nor pjain
+WINDOW=${INCAST_WINDOW:-2}
 incast() {
-	local kind="$1" n="$2" i pids=() port
+	local kind="$1" n="$2" secs="${3:-$SECS}" i pids=() port
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
-		$IP netns exec rx timeout $((SECS + 25)) ib_write_bw -d "${kind}rx" -x 1 -s $SIZE -D "$SECS" \
+		$IP netns exec rx timeout $((secs + 25)) ib_write_bw -d "${kind}rx" -x 1 -s $SIZE -D "$secs" \
 			-p $port --report_gbits >"$TAP_DIR/incast-srv-$i.log" 2>&1 &
 	done
 	sleep 1.5
@@ -85,10 +136,15 @@ incast() {
 	before=$(red_stats)
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
-		$IP netns exec "s$i" timeout $((SECS + 25)) ib_write_bw -d "${kind}s$i" -x 1 -s $SIZE \
-			-D "$SECS" -p $port --report_gbits 10.80.0.2 >"$TAP_DIR/incast-cli-$i.log" 2>&1 &
+		$IP netns exec "s$i" timeout $((secs + 25)) ib_write_bw -d "${kind}s$i" -x 1 -s $SIZE \
+			-D "$secs" -p $port --report_gbits 10.80.0.2 >"$TAP_DIR/incast-cli-$i.log" 2>&1 &
 		pids+=($!)
 	done
+	local win
+	win=$(window "$n" "$WINDOW")
+	# The window counts only if every client still ran at its end.
+	local full=1
+	for i in "${pids[@]}"; do kill -0 "$i" 2>/dev/null || full=0; done
 	wait "${pids[@]}" 2>/dev/null
 	wait 2>/dev/null
 	local after
@@ -101,21 +157,34 @@ incast() {
 			cal=$((cal + 1))
 		fi
 	done
-	printf '%s\n' "${rates[@]}" | awk -v rate="$RATE_MBIT" -v n="$n" -v b="$before" -v a="$after" -v cal=$cal '
+	win=$(echo "$win" | tr '\n' ' ')
+	echo "$win" >"$TAP_DIR/incast-window-$kind$n"
+	printf '%s\n' "${rates[@]}" | awk -v rate="$RATE_MBIT" -v n="$n" -v b="$before" -v a="$after" \
+		-v cal=$cal -v win="$win" -v full=$full '
 		$1 != "" {s += $1; q += $1 * $1; k++}
 		END {
 			split(b, B, " "); split(a, A, " ")
-			util = (s * 1000) / rate
-			jain = (k > 0 && q > 0) ? (s * s) / (k * q) : 0
-			printf "%.2f %.2f %d %d %d %d\n", util, jain, A[1] - B[1], A[2] - B[2], k, cal
+			# Two samples of 3 + n fields each.
+			split(win, W, " ")
+			for (i = 1; i <= 3 + n; i++) {X[i] = W[i]; Y[i] = W[i + 3 + n]}
+			dt = (Y[1] - X[1]) / 1e9
+			util = -1; jain = -1
+			if (full && dt > 0) {
+				util = (Y[2] - X[2]) * 8 / dt / (rate * 1e6)
+				for (i = 4; i < 4 + n; i++) {x = Y[i] - X[i]; ws += x; wq += x * x}
+				jain = wq > 0 ? ws * ws / (n * wq) : 0
+			}
+			goodput = (s * 1000) / rate
+			pjain = (k > 0 && q > 0) ? (s * s) / (k * q) : 0
+			printf "%.2f %.2f %d %d %d %d %.2f %.2f\n", util, jain, A[1] - B[1], A[2] - B[2], k, cal, goodput, pjain
 		}'
 }
 
 declare -A R
 TABLE="$TAP_DIR/incast.md"
 {
-	echo "| senders | transport | utilisation | Jain fairness | RED marked | RED dropped | retransmits | timeouts |"
-	echo "|---|---|---|---|---|---|---|---|"
+	echo "| senders | transport | bottleneck load | Jain fairness | goodput (perftest) | Jain (perftest) | RED marked | RED dropped | retransmits | timeouts |"
+	echo "|---|---|---|---|---|---|---|---|---|---|"
 } >"$TABLE"
 ce_before=$(cat /sys/class/infiniband/mrx/ports/1/hw_counters/rx_ecn_ce)
 for n in 4 7; do
@@ -127,7 +196,7 @@ for n in 4 7; do
 			to0=$(hwsum timeouts $senders)
 		fi
 		R[$kind$n]=$(incast $kind $n)
-		read -r util jain marked dropped ok cal <<<"${R[$kind$n]}"
+		read -r util jain marked dropped ok cal goodput pjain <<<"${R[$kind$n]}"
 		name=$([ $kind = m ] && echo metaroce || echo rxe)
 		if [ $kind = m ]; then
 			retx=$(($(hwsum retransmits $senders) - retx0))
@@ -135,7 +204,8 @@ for n in 4 7; do
 		else
 			retx=- tos=-
 		fi
-		echo "| $n | $name | $util | $jain | $marked | $dropped | $retx | $tos |" >>"$TABLE"
+		echo "| $n | $name | $util | $jain | $goodput | $pjain | $marked | $dropped | $retx | $tos |" | sed 's/| -1.00 /| n\/a /g' >>"$TABLE"
+		echo "# $name $n-to-1 window (ns, swr tx, swv tx, sw1.. rx): $(cat "$TAP_DIR/incast-window-$kind$n")"
 		# rxe is the comparison: its runs are reported, not required to finish.
 		if [ $kind = m ] && [ $((ok + cal)) != "$n" ]; then
 			for i in $(seq 1 "$n"); do
@@ -153,18 +223,16 @@ for n in 4 7; do
 				test $((ok + cal)) = "$n"
 		fi
 	done
-	# Goals (issue 5): utilisation well above rxe's, Jain >= 0.8 across the senders.
-	read -r mu mj _ <<<"${R[m$n]:-0 0}"
-	read -r ru _ <<<"${R[r$n]:-0}"
-	if awk -v m="$mu" -v r="$ru" 'BEGIN {exit !(m > 2 * r)}'; then
-		check "incast $n-to-1: metaroce's utilisation more than twice rxe's ($mu vs $ru)" true
-	else
-		todo "incast $n-to-1: metaroce's utilisation more than twice rxe's ($mu vs $ru)" "2 vCPUs for 2N busy-polling perftest processes: goodput is CPU-bound in the guest"
-	fi
+	# Goals (issue 5): goodput well above rxe's (rxe's link load is mostly go-back-N
+	# retransmissions), Jain >= 0.8 across the senders over the window.
+	read -r _ mj _ _ _ _ mg _ <<<"${R[m$n]:-0 0 0 0 0 0 0 0}"
+	read -r _ _ _ _ _ _ rg _ <<<"${R[r$n]:-0 0 0 0 0 0 0 0}"
+	check "incast $n-to-1: metaroce's goodput more than twice rxe's ($mg vs $rg of the bottleneck)" \
+		awk -v m="$mg" -v r="$rg" 'BEGIN {exit !(m > 0 && m > 2 * r)}'
 	if awk -v j="$mj" 'BEGIN {exit !(j >= 0.8)}'; then
 		check "incast $n-to-1: metaroce's Jain fairness >= 0.8 ($mj)" true
 	else
-		todo "incast $n-to-1: metaroce's Jain fairness >= 0.8 ($mj)" "0.17-0.99 across runs on a loaded host (2 vCPUs, 2N busy-polling perftest processes); one slow client drags it down"
+		todo "incast $n-to-1: metaroce's Jain fairness >= 0.8 ($mj)" "0.81-0.93 in 8 guest runs (bytes per sender at the router, over a window all run in); 2 vCPUs for 2N busy-polling perftest processes"
 	fi
 done
 ce_after=$(cat /sys/class/infiniband/mrx/ports/1/hw_counters/rx_ecn_ce)
@@ -173,34 +241,44 @@ read -r _ _ m_marked m_dropped _ <<<"${R[m7]}"
 check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked) and the receiver counted CE ($ce_before -> $ce_after)" \
 	test "$m_marked" -gt 0 -a "$ce_after" -gt "$ce_before"
 
-# Victim: s1 -> v through another egress, alone and during a 7-to-1 metaroce incast. A
-# client whose clock calibration failed (`perftest_uncalibrated` in lib.sh) has no number to
-# give: the run is repeated, twice at most (during the incast, the incast is repeated too).
-victim() {
+# Victim: s1 -> v through another egress, alone and during a 7-to-1 metaroce incast, its rate
+# read from the router's counter towards v (swv) over a WINDOW in which it runs (perftest's own
+# figure is printed beside it). A client whose clock calibration failed
+# (`perftest_uncalibrated` in lib.sh) still sent: only its own figure is missing.
+victim() { # -> "Gb/s from the counters (-1: the client ended inside the window) perftest's"
 	$IP netns exec v timeout $((SECS + 25)) ib_write_bw -d mv -x 1 -s $SIZE -D "$SECS" -p 19100 \
 		--report_gbits >"$TAP_DIR/victim-srv.log" 2>&1 &
 	sleep 1.5
 	$IP netns exec s1 timeout $((SECS + 25)) ib_write_bw -d ms1 -x 1 -s $SIZE -D "$SECS" -p 19100 \
-		--report_gbits 10.80.100.2 >"$TAP_DIR/victim-cli.log" 2>"$TAP_DIR/victim-cli.err"
+		--report_gbits 10.80.100.2 >"$TAP_DIR/victim-cli.log" 2>"$TAP_DIR/victim-cli.err" &
+	local cli=$! base now deadline=$((SECONDS + WINDOW_WAIT)) w0 w1 full=1
+	base=$(sw_bytes 0)
+	while [ "$SECONDS" -lt "$deadline" ]; do
+		sleep 0.3
+		now=$(sw_bytes 0)
+		[ $(($(echo "$now" | cut -d' ' -f3) - $(echo "$base" | cut -d' ' -f3))) -lt 262144 ] || break
+	done
+	w0=$(sw_bytes 0)
+	sleep "$WINDOW"
+	w1=$(sw_bytes 0)
+	kill -0 $cli 2>/dev/null || full=0
 	wait
-	grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/victim-cli.log" | tail -n 1 | awk '{print $(NF - 1)}'
+	local p
+	p=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/victim-cli.log" | tail -n 1 | awk '{print $(NF - 1)}')
+	awk -v a="$w0" -v b="$w1" -v full=$full -v p="${p:-none}" 'BEGIN {
+		split(a, A, " "); split(b, B, " ")
+		g = (full && B[1] > A[1]) ? (B[3] - A[3]) * 8 / (B[1] - A[1]) : -1
+		printf "%.3f %s\n", g, p
+	}'
 }
-for try in 1 2 3; do
-	alone=$(victim)
-	[ -n "$alone" ] || ! perftest_uncalibrated "$TAP_DIR/victim-cli.err" || { echo "# victim alone: perftest's clock calibration failed, run again"; continue; }
-	break
-done
-for try in 1 2 3; do
-	( incast m $MAXN >/dev/null ) &
-	bg=$!
-	sleep 2
-	during=$(victim)
-	wait $bg
-	[ -n "$during" ] || ! perftest_uncalibrated "$TAP_DIR/victim-cli.err" || { echo "# victim during the incast: perftest's clock calibration failed, run again"; continue; }
-	break
-done
-echo "# victim s1 -> v: ${alone:-none} Gb/s alone, ${during:-none} Gb/s during a 7-to-1 incast"
-if [ -z "$during" ]; then
+read -r alone alone_p <<<"$(victim)"
+( incast m $MAXN $((SECS + 4)) >/dev/null ) &
+bg=$!
+sleep 2
+read -r during during_p <<<"$(victim)"
+wait $bg
+echo "# victim s1 -> v (router's counter; perftest's figure): $alone ($alone_p) Gb/s alone, $during ($during_p) Gb/s during a 7-to-1 incast"
+if ! awk -v d="$during" 'BEGIN {exit !(d > 0)}'; then
 	sed 's/^/# victim client stderr: /' "$TAP_DIR/victim-cli.err"
 	grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/victim-cli.log" | tail -n 4 | sed 's/^/# victim client:   /'
 	# What the two devices saw (s1's counters include its incast flow), and their connections.
@@ -209,11 +287,8 @@ if [ -z "$during" ]; then
 		sed "s/^/# $dev peers: /" "/sys/class/infiniband/$dev/peers"
 	done
 fi
-if awk -v a="${alone:-0}" -v d="${during:-0}" 'BEGIN {exit !(a > 0 && d >= a / 2)}'; then
-	check "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" true
-else
-	todo "victim flow through another egress keeps at least half its throughput during the incast (${alone:-none} -> ${during:-none} Gb/s)" "the victim shares s1 and the guest's 2 vCPUs with 14 busy-polling perftest processes of the incast: 0.23 -> 0.09 Gb/s in one run"
-fi
+check "victim flow through another egress keeps at least half its throughput during the incast ($alone -> $during Gb/s)" \
+	awk -v a="$alone" -v d="$during" 'BEGIN {exit !(a > 0 && d >= a / 2)}'
 
 # Nothing is left queued with no thread to take it (a lost wakeup once left the victim's
 # receiver asleep with its queue full, for good, and the victim QP failed).
@@ -228,6 +303,8 @@ for n in rx v $(seq -f 's%g' 1 $MAXN); do
 	$IP netns exec "$n" $RDMA link delete "m$n"
 	$IP netns exec "$n" $RDMA link delete "r$n"
 done
+kill $SW_PID 2>/dev/null
+wait $SW_PID 2>/dev/null
 for n in sw rx v $(seq -f 's%g' 1 $MAXN); do $IP netns delete "$n"; done
 check "rmmod metaroce" rmmod metaroce
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
