@@ -239,8 +239,22 @@ qperf_lat() {
 }
 
 # --- shaping ------------------------------------------------------------------------------
-# shape NS DEV NETEM-ARGS...: netem on DEV's egress (RATE plus whatever is given).
-shape() { local ns="$1" dev="$2"; shift 2; tc -n "$ns" qdisc replace dev "$dev" root netem "$@"; }
+# shape NS DEV [rate R] [NETEM-ARGS...]: DEV's egress rate-limited by a tbf (R given), with
+# netem under it for the rest. Not netem's own rate: packets netem reorders go out at once,
+# past its rate, so "delay 1ms reorder 75%" with "rate 100mbit" let 0.4 Gbit/s through.
+shape() {
+	local ns="$1" dev="$2" rate="" parent=root
+	shift 2
+	if [ "${1:-}" = rate ]; then rate="$2"; shift 2; fi
+	tc -n "$ns" qdisc del dev "$dev" root 2>/dev/null || true
+	if [ -n "$rate" ]; then
+		# About 3 ms of burst at 100 Mbit/s and 50 ms of queue.
+		tc -n "$ns" qdisc add dev "$dev" root handle 1: tbf rate "$rate" burst 32kb latency 50ms
+		parent="parent 1:1"
+	fi
+	# shellcheck disable=SC2086
+	[ $# -eq 0 ] || tc -n "$ns" qdisc add dev "$dev" $parent handle 10: netem limit 10000 "$@"
+}
 unshape() { tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true; }
 # netem's loss wants "loss X%" only when X > 0.
 loss_args() { awk -v l="$1" 'BEGIN { if (l + 0 > 0) printf "loss %s%%", l }'; }
