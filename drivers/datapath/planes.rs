@@ -387,10 +387,20 @@ impl Engine {
             let conn = &p.conn;
             let s = conn.stats();
             let cc = conn.congestion();
+            // Packets acknowledged after a later one of their path, and of those declared
+            // lost, the ones acknowledged after all (spurious retransmissions).
+            let (mut reordered, mut spurious) = (0u64, 0u64);
+            for i in 0..conn.path_count() {
+                if let Some(path) = conn.path(i) {
+                    reordered += path.stats.reordered;
+                    spurious += path.stats.spurious;
+                }
+            }
             let _ = writeln!(
                 w,
                 "peer {a}.{b}.{c}.{d} qps {} paths {}/{} in {} out {} dropped_in {} retx {} \
-                 timeouts {} acks {}/{} cwnd {} pace {} grant_in {} grant_out {}",
+                 timeouts {} reordered {reordered} spurious {spurious} acks {}/{} cwnd {} \
+                 pace {} grant_in {} grant_out {}",
                 p.attached,
                 conn.send_paths(),
                 conn.path_count(),

@@ -34,7 +34,7 @@ SCENARIOS = [
      "ib_write_bw 64 KiB / iperf3 over a rate-limited veth with netem loss on the data direction (one-way) "
      "or on both directions."),
     ("reorder", "Reordering, with and without loss", "loss (%)",
-     "netem reordering (see the case) on the data direction of a rate-limited veth."),
+     "netem reordering (see the case) on the data direction of an unshaped veth (compare with the lossless point of `bw_size`)."),
     ("multipath", "Multipath fabric, one path lossy", "loss on spine 1 (%)",
      "leaf/spine fabric (selftests/fabric.sh), 4 rate-limited spines, ECMP on the 5-tuple; netem loss on spine 1."),
     ("planes", "Rate-limited planes", "planes",
@@ -178,6 +178,7 @@ def headline(g):
         ("loss", "bw", "1", "1% loss one-way, Gb/s"),
         ("loss", "bw", "10", "10% loss one-way, Gb/s"),
         ("reorder", "bw", "0", "reordering, no loss, Gb/s"),
+        ("reorder", "retx", "0", "reordering, no loss, retransmissions (lower is better)"),
         ("reorder", "bw", "1", "reordering + 1% loss, Gb/s"),
         ("multipath", "bw", "5", "4 spines, spine 1 at 5% loss, Gb/s"),
         ("planes", "bw", None, "most planes, summed, Gb/s"),
