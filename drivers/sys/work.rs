@@ -415,24 +415,23 @@ fn flush_section() {
 /// with its queue filling). Called where this CPU runs our code in another context: a
 /// receive thread starting its work, a kick from a softirq, the alarm. Any context.
 pub(crate) fn rescue_preempted() {
-    // SAFETY: reads the CPU number and `current`, as in `own_slot`.
-    let (cpu, me) = unsafe {
-        (
-            bindings::metaroce_glue_smp_processor_id() as usize,
-            bindings::metaroce_glue_current(),
-        )
-    };
-    if let Some(slot) = TX_SLOTS.get(cpu) {
-        let owner = slot.owner.load(Ordering::Acquire);
-        if !owner.is_null() && owner != me {
-            slot.wake_deferred();
-        }
+    if let Some((slot, Owner::Other)) = cpu_slot() {
+        slot.wake_deferred();
     }
 }
 
-/// This CPU's transmit section, if the current task (in interrupt context: the task
-/// interrupted) is in it. Any context.
-fn own_slot() -> Option<&'static TxSlot> {
+/// Who holds a CPU's transmit section, as the current task sees it.
+#[derive(PartialEq)]
+enum Owner {
+    Nobody,
+    /// The current task (in interrupt context: the task interrupted).
+    Me,
+    /// Another task: preempted in its section.
+    Other,
+}
+
+/// This CPU's transmit section and who holds it. Any context.
+fn cpu_slot() -> Option<(&'static TxSlot, Owner)> {
     // SAFETY: reads the CPU number and `current`; in interrupt context `current` is the task
     // interrupted, which is what makes a softirq inside a section see it.
     let (cpu, me) = unsafe {
@@ -442,7 +441,21 @@ fn own_slot() -> Option<&'static TxSlot> {
         )
     };
     let slot = TX_SLOTS.get(cpu)?;
-    (slot.owner.load(Ordering::Acquire) == me).then_some(slot)
+    let owner = slot.owner.load(Ordering::Acquire);
+    let who = if owner.is_null() {
+        Owner::Nobody
+    } else if owner == me {
+        Owner::Me
+    } else {
+        Owner::Other
+    };
+    Some((slot, who))
+}
+
+/// This CPU's transmit section, if the current task (in interrupt context: the task
+/// interrupted) is in it. Any context.
+fn own_slot() -> Option<&'static TxSlot> {
+    cpu_slot().and_then(|(slot, who)| (who == Owner::Me).then_some(slot))
 }
 
 impl TxSlot {
@@ -466,9 +479,14 @@ impl TxSlot {
 /// Holds back the wakeup of `task` until the end of the transmit section the current task is
 /// in on this CPU; false (wake it now) when there is none or it is full. Any context.
 fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
-    let Some(slot) = own_slot() else {
-        rescue_preempted();
-        return false;
+    let slot = match cpu_slot() {
+        Some((slot, Owner::Me)) => slot,
+        Some((slot, Owner::Other)) => {
+            // Preempted in its section: its held-back wakeups go now, with ours.
+            slot.wake_deferred();
+            return false;
+        }
+        _ => return false,
     };
     // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
     // keeps it so until the section's end wakes it.
