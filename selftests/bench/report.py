@@ -47,11 +47,14 @@ SCENARIOS = [
      "path is blackholed (every IPv4 packet dropped on ingress at both ends; link up, shaping kept) and "
      "restored; time series in cut.png."),
     ("incast", "Incast", "senders",
-     "N senders to one receiver through a bridge whose port to the receiver is rate-limited; the sum over "
-     "senders and Jain's fairness index (1 = fair)."),
+     "N senders to one receiver through a bridge whose port to the receiver is rate-limited: the sum of what "
+     "the senders' perftest/iperf3 report (goodput) and Jain's fairness index over it (1 = fair); and from the "
+     "bridge's own byte counters over the middle of the runs, the bottleneck's load (bytes towards the receiver "
+     "over the line rate, retransmissions included) and Jain's index over the bytes each sender put in."),
     ("conns", "Connection scaling and kernel memory", "QPs",
      "N RC QPs open and active at once (several perftest processes), the most seen open, and kernel memory "
-     "(slab + vmalloc from /proc/meminfo) per QP and per device."),
+     "(slab + vmalloc from /proc/meminfo) per QP and per device; split into the rings (vmalloc: both "
+     "transports' rings are vmalloc_user) and the rest (slab, where kmallocs over a page are counted too)."),
 ]
 
 NOT_MEASURED = "not measured"
@@ -182,8 +185,10 @@ def headline(g):
         ("reorder", "bw", "1", "reordering + 1% loss, Gb/s"),
         ("multipath", "bw", "5", "4 spines, spine 1 at 5% loss, Gb/s"),
         ("planes", "bw", None, "most planes, summed, Gb/s"),
-        ("incast", "bw", None, "N-to-1 incast, summed Gb/s"),
+        ("incast", "bw", None, "N-to-1 incast, summed goodput, Gb/s"),
+        ("incast", "load", None, "N-to-1 incast, bottleneck load at the bridge (1 = line rate)"),
         ("conns", "kmem_per_qp", None, "kernel memory per QP, KiB (lower is better)"),
+        ("conns", "kmem_slab_per_qp", None, "kernel memory per QP beyond its rings, KiB (lower is better)"),
     ]
     out = ["| point | metaroce | rxe | TCP | metaroce/rxe | metaroce/TCP |", "|---|---|---|---|---|---|"]
     for scen, metric, x, label in picks:

@@ -358,11 +358,29 @@ scenario_loss() {
 
 # Retransmissions the sender made so far: metaroce's hw counter, TCP's TcpRetransSegs (rxe
 # counts none it would call that).
+hw_count() { cat "/sys/class/infiniband/mroce1/ports/1/hw_counters/$1"; } # NAME: mroce1's
 retx_count() { # TRANSPORT
 	case "$1" in
 	metaroce) cat /sys/class/infiniband/mroce1/ports/1/hw_counters/retransmits ;;
 	tcp) $IP netns exec ns1 nstat -az TcpRetransSegs | awk '$1 == "TcpRetransSegs" { print $2 }' ;;
 	esac
+}
+# Packets the guest dropped so far on the pair, none of which the netem reordering asked for:
+# the per-CPU input backlogs (/proc/net/softnet_stat, all CPUs), veth1's root qdisc and both
+# veths' own drop counters. A retransmission during a reordering run with no loss set is
+# spurious only if this did not move.
+stack_drops() {
+	local s=0 d
+	while read -r _ d _; do s=$((s + 0x$d)); done </proc/net/softnet_stat
+	s=$((s + $(tc -n ns1 -s qdisc show dev veth1 | awk '/dropped/ && !m { for (i = 1; i < NF; i++)
+		if ($i == "(dropped") { v = $(i + 1); gsub(/,/, "", v); m = 1; print v + 0 } } END { if (!m) print 0 }')))
+	for d in ns1:veth1 ns2:veth2; do
+		s=$((s + $($IP netns exec "${d%%:*}" cat /proc/net/dev | awk -v n="${d##*:}" '
+			(i = index($0, ":")) > 0 { name = substr($0, 1, i - 1); gsub(/ /, "", name)
+				if (name == n) { split(substr($0, i + 1), f, " "); print f[4] + f[12]; m = 1 } }
+			END { if (!m) print 0 }')))
+	done
+	echo "$s"
 }
 # Reordering on an unshaped link (compare with bw_size's lossless point): netem's reordering
 # sends a packet it picks at once by putting it at the head of its queue, so behind a rate
@@ -370,15 +388,21 @@ retx_count() { # TRANSPORT
 # queue (metaroce made 750-1200 spurious retransmissions in 4 s that way, TCP 500), which is
 # no longer "25% of packets 1 ms late".
 scenario_reorder() {
-	local t rep l r0
+	local t rep l r0 d0 o0
 	for l in $REORDER_LOSSES; do
 		# shellcheck disable=SC2046,SC2086
 		shape ns1 veth1 $REORDER $(loss_args "$l")
 		for rep in $(seq 1 "$REPS"); do
 			for t in $TRANSPORTS; do
-				r0=$(retx_count $t)
+				r0=$(retx_count $t) d0=$(stack_drops) o0=$(hw_count timeouts)
 				sample reorder "$REORDER, unshaped" "$l" $t bw Gb/s "$rep" \
 					"$(bw_on_pair reorder $t -s 65536 -D "$DUR")"
+				sample reorder "$REORDER, unshaped: packets the guest's stack dropped (backlogs, qdisc, veths; netem's own loss included)" \
+					"$l" $t drops count "$rep" "$(($(stack_drops) - d0))"
+				if [ $t = metaroce ]; then
+					sample reorder "$REORDER, unshaped: path retransmission timeouts" "$l" $t timeouts count "$rep" \
+						"$(($(hw_count timeouts) - o0))"
+				fi
 				if [ $t = rxe ]; then
 					not_measured reorder "$REORDER, unshaped: retransmissions" "$l" $t retx count "no such counter"
 				else
@@ -702,9 +726,15 @@ incast_up() { # N
 		$IP netns exec in$k $RDMA link add rxi$k type rxe netdev eth0
 	done
 	shape isw port0 rate "$INCAST_RATE" limit 200
+	# A process in isw whose /proc/PID/net/dev is the bridge's counters (no process started
+	# per sample: `ip netns exec` takes a second on a loaded guest).
+	$IP netns exec isw sleep 100000 &
+	ISW_PID=$!
 }
 incast_down() {
 	local k
+	kill "$ISW_PID" 2>/dev/null
+	wait "$ISW_PID" 2>/dev/null
 	for k in $(seq 0 "$1"); do $IP netns del in$k 2>/dev/null; done
 	$IP netns del isw 2>/dev/null
 	wait_for 10 sh -c "! $RDMA link show 2>/dev/null | grep -q 'mri\\|rxi'" || true
@@ -717,14 +747,62 @@ incast_flow() { # T K DUR
 	rxe) rdma_bw in$k in$k rxi$k in0 rxi0 10.79.0.1 $((18700 + k)) -s 65536 -D "$d" ;;
 	esac
 }
+# isw_bytes N -> "<time ns> <port0 tx> <port1 rx> .. <portN rx>": what left the bottleneck
+# towards the receiver and what each sender put in (retransmissions included).
+isw_bytes() {
+	awk -v t="$EPOCHREALTIME" -v n="$1" '
+		(i = index($0, ":")) > 0 {
+			name = substr($0, 1, i - 1); gsub(/ /, "", name)
+			split(substr($0, i + 1), f, " "); rx[name] = f[1]; tx[name] = f[9]
+		}
+		END {
+			split(t, T, "[.,]")
+			printf "%s%06d000 %.0f", T[1], T[2], tx["port0"]
+			for (k = 1; k <= n; k++) printf " %.0f", rx["port" k]
+			printf "\n"
+		}' "/proc/$ISW_PID/net/dev"
+}
+# isw_window N SECS -> two isw_bytes lines SECS apart, the first once every sender has put
+# 256 KiB into the bridge (so all flows run in the window), or after DUR/2 seconds.
+isw_window() {
+	local n="$1" secs="$2" base now deadline=$((SECONDS + DUR / 2 + 1))
+	base=$(isw_bytes "$n")
+	while [ "$SECONDS" -lt "$deadline" ]; do
+		sleep 0.3
+		now=$(isw_bytes "$n")
+		awk -v a="$base" -v b="$now" 'BEGIN {
+			split(a, A, " "); split(b, B, " ")
+			for (i = 3; i in B; i++) if (B[i] - A[i] < 262144) exit 1
+		}' && break
+	done
+	isw_bytes "$n"
+	sleep "$secs"
+	isw_bytes "$n"
+}
+# tc rate (50mbit, 1gbit, ...) in Gb/s.
+rate_gbps() {
+	echo "$1" | awk '{ v = $1 + 0; u = tolower($1); sub(/^[0-9.]+/, "", u)
+		m = (u ~ /^g/) ? 1 : (u ~ /^m/) ? 1e-3 : (u ~ /^k/) ? 1e-6 : 1e-9
+		if (u ~ /bps$/) m *= 8
+		print v * m }'
+}
 scenario_incast() {
-	local t rep n k v sum sumsq bad
+	local t rep n k v sum sumsq bad win case pids
 	for n in $INCAST; do
 		incast_up "$n"
+		case="$n-to-1, receiver port $INCAST_RATE"
 		for rep in $(seq 1 "$REPS"); do
 			for t in $TRANSPORTS; do
-				for k in $(seq 1 "$n"); do incast_flow $t "$k" "$DUR" >"$W/in$k.val" & done
-				wait
+				pids=()
+				for k in $(seq 1 "$n"); do
+					incast_flow $t "$k" "$DUR" >"$W/in$k.val" &
+					pids+=($!)
+				done
+				# The bridge's counters over the middle of the runs: what perftest reports
+				# rests on its cycle counter, calibrated at start, which a loaded TCG
+				# guest makes unreliable; and rxe's load is mostly go-back-N resends.
+				win=$(isw_window "$n" $((DUR / 2)))
+				wait "${pids[@]}"
 				sum=0 sumsq=0 bad=""
 				for k in $(seq 1 "$n"); do
 					v=$(cat "$W/in$k.val")
@@ -733,10 +811,22 @@ scenario_incast() {
 						sumsq=$(awk -v a="$sumsq" -v b="$v" 'BEGIN { print a + b * b }')
 					else bad="sender $k: $v"; fi
 				done
-				sample incast "$n-to-1, receiver port $INCAST_RATE" "$n" $t bw Gb/s "$rep" "${bad:-$sum}"
+				sample incast "$case" "$n" $t bw Gb/s "$rep" "${bad:-$sum}"
 				# Jain's fairness index over the senders: 1 is a fair share each.
-				sample incast "$n-to-1, receiver port $INCAST_RATE" "$n" $t fairness jain "$rep" "${bad:-$(awk \
+				sample incast "$case" "$n" $t fairness jain "$rep" "${bad:-$(awk \
 					-v s="$sum" -v q="$sumsq" -v n="$n" 'BEGIN { if (q > 0) printf "%.3f", s * s / (n * q); else print "zero throughput" }')}"
+				# From the bridge: the bottleneck's load (bytes towards the receiver over its
+				# rate, retransmissions included) and Jain over what each sender put in.
+				sample incast "$case, bottleneck load at the bridge (1 = line rate)" "$n" $t load ratio "$rep" \
+					"$(echo "$win" | awk -v r="$(rate_gbps "$INCAST_RATE")" 'NR == 1 { split($0, A) }
+						NR == 2 { split($0, B); dt = (B[1] - A[1]) / 1e9
+							if (dt > 0 && r > 0) printf "%.3f", (B[2] - A[2]) * 8 / dt / 1e9 / r
+							else print "no window" }')"
+				sample incast "$case, Jain over the bytes each sender put into the bridge" "$n" $t jain_bridge jain "$rep" \
+					"$(echo "$win" | awk 'NR == 1 { split($0, A) }
+						NR == 2 { n = split($0, B); s = 0; q = 0
+							for (i = 3; i <= n; i++) { d = B[i] - A[i]; s += d; q += d * d }
+							if (q > 0) printf "%.3f", s * s / ((n - 2) * q); else print "nothing sent" }')"
 			done
 		done
 		incast_down "$n"
@@ -744,8 +834,10 @@ scenario_incast() {
 }
 
 # --- connection scaling -----------------------------------------------------------------------
-# Kernel memory in KiB: slab plus vmalloc (the rings are vmalloc_user).
-kmem_kib() { awk '/^(Slab|VmallocUsed):/ { s += $2 } END { print s }' /proc/meminfo; }
+# Kernel memory in KiB: "slab vmalloc". Both transports' rings are vmalloc_user, so vmalloc is
+# the rings and slab what a QP costs beyond them (kmalloc allocations over a page, taken from
+# the page allocator, are counted in Slab too).
+kmem_kib() { awk '/^Slab:/ { s = $2 } /^VmallocUsed:/ { v = $2 } END { print s, v }' /proc/meminfo; }
 qps_open() { # the most QPs any one device of PREFIX has
 	$RDMA resource show 2>/dev/null | awk -v p="$1" '$2 ~ "^"p {
 		for (i = 3; i < NF; i++) if ($i == "qp") { if ($(i + 1) > m) m = $(i + 1) } }
@@ -753,6 +845,7 @@ qps_open() { # the most QPs any one device of PREFIX has
 }
 scenario_conns() {
 	local t rep q="$CONNS" procs="$CONN_PROCS" per k p before peak open maxopen sum v bad d
+	local sbefore vbefore speak vpeak sv vv
 	per=$((q / procs))
 	d=$((DUR + per / 100 + 4))
 	# Setting up and connecting a thousand QPs takes a while under TCG (dynamic scope: the
@@ -762,19 +855,21 @@ scenario_conns() {
 		for t in metaroce rxe; do
 			p=$(dev_of $t)
 			sync
-			before=$(kmem_kib)
+			read -r sbefore vbefore <<<"$(kmem_kib)"
+			before=$((sbefore + vbefore))
 			for k in $(seq 1 "$procs"); do
 				rdma_bw cn$k ns1 ${p}1 ns2 ${p}2 $NS2_ADDR $((18800 + k)) -s 4096 -q "$per" -t 16 -D "$d" \
 					>"$W/cn$k.val" &
 			done
-			peak=$before maxopen=0
+			peak=$before speak=$sbefore vpeak=$vbefore maxopen=0
 			# Sample while the runs are on: the most QPs open at once and the kernel memory then.
 			while [ "$(jobs -rp | wc -l)" -gt 0 ]; do
 				open=$(qps_open "${p}1")
 				if [ "$open" -ge "$maxopen" ]; then
 					maxopen=$open
-					v=$(kmem_kib)
-					[ "$v" -le "$peak" ] || peak=$v
+					read -r sv vv <<<"$(kmem_kib)"
+					v=$((sv + vv))
+					[ "$v" -le "$peak" ] || { peak=$v speak=$sv vpeak=$vv; }
 				fi
 				sleep 0.5
 			done
@@ -790,6 +885,12 @@ scenario_conns() {
 				# Both ends are in this guest: 2 x maxopen QPs (with perftest's MRs and CQs).
 				sample conns "kernel memory per QP (slab + vmalloc, both ends, MR/CQ share included)" "$q" $t \
 					kmem_per_qp KiB "$rep" "$(awk -v a="$peak" -v b="$before" -v n=$((2 * maxopen)) \
+					'BEGIN { printf "%.2f", (a - b) / n }')"
+				sample conns "kernel memory per QP beyond its rings (slab, both ends, MR/CQ share included)" "$q" $t \
+					kmem_slab_per_qp KiB "$rep" "$(awk -v a="$speak" -v b="$sbefore" -v n=$((2 * maxopen)) \
+					'BEGIN { printf "%.2f", (a - b) / n }')"
+				sample conns "rings per QP (vmalloc, both ends)" "$q" $t \
+					kmem_rings_per_qp KiB "$rep" "$(awk -v a="$vpeak" -v b="$vbefore" -v n=$((2 * maxopen)) \
 					'BEGIN { printf "%.2f", (a - b) / n }')"
 			else
 				sample conns "kernel memory per QP (slab + vmalloc, both ends, MR/CQ share included)" "$q" $t \
