@@ -55,7 +55,12 @@ run() {
 		tc -n ns1 qdisc replace dev veth1 root netem limit 10000 $REORDER
 		v=$(run "$p" write_bw)
 		tc -n ns1 qdisc del dev veth1 root
-		if [ "$p" = mroce ]; then echo $(($(retransmits) - r0)) >"$OUT/retx"; else echo - >"$OUT/retx"; fi
+		if [ "$p" = mroce ]; then
+			echo $(($(retransmits) - r0)) >"$OUT/retx"
+			grep '^peer' /sys/class/infiniband/mroce1/peers | sed 's/^/# mroce1 /' >&2
+		else
+			echo - >"$OUT/retx"
+		fi
 		echo "$v"
 		return
 		;;
