@@ -366,11 +366,13 @@ retx_count() { # TRANSPORT
 	esac
 }
 # Packets the guest dropped so far on the pair, none of which the netem reordering asked for:
-# the per-CPU input backlogs (/proc/net/softnet_stat, all CPUs), veth1's root qdisc and both
-# veths' own drop counters. A retransmission during a reordering run with no loss set is
+# the per-CPU input backlogs (/proc/net/softnet_stat, all CPUs), veth1's root qdisc, both
+# veths' own drop counters and metaroce's receive queues (rx_nomem: a full queue drops, as a
+# NIC's full ring would). A retransmission during a reordering run with no loss set is
 # spurious only if this did not move.
 stack_drops() {
 	local s=0 d
+	for d in mroce1 mroce2; do s=$((s + $(cat /sys/class/infiniband/$d/ports/1/hw_counters/rx_nomem))); done
 	while read -r _ d _; do s=$((s + 0x$d)); done </proc/net/softnet_stat
 	s=$((s + $(tc -n ns1 -s qdisc show dev veth1 | awk '/dropped/ && !m { for (i = 1; i < NF; i++)
 		if ($i == "(dropped") { v = $(i + 1); gsub(/,/, "", v); m = 1; print v + 0 } } END { if (!m) print 0 }')))
@@ -397,7 +399,7 @@ scenario_reorder() {
 				r0=$(retx_count $t) d0=$(stack_drops) o0=$(hw_count timeouts)
 				sample reorder "$REORDER, unshaped" "$l" $t bw Gb/s "$rep" \
 					"$(bw_on_pair reorder $t -s 65536 -D "$DUR")"
-				sample reorder "$REORDER, unshaped: packets the guest's stack dropped (backlogs, qdisc, veths; netem's own loss included)" \
+				sample reorder "$REORDER, unshaped: packets dropped in the guest (backlogs, qdisc, veths, metaroce's receive queues; netem's own loss included)" \
 					"$l" $t drops count "$rep" "$(($(stack_drops) - d0))"
 				if [ $t = metaroce ]; then
 					sample reorder "$REORDER, unshaped: path retransmission timeouts" "$l" $t timeouts count "$rep" \
