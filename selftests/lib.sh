@@ -188,6 +188,26 @@ signal.pause()
 }
 
 # The kernel log since the test started, for oops/WARN/leak checks.
+# net_bytes PID FIELD...: the time and byte counters of the network namespace PID is in, read
+# in one go from /proc/PID/net/dev (no process started per sample: `ip netns exec` took over a
+# second on a loaded guest): "<time ns> <value of each FIELD>", a FIELD tx:DEV or rx:DEV.
+net_bytes() {
+	local pid="$1"
+	shift
+	awk -v t="$EPOCHREALTIME" -v fields="$*" '
+		(i = index($0, ":")) > 0 {
+			name = substr($0, 1, i - 1); gsub(/ /, "", name)
+			split(substr($0, i + 1), f, " "); v["rx:" name] = f[1]; v["tx:" name] = f[9]
+		}
+		END {
+			split(t, T, "[.,]")
+			printf "%s%06d000", T[1], T[2]
+			n = split(fields, F, " ")
+			for (k = 1; k <= n; k++) printf " %.0f", v[F[k]]
+			printf "\n"
+		}' "/proc/$pid/net/dev"
+}
+
 dmesg_mark() { dmesg | wc -l >"$TAP_DIR/dmesg-mark"; }
 dmesg_since_mark() { dmesg | tail -n +"$(($(cat "$TAP_DIR/dmesg-mark" 2>/dev/null || echo 0) + 1))"; }
 KERNEL_TROUBLE='BUG:|WARNING:|Oops|general protection|kernel BUG|refcount_t|unreferenced object|KASAN|UBSAN|lockdep|possible recursive|circular locking|list_(add|del) corruption|Call Trace'

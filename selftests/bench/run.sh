@@ -752,17 +752,7 @@ incast_flow() { # T K DUR
 # isw_bytes N -> "<time ns> <port0 tx> <port1 rx> .. <portN rx>": what left the bottleneck
 # towards the receiver and what each sender put in (retransmissions included).
 isw_bytes() {
-	awk -v t="$EPOCHREALTIME" -v n="$1" '
-		(i = index($0, ":")) > 0 {
-			name = substr($0, 1, i - 1); gsub(/ /, "", name)
-			split(substr($0, i + 1), f, " "); rx[name] = f[1]; tx[name] = f[9]
-		}
-		END {
-			split(t, T, "[.,]")
-			printf "%s%06d000 %.0f", T[1], T[2], tx["port0"]
-			for (k = 1; k <= n; k++) printf " %.0f", rx["port" k]
-			printf "\n"
-		}' "/proc/$ISW_PID/net/dev"
+	net_bytes "$ISW_PID" tx:port0 $(seq -f 'rx:port%g' 1 "$1")
 }
 # isw_window N SECS -> two isw_bytes lines SECS apart, the first once every sender has put
 # 256 KiB into the bridge (so all flows run in the window), or after DUR/2 seconds.

@@ -82,17 +82,7 @@ hwsum() {
 $IP netns exec sw sleep 100000 &
 SW_PID=$!
 sw_bytes() { # N
-	awk -v t="$EPOCHREALTIME" -v n="$1" '
-		(i = index($0, ":")) > 0 {
-			name = substr($0, 1, i - 1); gsub(/ /, "", name)
-			split(substr($0, i + 1), f, " "); rx[name] = f[1]; tx[name] = f[9]
-		}
-		END {
-			split(t, T, "[.,]")
-			printf "%s%06d000 %.0f %.0f", T[1], T[2], tx["swr"], tx["swv"]
-			for (k = 1; k <= n; k++) printf " %.0f", rx["sw" k]
-			printf "\n"
-		}' "/proc/$SW_PID/net/dev"
+	net_bytes "$SW_PID" tx:swr tx:swv $(seq -f 'rx:sw%g' 1 "$1")
 }
 
 # window N SECS FIRST LAST -> prints the byte counters (sw_bytes N) at the start and at the
