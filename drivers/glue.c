@@ -8,6 +8,7 @@
 #include <linux/sched.h>
 #include <linux/sched/task.h>
 #include <linux/scatterlist.h>
+#include <linux/spinlock.h>
 #include <linux/timekeeping.h>
 #include "glue.h"
 
@@ -109,4 +110,19 @@ void metaroce_glue_get_task_struct(struct task_struct *t)
 void metaroce_glue_put_task_struct(struct task_struct *t)
 {
 	put_task_struct(t);
+}
+
+void metaroce_glue_spin_lock_bh(spinlock_t *lock)
+{
+	spin_lock_bh(lock);
+}
+
+bool metaroce_glue_spin_trylock_bh(spinlock_t *lock)
+{
+	return spin_trylock_bh(lock);
+}
+
+void metaroce_glue_spin_unlock_bh(spinlock_t *lock)
+{
+	spin_unlock_bh(lock);
 }

@@ -12,7 +12,7 @@ use core::{
 use kernel::{
     new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex, MutexGuard, SpinLockIrq},
+    sync::{Arc, SpinLockIrq},
     types::Opaque,
 };
 
@@ -387,27 +387,6 @@ impl Drop for TxSection {
     }
 }
 
-/// Locks `m`, first doing the wakeups the current task's transmit section holds back if it has
-/// to wait: a section's task that sleeps must not keep other threads asleep meanwhile (their
-/// work would wait for as long as it does; a cycle of such waits stalled a receive thread
-/// for good, its work pending and never woken). Any mutex taken on the data path goes through
-/// here.
-pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    if let Some(g) = m.try_lock() {
-        return g;
-    }
-    flush_section();
-    m.lock()
-}
-
-/// Does the wakeups the current task's section on this CPU holds back now (the section goes
-/// on). Process context.
-fn flush_section() {
-    if let Some(slot) = own_slot() {
-        slot.wake_deferred();
-    }
-}
-
 /// Wakes what this CPU's transmit section holds back if its owner is not the current task (in
 /// interrupt context: the task interrupted): the owner was preempted inside it, and the
 /// threads it deferred must not wait for it to be scheduled again (with a dozen busy-polling
@@ -450,12 +429,6 @@ fn cpu_slot() -> Option<(&'static TxSlot, Owner)> {
         Owner::Other
     };
     Some((slot, who))
-}
-
-/// This CPU's transmit section, if the current task (in interrupt context: the task
-/// interrupted) is in it. Any context.
-fn own_slot() -> Option<&'static TxSlot> {
-    cpu_slot().and_then(|(slot, who)| (who == Owner::Me).then_some(slot))
 }
 
 impl TxSlot {
