@@ -562,6 +562,11 @@ impl Engine {
         self.peers.lock().iter().find(|p| p.planes.has(addr)).cloned()
     }
 
+    /// The `i`th peer: walks the peers without allocating (softirq).
+    fn peer_at(&self, i: usize) -> Option<Arc<Peer>> {
+        self.peers.lock().get(i).cloned()
+    }
+
     fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
         if let Some(p) = self.peer(addr) {
             return Ok(p);
@@ -1350,9 +1355,12 @@ impl Engine {
         }
     }
 
+    /// The alarm went off (softirq): every peer's timers, each peer's run by whoever holds it.
     fn process_timers(self: &Arc<Self>) {
-        let _tx = work::TxSection::enter();
-        for peer in self.peer_list().iter() {
+        let mut i = 0;
+        while let Some(peer) = self.peer_at(i) {
+            i += 1;
+            let peer = &peer;
             let Some(mut p) =
                 Self::lock_data_path(peer).or_else(|| self.leave_to_holder(peer, PENDING_TIMER))
             else {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The data path's threads (receive processing and timers: [`CpuThreads`] and its alarm), the
-//! clock and randomness.
+//! The data path's receive threads ([`CpuThreads`]) and its timer (their alarm, a soft
+//! high-resolution timer whose callback runs in softirq), the clock and randomness.
 
 use super::bindings;
 use core::{
@@ -33,14 +33,13 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) trait KthreadWork: Send + Sync + 'static {
     /// Does the pending work (the thread may be kicked again meanwhile: it runs again).
     fn run(this: &Arc<Self>);
-    /// The alarm set with [`CpuThreads::arm`] went off; called before `run` when both are
-    /// pending.
+    /// The alarm set with [`CpuThreads::arm`] went off: called from the timer's callback, in
+    /// softirq (it must not sleep).
     fn alarm(_this: &Arc<Self>) {}
 }
 
-/// `KthreadShared::pending` bits.
+/// `KthreadShared::pending` bit: run.
 const KICKED: u8 = 1;
-const ALARM: u8 = 2;
 
 struct KthreadShared<T> {
     pending: AtomicU8,
@@ -104,14 +103,6 @@ impl<T: KthreadWork> Kthread<T> {
         self.post(KICKED);
     }
 
-    /// Sets `bits` in the thread's pending work and wakes it, whatever was pending. Any
-    /// context.
-    fn post_force(&self, bits: u8) {
-        self.shared.pending.fetch_or(bits, Ordering::AcqRel);
-        // SAFETY: as in `post`.
-        unsafe { bindings::wake_up_process(self.task.as_ptr()) };
-    }
-
     /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
     /// the [`TxSection`] we are in, if any). Any context.
     fn post(&self, bits: u8) {
@@ -153,16 +144,13 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
         }
         let pending = shared.pending.swap(0, Ordering::AcqRel);
         if pending == 0 {
-            // SAFETY: sleeps until woken (by `kick`, the alarm or `kthread_stop`).
+            // SAFETY: sleeps until woken (by `kick` or `kthread_stop`).
             unsafe { bindings::schedule() };
             continue;
         }
         // SAFETY: as above.
         unsafe { bindings::metaroce_glue_set_current_running() };
         rescue_preempted();
-        if pending & ALARM != 0 {
-            T::alarm(&shared.work);
-        }
         if pending & KICKED != 0 {
             T::run(&shared.work);
         }
@@ -184,10 +172,11 @@ const ALARM_SLACK_NS: u64 = 20_000;
 /// The soonest the alarm goes off after it is armed.
 const ALARM_MIN_DELAY_NS: u64 = 10_000;
 
-/// A one-shot high-resolution timer (`CLOCK_MONOTONIC`, firing in hard interrupt context) that
-/// posts [`KthreadWork::alarm`] to the thread of the CPU it fires on. Workqueue timers only
-/// have jiffy resolution; the transport's ACK delay, pacing and retransmission timers want
-/// microseconds.
+/// A one-shot high-resolution timer (`CLOCK_MONOTONIC`, soft: its callback runs in softirq)
+/// that runs [`KthreadWork::alarm`] there, on the CPU it fires on: no thread to wake, so the
+/// transport's timers are as late as the timer is, not as the scheduler makes a thread.
+/// Workqueue timers only have jiffy resolution; the transport's ACK delay, pacing and
+/// retransmission timers want microseconds.
 #[repr(C)]
 #[pin_data(PinnedDrop)]
 struct Alarm<T: KthreadWork> {
@@ -218,7 +207,7 @@ impl<T: KthreadWork> PinnedDrop for Alarm<T> {
     }
 }
 
-/// The alarm's timer callback (hard interrupt context).
+/// The alarm's timer callback (softirq).
 ///
 /// # Safety
 ///
@@ -231,13 +220,10 @@ unsafe extern "C" fn alarm_fn<T: KthreadWork>(
     let alarm = unsafe { &*timer.cast::<Alarm<T>>() };
     // SAFETY: `threads` and `count` describe the live slice of the `CpuThreads`' threads.
     let threads = unsafe { core::slice::from_raw_parts(alarm.threads, alarm.count) };
-    // SAFETY: reads the CPU number; a stale value only picks another thread.
-    let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
     rescue_preempted();
-    if let Some(t) = threads.get(cpu % threads.len().max(1)) {
-        // Not deferred: the interrupted task may be in a section for a while. And woken even
-        // if work was pending already: a safety net should a wakeup ever be held back.
-        t.post_force(ALARM);
+    // Every thread serves the same work.
+    if let Some(t) = threads.first() {
+        T::alarm(&t.shared.work);
     }
     bindings::hrtimer_restart::HRTIMER_NORESTART
 }
@@ -261,7 +247,7 @@ impl<T: KthreadWork> CpuThreads<T> {
                         slot,
                         Some(alarm_fn::<T>),
                         bindings::CLOCK_MONOTONIC as bindings::clockid_t,
-                        bindings::hrtimer_mode_HRTIMER_MODE_ABS,
+                        bindings::hrtimer_mode_HRTIMER_MODE_ABS_SOFT,
                     )
                 }),
                 at <- new_spinlock_irq!(0, "metaroce_alarm"),
@@ -291,12 +277,12 @@ impl<T: KthreadWork> CpuThreads<T> {
                 self.alarm.timer.get(),
                 deadline.min(i64::MAX as u64) as i64,
                 ALARM_SLACK_NS,
-                bindings::hrtimer_mode_HRTIMER_MODE_ABS,
+                bindings::hrtimer_mode_HRTIMER_MODE_ABS_SOFT,
             )
         };
     }
 
-    /// Each thread's pending work bits (`KICKED` 1, `ALARM` 2), for diagnostics.
+    /// Each thread's pending work bits (`KICKED` 1), for diagnostics.
     pub(crate) fn pending(&self, mut f: impl FnMut(usize, u8)) {
         for (i, t) in self.threads.iter().enumerate() {
             f(i, t.shared.pending.load(Ordering::Relaxed));
