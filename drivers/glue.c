@@ -6,7 +6,6 @@
 #include <linux/cpumask.h>
 #include <linux/highmem.h>
 #include <linux/sched.h>
-#include <linux/sched/task.h>
 #include <linux/scatterlist.h>
 #include <linux/spinlock.h>
 #include <linux/timekeeping.h>
@@ -95,21 +94,6 @@ void metaroce_glue_set_current_interruptible(void)
 void metaroce_glue_set_current_running(void)
 {
 	__set_current_state(TASK_RUNNING);
-}
-
-struct task_struct *metaroce_glue_current(void)
-{
-	return current;
-}
-
-void metaroce_glue_get_task_struct(struct task_struct *t)
-{
-	get_task_struct(t);
-}
-
-void metaroce_glue_put_task_struct(struct task_struct *t)
-{
-	put_task_struct(t);
 }
 
 void metaroce_glue_spin_lock_bh(spinlock_t *lock)

@@ -7,7 +7,7 @@ use super::bindings;
 use core::{
     ffi::{c_int, c_void},
     ptr::NonNull,
-    sync::atomic::{AtomicPtr, AtomicU8, Ordering},
+    sync::atomic::{AtomicU8, Ordering},
 };
 use kernel::{
     new_spinlock_irq,
@@ -52,8 +52,9 @@ struct KthreadShared<T> {
 ///
 /// Why not a work item: the kernel preempts lazily, so a woken kworker waits for the next
 /// tick (1 ms) while an application busy-polls its CQ on that CPU; a FIFO thread preempts it
-/// at once. Why bound: waking a thread on another CPU costs an IPI, which under emulation
-/// (QEMU TCG) took as long as a tick; [`CpuThreads`] wakes the one of the kicking CPU.
+/// at once. Why bound: the data path hands bulk receive runs to the thread of another CPU
+/// than the one sending them ([`CpuThreads::kick`]), so the two proceed in parallel; small
+/// datagrams are received in softirq and need no thread.
 pub(crate) struct Kthread<T: KthreadWork> {
     task: NonNull<bindings::task_struct>,
     shared: Arc<KthreadShared<T>>,
@@ -103,13 +104,10 @@ impl<T: KthreadWork> Kthread<T> {
         self.post(KICKED);
     }
 
-    /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
-    /// the [`TxSection`] we are in, if any). Any context.
+    /// Sets `bits` in the thread's pending work and wakes it if it had none (with some, it
+    /// was woken already and takes them before it sleeps again). Any context.
     fn post(&self, bits: u8) {
-        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) != 0 {
-            // Already kicked: woken, or held back by a section, perhaps one preempted here.
-            rescue_preempted();
-        } else if !defer_wake(self.task) {
+        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0 {
             // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
             unsafe { bindings::wake_up_process(self.task.as_ptr()) };
         }
@@ -150,7 +148,6 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
         }
         // SAFETY: as above.
         unsafe { bindings::metaroce_glue_set_current_running() };
-        rescue_preempted();
         if pending & KICKED != 0 {
             T::run(&shared.work);
         }
@@ -220,7 +217,6 @@ unsafe extern "C" fn alarm_fn<T: KthreadWork>(
     let alarm = unsafe { &*timer.cast::<Alarm<T>>() };
     // SAFETY: `threads` and `count` describe the live slice of the `CpuThreads`' threads.
     let threads = unsafe { core::slice::from_raw_parts(alarm.threads, alarm.count) };
-    rescue_preempted();
     // Every thread serves the same work.
     if let Some(t) = threads.first() {
         T::alarm(&t.shared.work);
@@ -299,172 +295,4 @@ impl<T: KthreadWork> CpuThreads<T> {
             t.kick();
         }
     }
-}
-
-/// CPUs whose transmit sections are tracked (beyond them, wakeups are not deferred).
-const TX_CPUS: usize = 64;
-/// Wakeups one section can hold back (more are done at once).
-const TX_DEFERRED: usize = 8;
-/// One CPU's transmit section: the task in it and the threads to wake when it ends.
-struct TxSlot {
-    owner: AtomicPtr<bindings::task_struct>,
-    /// Tasks with a reference taken (`get_task_struct`); null: free. Filled in the owner's
-    /// context on this CPU (its own code and the softirqs and interrupts that run on top of
-    /// it), each entry claimed from null with one compare-exchange and emptied with one swap,
-    /// so an interrupt that comes while the owner wakes them (`flush_section`) can neither
-    /// overwrite a task not yet woken nor be skipped. (Claiming by a counter, reset before
-    /// the entries were read, let an interrupt overwrite one: that thread's wakeup was lost
-    /// with its `pending` bit set, so no kick woke it again, and its device stopped receiving
-    /// for good: the incast victim's receiver, its queue full, in CI.)
-    wake: [AtomicPtr<bindings::task_struct>; TX_DEFERRED],
-}
-
-static TX_SLOTS: [TxSlot; TX_CPUS] = [const {
-    TxSlot {
-        owner: AtomicPtr::new(core::ptr::null_mut()),
-        wake: [const { AtomicPtr::new(core::ptr::null_mut()) }; TX_DEFERRED],
-    }
-}; TX_CPUS];
-
-/// A stretch of code that sends datagrams and may receive them too: over a veth or loopback
-/// the receiver's softirq runs inside our send, on this CPU. Receive threads kicked meanwhile
-/// are woken when the section ends, not at once, so a burst is received as one batch: a FIFO
-/// thread woken on this CPU would otherwise preempt the sender after every datagram (one
-/// context switch and one ACK per packet). Like NAPI's deferral of a softirq to its end.
-pub(crate) struct TxSection {
-    slot: &'static TxSlot,
-}
-
-impl TxSection {
-    /// Starts a section on this CPU for the current task; None when one is already open here
-    /// (this task's own: the outer one does the wakeups; or another task's, preempted: then
-    /// this one's wakeups are not deferred). Process context.
-    pub(crate) fn enter() -> Option<TxSection> {
-        // SAFETY: reads the CPU number; if we migrate later, `defer_wake` on the new CPU does
-        // not see us as the owner, and the wakeups are simply not deferred.
-        let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
-        let slot = TX_SLOTS.get(cpu)?;
-        // SAFETY: reads `current`.
-        let me = unsafe { bindings::metaroce_glue_current() };
-        match slot.owner.compare_exchange(
-            core::ptr::null_mut(),
-            me,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => Some(TxSection { slot }),
-            Err(owner) => {
-                if owner != me {
-                    // Another task's, preempted in it: what it holds back is woken now.
-                    slot.wake_deferred();
-                }
-                None
-            }
-        }
-    }
-}
-
-impl Drop for TxSection {
-    fn drop(&mut self) {
-        // No more deferrals (they happen only in the owner's context on the slot's CPU; if we
-        // migrated, none happen at all), then the deferred wakeups.
-        self.slot.owner.store(core::ptr::null_mut(), Ordering::Release);
-        self.slot.wake_deferred();
-    }
-}
-
-/// Wakes what this CPU's transmit section holds back if its owner is not the current task (in
-/// interrupt context: the task interrupted): the owner was preempted inside it, and the
-/// threads it deferred must not wait for it to be scheduled again (with a dozen busy-polling
-/// processes per CPU that was many milliseconds, during which a receiver's thread slept
-/// with its queue filling). Called where this CPU runs our code in another context: a
-/// receive thread starting its work, a kick from a softirq, the alarm. Any context.
-pub(crate) fn rescue_preempted() {
-    if let Some((slot, Owner::Other)) = cpu_slot() {
-        slot.wake_deferred();
-    }
-}
-
-/// Who holds a CPU's transmit section, as the current task sees it.
-#[derive(PartialEq)]
-enum Owner {
-    Nobody,
-    /// The current task (in interrupt context: the task interrupted).
-    Me,
-    /// Another task: preempted in its section.
-    Other,
-}
-
-/// This CPU's transmit section and who holds it. Any context.
-fn cpu_slot() -> Option<(&'static TxSlot, Owner)> {
-    // SAFETY: reads the CPU number and `current`; in interrupt context `current` is the task
-    // interrupted, which is what makes a softirq inside a section see it.
-    let (cpu, me) = unsafe {
-        (
-            bindings::metaroce_glue_smp_processor_id() as usize,
-            bindings::metaroce_glue_current(),
-        )
-    };
-    let slot = TX_SLOTS.get(cpu)?;
-    let owner = slot.owner.load(Ordering::Acquire);
-    let who = if owner.is_null() {
-        Owner::Nobody
-    } else if owner == me {
-        Owner::Me
-    } else {
-        Owner::Other
-    };
-    Some((slot, who))
-}
-
-impl TxSlot {
-    /// Wakes the tasks deferred so far. Any context: each entry is emptied by one swap, so
-    /// the owner and a rescuer ([`rescue_preempted`]) never wake the same one twice.
-    fn wake_deferred(&self) {
-        for w in &self.wake {
-            let task = w.swap(core::ptr::null_mut(), Ordering::AcqRel);
-            if !task.is_null() {
-                // SAFETY: `defer_wake` took a reference to the task, released here after the
-                // wakeup.
-                unsafe {
-                    bindings::wake_up_process(task);
-                    bindings::metaroce_glue_put_task_struct(task);
-                }
-            }
-        }
-    }
-}
-
-/// Holds back the wakeup of `task` until the end of the transmit section the current task is
-/// in on this CPU; false (wake it now) when there is none or it is full. Any context.
-fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
-    let slot = match cpu_slot() {
-        Some((slot, Owner::Me)) => slot,
-        Some((slot, Owner::Other)) => {
-            // Preempted in its section: its held-back wakeups go now, with ours.
-            slot.wake_deferred();
-            return false;
-        }
-        _ => return false,
-    };
-    // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
-    // keeps it so until the section's end wakes it.
-    unsafe { bindings::metaroce_glue_get_task_struct(task.as_ptr()) };
-    for w in &slot.wake {
-        if w
-            .compare_exchange(
-                core::ptr::null_mut(),
-                task.as_ptr(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            return true;
-        }
-    }
-    // Full: woken now by the caller; the reference is not needed.
-    // SAFETY: we took it above.
-    unsafe { bindings::metaroce_glue_put_task_struct(task.as_ptr()) };
-    false
 }
