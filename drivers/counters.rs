@@ -281,6 +281,10 @@ impl Counters {
     /// Adds `n` to `counter` (wrapping, like hardware counters), and to the device's if these
     /// are a plane's.
     pub(crate) fn add(&self, counter: Counter, n: u64) {
+        // Most of what the data path reports after a run is 0: no atomic for it.
+        if n == 0 {
+            return;
+        }
         self.values[counter as usize].fetch_add(n, Ordering::Relaxed);
         if let Some(d) = &self.device {
             d.add(counter, n);

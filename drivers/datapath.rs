@@ -5,15 +5,17 @@
 //!
 //! - One [`Peer`] per remote device address: it owns the unified [`Conn`] (paths, their
 //!   sequence spaces and congestion state) on which every QP to that peer is a stream.
-//! - Everything runs in process context: the doorbell syscall drives its QP's peer directly;
-//!   arriving datagrams are copied into a queue in softirq and processed by the device's
-//!   receive threads (one per CPU, real-time priority, so a busy-polling application does not
-//!   delay them), in batches: threads kicked while we send are woken when the sending is
-//!   done ([`work::TxSection`]), so a burst that a veth hands straight to the receiver's
-//!   softirq is received as one batch, with an ACK per `ack_every` packets, not per packet;
-//!   timers are one high-resolution alarm per device that kicks a receive thread
-//!   ([`CpuThreads::arm`]). So one mutex per peer is all the locking the transport needs, and
-//!   transmitting needs no special context.
+//! - Three contexts drive a peer: the doorbell syscall drives its QP's peer directly;
+//!   arriving datagrams are processed in the UDP receive softirq that brings them
+//!   ([`Engine::receive`]), once the burst they came in (a GSO packet the stack cuts up) is
+//!   all in, so one run and one ACK cover the burst; timers are one soft high-resolution
+//!   alarm per device whose callback runs them in softirq ([`CpuThreads::arm`]). Bulk
+//!   receive runs (`Engine::rx_spread`) go to the receive thread of another CPU (one per CPU,
+//!   real-time priority, so a busy-polling application does not delay it) than the one
+//!   sending them, so that sending and receiving proceed in parallel. No thread wakeup on a
+//!   small message's way. Under TCG, against receive threads and a hard-irq alarm (one guest
+//!   boot each, 3 runs): `ib_write_lat -s 2` median 108-155 us against 182-353 (rxe 103-172),
+//!   `ib_write_bw -s 65536` 0.45-0.55 Gbit/s against 0.32-0.39 (rxe 0.17-0.27).
 //! - Sending is batched like a NIC's TSO: the transport sends runs of up to [`PATH_BURST`]
 //!   packets on one path (`Config::path_burst`; the spraying shares stay the same), and
 //!   consecutive datagrams of one path go to the IP stack as one UDP GSO packet
@@ -23,24 +25,29 @@
 //!   Gbit/s with runs of 16 and 0.36-0.54 with runs of 4 (see `PATH_BURST`). Streams take
 //!   turns of 16 packets (`Config::stream_quantum`), so a QP's message goes out whole rather
 //!   than interleaved packet by packet with thousands of others.
-//! - Nobody waits for a peer's mutex on the data path: a doorbell, a receive thread or the
-//!   alarm that finds it locked leaves its work to the holder (`Peer::pending`), which does
-//!   it before unlocking ([`Engine::release`]), as a socket's backlog is processed on release.
-//!   Spinning on the mutex while the holder sent a burst or an ACK had cost 6-15% of the CPU
-//!   and a good part of a small message's latency.
+//! - Nobody waits for a peer's lock on the data path: a doorbell, a softirq, a receive thread
+//!   or the alarm that finds it locked leaves its work to the holder (`Peer::pending`), which
+//!   does it before unlocking ([`Engine::release`]), as a socket's backlog is processed on
+//!   release. Spinning while the holder sent a burst or an ACK had cost 6-15% of the CPU and a
+//!   good part of a small message's latency.
 //! - A connection carries any number of QPs: its streams live in chunks allocated as QPs
 //!   attach ([`PeerStreams`]) and freed when the last one detaches. Nothing per packet or per
 //!   run looks at every QP: a datagram's destination QP is fed from its rings just before the
 //!   datagram is handled, and a QP whose doorbell rang or that got completions is queued for
 //!   feeding ([`PeerInner::feed`]).
-//! - Lock order: a peer's mutex, then a QP's, then the MR table's; never the other way. The
-//!   device's rate allocator's mutex is taken under a peer's, and nothing under it.
+//! - Every lock the data path takes is a spinlock that disables bottom halves
+//!   ([`crate::sys::bhlock`]), so that softirq may take it too; nothing under one sleeps or
+//!   allocates (what a peer's state needs to grow is allocated before it is locked:
+//!   `Engine::lock_with_room`). Lock order: a peer's, then the QP table's, then a QP's, then
+//!   the MR table's (held across a copy to or from the MR: see `Verbs::with_mr`); the planes'
+//!   and the rate allocator's are taken under a peer's, and nothing under them.
 
 use core::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::{
     counters::{Counter, Counters, COUNTED_PATHS, PATH_COUNTERS},
     net::RxBuf,
     sys::{
+        bhlock::{new_spinlock_bh, SpinLockBh, SpinLockBhGuard},
         bindings,
         netdev::NetDev,
         work::{self, CpuThreads, KthreadWork},
@@ -55,11 +62,12 @@ use crate::{
     },
     verbs::{self, Cqe, Qp, QpState, RecvWqe, SendWqe, Verbs},
 };
+use core::cell::Cell;
 use kernel::{
     alloc::{KVBox, KVVec},
-    c_str, new_mutex, new_spinlock, new_spinlock_irq,
+    c_str, new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex, MutexGuard, SpinLock, SpinLockIrq},
+    sync::{Arc, SpinLockIrq},
 };
 
 mod datagrams;
@@ -94,13 +102,30 @@ const CHUNK: usize = {
 /// Chunks for the most streams one connection can need: one per QP of the device.
 const MAX_CHUNKS: usize = (verbs::limits::MAX_QP as usize).div_ceil(CHUNK);
 
+/// A chunk of streams.
+type Chunk = KVBox<[Stream; CHUNK]>;
+
 /// A connection's stream storage: chunks of streams allocated as QPs attach (in process
-/// context, `GFP_KERNEL`), all freed when the last QP detaches. Valid as all-zero bytes (no
-/// chunks: an `Option<KVBox>` is `None` when zero), so the connection holding it is still
-/// made by zero-allocating.
+/// context, `GFP_KERNEL`, before the peer is locked: the connection takes the `spare` one when
+/// it needs to grow), all freed when the last QP detaches. Valid as all-zero bytes (no
+/// chunks: an `Option<KVBox>` is `None` when zero, and a `Cell` is its contents), so the
+/// connection holding it is still made by zero-allocating.
 pub(crate) struct PeerStreams {
-    chunks: [Option<KVBox<[Stream; CHUNK]>>; MAX_CHUNKS],
+    chunks: [Option<Chunk>; MAX_CHUNKS],
     count: usize,
+    /// The next chunk, allocated ahead (`Engine::lock_with_room`); a `Cell` so that it can be
+    /// put in through the connection's shared view of its storage (under the peer's lock).
+    spare: Cell<Option<Chunk>>,
+}
+
+impl PeerStreams {
+    /// Whether the next chunk is still to be allocated.
+    fn wants_spare(&self) -> bool {
+        let spare = self.spare.take();
+        let wants = spare.is_none() && self.count < MAX_CHUNKS;
+        self.spare.set(spare);
+        wants
+    }
 }
 
 impl StreamSlots for PeerStreams {
@@ -120,21 +145,25 @@ impl StreamSlots for PeerStreams {
         let Some(c) = self.chunks.get_mut(self.count) else {
             return false;
         };
-        match crate::sys::zeroed_box::<[Stream; CHUNK]>() {
-            Ok(chunk) => {
+        // Allocated ahead: nothing allocates under the peer's lock.
+        match self.spare.take() {
+            Some(chunk) => {
                 *c = Some(chunk);
                 self.count += 1;
                 true
             }
-            Err(_) => false,
+            None => false,
         }
     }
 
     fn release(&mut self) {
+        // Freed under the peer's lock, with bottom halves off: `kvfree` defers what it cannot
+        // free there.
         for c in self.chunks.iter_mut() {
             *c = None;
         }
         self.count = 0;
+        self.spare.set(None);
     }
 }
 
@@ -187,30 +216,33 @@ pub(crate) struct Engine {
     /// The device's planes (their sockets), by plane number; taken out (and released) when
     /// the device goes away.
     #[pin]
-    planes: Mutex<planes::LocalPlanes>,
+    planes: SpinLockBh<planes::LocalPlanes>,
     /// This device's incarnation, for HELLO.
     epoch: u32,
     /// The device's hardware counters (`rdma statistic`).
     counters: Arc<Counters>,
     /// Each plane's (its socket counts there, and so in `counters` too).
     plane_counters: [Arc<Counters>; MAX_PLANES],
+    /// Grown outside the lock (`Engine::peer_or_new`).
     #[pin]
-    peers: Mutex<KVec<Arc<Peer>>>,
+    peers: SpinLockBh<KVec<Arc<Peer>>>,
     #[pin]
     rxq: SpinLockIrq<RxQueue>,
-    /// The receive threads, one per CPU; taken out (and stopped) when the device goes away.
+    /// The receive threads, one per CPU (bulk receive runs, GSI datagrams), and the alarm;
+    /// taken out (and stopped) when the device goes away.
     #[pin]
     rx_thread: SpinLockIrq<Option<CpuThreads<Engine>>>,
     /// Divides the device's inbound capacity among the peers sending to it (congestion
     /// control's receiver side; every peer's connection reports to it).
     #[pin]
-    alloc: Mutex<RateAllocator>,
+    alloc: SpinLockBh<RateAllocator>,
     /// `rx_nomem` as last reported to the allocator.
     nomem_seen: AtomicU64,
     /// Receive runs have been large lately (bulk traffic): wake the receive thread of
     /// another CPU than the one the datagram arrived on, which is busy sending it (a veth
     /// delivers in the sender's context), so sending and receiving proceed in parallel.
-    /// Small runs (request/response) stay on the arriving CPU, which saves an IPI.
+    /// Small runs (request/response) are processed in the softirq they arrive in: no
+    /// wakeup, no IPI.
     rx_spread: AtomicBool,
     /// Datagrams per receive run, average, in 1/16 (see `note_run`).
     rx_run_avg: AtomicU32,
@@ -222,8 +254,10 @@ pub(crate) struct Engine {
     paths: AtomicU16,
 }
 
-/// Receive runs averaging at least this many datagrams make `Engine::rx_spread` true.
-const SPREAD_RUN: u32 = 4;
+/// Receive runs averaging at least this many datagrams make `Engine::rx_spread` true. A
+/// request or a response is a run of 1; bulk data comes in runs of a GSO packet, `PATH_BURST`
+/// (4) datagrams, whose average (rounded down in 1/16) settles just under 4.
+const SPREAD_RUN: u32 = 3;
 
 /// Inbound capacity the rate allocator divides, Mbit/s: 10 Gbit/s, what veth reports and a
 /// common NIC speed. Reading the netdev's ethtool speed is still to do; a slower real link
@@ -246,7 +280,8 @@ const ALLOC_RATE_PERIOD_NS: u64 = 16_000_000;
 /// delays of milliseconds when the host is busy, so it cannot go near the simulator's 150 us
 /// (a spurious timeout declares every unresolved packet lost, halves the path's window and
 /// makes the path Suspect). It was 20 ms while a 7-to-1 incast collapsed with 8 ms; that
-/// collapse was a receive thread that stopped being woken (see `work::lock`), not the RTO.
+/// collapse was a receive thread that stopped being woken (a wakeup held back by a transmit
+/// section whose task slept on a mutex), not the RTO.
 /// With the thread fixed, 5 ms against 20 ms in one guest: `ib_write_bw` 64 KiB kept 62% of
 /// its lossless rate at 1% loss (45%) and 74% at 10% (45%); the incast checks held (Jain
 /// 0.92 and 0.97, utilisation 0.67).
@@ -259,10 +294,10 @@ pub(crate) struct Peer {
     /// exchange with it.
     planes: planes::PeerPlanes,
     #[pin]
-    inner: Mutex<PeerInner>,
+    inner: SpinLockBh<PeerInner>,
     /// Work left to the holder of `inner` by whoever found it locked (`PENDING_*` bits): the
     /// holder does it before it unlocks ([`Engine::release`]), like a socket's backlog,
-    /// instead of the others spinning on the mutex while the holder sends a burst.
+    /// instead of the others spinning on the lock while the holder sends a burst.
     pending: AtomicU8,
     /// The holder of `inner` is on the data path and does `pending` work before it unlocks
     /// ([`Engine::lock_data_path`], [`Engine::release`]). Others (QP setup and teardown,
@@ -270,7 +305,7 @@ pub(crate) struct Peer {
     takes_pending: AtomicBool,
     /// The streams whose doorbells rang while `inner` was locked (`PENDING_DOORBELL`).
     #[pin]
-    doorbells: SpinLock<Doorbells>,
+    doorbells: SpinLockBh<Doorbells>,
 }
 
 /// `Peer::pending`: datagrams of the peer are queued.
@@ -312,7 +347,8 @@ struct PeerInner {
     attached: usize,
     /// Streams whose QP's rings are to be fed into the connection at the next run: its
     /// doorbell rang, or completions made room. Each at most once (`QpSlot::queued`), and
-    /// room reserved for one entry per stream, so pushing never allocates.
+    /// room reserved for one entry per stream (`Engine::lock_with_room`), so pushing never
+    /// allocates.
     feed: KVVec<StreamId>,
     /// Transmit and receive scratch buffers.
     buf: KVec<u8>,
@@ -332,7 +368,8 @@ impl PeerInner {
     /// Queues stream `sid`'s QP for feeding at the next run.
     fn queue_feed(&mut self, sid: StreamId) {
         if let Some(slot) = self.qps.get_mut(usize::from(sid.0)) {
-            if slot.qp.is_some() && !slot.queued && self.feed.push(sid, GFP_KERNEL).is_ok() {
+            // Within the room reserved at attach: no allocation.
+            if slot.qp.is_some() && !slot.queued && self.feed.push(sid, GFP_ATOMIC).is_ok() {
                 slot.queued = true;
             }
         }
@@ -451,14 +488,14 @@ impl Engine {
             pin_init!(Engine {
                 verbs,
                 mtu,
-                planes <- new_mutex!([const { None }; MAX_PLANES], "metaroce_planes"),
+                planes <- new_spinlock_bh!([const { None }; MAX_PLANES], "metaroce_planes"),
                 epoch: Engine::new_epoch(),
                 counters: own_counters,
                 plane_counters,
-                peers <- new_mutex!(KVec::new(), "metaroce_peers"),
+                peers <- new_spinlock_bh!(KVec::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),
-                alloc <- new_mutex!(
+                alloc <- new_spinlock_bh!(
                     RateAllocator::new(INBOUND_CAPACITY_MBPS)
                         .with_epoch(ALLOC_EPOCH_NS)
                         .with_interval(ALLOC_INTERVAL_NS)
@@ -490,11 +527,17 @@ impl Engine {
         // Nothing kicks the threads any more; stop them (this waits for runs in progress).
         let thread = self.rx_thread.lock().take();
         drop(thread);
-        work::lock(&self.peers).clear();
+        let peers = core::mem::replace(&mut *self.peers.lock(), KVec::new());
+        drop(peers);
     }
 
-    /// A datagram arrived (softirq): queue it for the receive thread.
-    pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, buf: RxBuf) {
+    /// A datagram arrived (softirq). It is queued, and the queue processed here, in softirq,
+    /// once the burst it came in is all in (`more`: the next datagram of a GSO packet follows
+    /// at once), so that one run and one ACK cover the burst. While receive runs are large
+    /// (bulk traffic, `rx_spread`) the queue goes to another CPU's receive thread instead,
+    /// so that this CPU, which is sending them (a veth delivers in the sender's context),
+    /// keeps sending while that one receives.
+    pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, more: bool, buf: RxBuf) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
         // A long one marks it Congestion Experienced, as a switch queue past its ECN threshold
         // would: the senders' windows shrink before our queue adds delay that fires their
@@ -505,10 +548,16 @@ impl Engine {
             let ce = ce || q.len() >= RX_MARK;
             q.push(RxItem { src, ce, buf })
         };
-        if pushed.is_ok() {
+        if pushed.is_err() {
+            self.counters.inc(Counter::RxNoMem);
+        }
+        if more {
+            return;
+        }
+        if self.rx_spread.load(Ordering::Relaxed) {
             self.kick_rx();
         } else {
-            self.counters.inc(Counter::RxNoMem);
+            self.process_rx();
         }
     }
 
@@ -527,20 +576,62 @@ impl Engine {
 
     /// The peer with address `addr` on any plane.
     fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
-        work::lock(&self.peers).iter().find(|p| p.planes.has(addr)).cloned()
+        self.peers.lock().iter().find(|p| p.planes.has(addr)).cloned()
+    }
+
+    /// The `i`th peer: walks the peers without allocating (softirq).
+    fn peer_at(&self, i: usize) -> Option<Arc<Peer>> {
+        self.peers.lock().get(i).cloned()
     }
 
     fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
-        let mut peers = work::lock(&self.peers);
-        if let Some(p) = peers.iter().find(|p| p.planes.has(addr)) {
-            return Ok(p.clone());
+        if let Some(p) = self.peer(addr) {
+            return Ok(p);
         }
+        // Made unlocked (nothing allocates under the list's lock); a peer another thread
+        // added meanwhile wins.
+        let peer = self.new_peer(addr)?;
+        let mut room = KVec::new();
+        loop {
+            let mut peers = self.peers.lock();
+            if let Some(p) = peers.iter().find(|p| p.planes.has(addr)) {
+                let p = p.clone();
+                drop(peers);
+                return Ok(p);
+            }
+            if peers.len() < peers.capacity() {
+                // Within the capacity: no allocation.
+                peers.push(peer.clone(), GFP_ATOMIC)?;
+                break;
+            }
+            if room.capacity() > peers.len() {
+                room.clear();
+                for p in peers.drain_all() {
+                    // Within `room`'s capacity: no allocation.
+                    room.push(p, GFP_ATOMIC)?;
+                }
+                room.push(peer.clone(), GFP_ATOMIC)?;
+                room = core::mem::replace(&mut *peers, room);
+                break;
+            }
+            let want = peers.len().saturating_mul(2).max(4);
+            drop(peers);
+            room = KVec::with_capacity(want, GFP_KERNEL)?;
+        }
+        drop(room);
+        // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
+        self.apply_planes(&peer, &mut peer.inner.lock().conn);
+        Ok(peer)
+    }
+
+    /// A peer at `addr` with a connection of `paths()` paths and no streams. Process context.
+    fn new_peer(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
         let mut cfg = Config::new(0, 0);
         cfg.mtu = self.mtu;
         cfg.num_paths = self.paths();
         cfg.seed = work::random_u64() | 1;
         // ACK at the end of each processed batch (or sooner, see `ACK_DELAY_NS`): batches are
-        // whole bursts (see `work::TxSection`), so that is one ACK per burst, and no timer.
+        // whole bursts, so that is one ACK per burst, and no timer.
         cfg.path.ack_delay = ACK_DELAY_NS;
         cfg.cc.pacing_burst_ns = PACING_BURST_NS;
         cfg.path.min_rto = PATH_MIN_RTO_NS;
@@ -553,10 +644,10 @@ impl Engine {
         conn.set_send_paths(usize::from(DEFAULT_PEER_PATHS));
         let mut buf = KVec::new();
         buf.extend_with(TX_BUF, 0u8, GFP_KERNEL)?;
-        let peer = Arc::pin_init(
+        Arc::pin_init(
             pin_init!(Peer {
                 planes: planes::PeerPlanes::new(addr),
-                inner <- new_mutex!(PeerInner {
+                inner <- new_spinlock_bh!(PeerInner {
                     conn,
                     qps: KVVec::new(),
                     attached: 0,
@@ -566,19 +657,64 @@ impl Engine {
                 }, "metaroce_peer"),
                 pending: AtomicU8::new(0),
                 takes_pending: AtomicBool::new(false),
-                doorbells <- new_spinlock!(Doorbells {
+                doorbells <- new_spinlock_bh!(Doorbells {
                     streams: [StreamId(0); 16],
                     len: 0,
                     overflow: false,
                 }, "metaroce_doorbells"),
             }),
             GFP_KERNEL,
-        )?;
-        peers.push(peer.clone(), GFP_KERNEL)?;
-        drop(peers);
-        // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
-        self.apply_planes(&peer, &mut work::lock(&peer.inner).conn);
-        Ok(peer)
+        )
+    }
+
+    /// Locks `peer` with room for one more stream: its QP slot, its place on the feed queue
+    /// and the chunk of streams the connection may need, all allocated before locking
+    /// (nothing allocates under a peer's lock). Process context.
+    fn lock_with_room(peer: &Peer) -> Result<SpinLockBhGuard<'_, PeerInner>> {
+        let mut qps: KVVec<QpSlot> = KVVec::new();
+        let mut feed: KVVec<StreamId> = KVVec::new();
+        let mut chunk: Option<Chunk> = None;
+        loop {
+            let mut p = peer.inner.lock();
+            // A new stream's id is a free slot's or the first of a new chunk: below
+            // `stream_slots() + 1`.
+            let want_qps = p.conn.stream_slots().saturating_add(1);
+            let want_feed = p.attached.saturating_add(1);
+            if p.qps.capacity() < want_qps && qps.capacity() >= want_qps {
+                for slot in p.qps.drain_all() {
+                    // Within `qps`' capacity: no allocation.
+                    qps.push(slot, GFP_ATOMIC)?;
+                }
+                core::mem::swap(&mut p.qps, &mut qps);
+            }
+            if p.feed.capacity() < want_feed && feed.capacity() >= want_feed {
+                for sid in p.feed.drain_all() {
+                    // Within `feed`'s capacity: no allocation.
+                    feed.push(sid, GFP_ATOMIC)?;
+                }
+                core::mem::swap(&mut p.feed, &mut feed);
+            }
+            let streams = p.conn.streams();
+            if streams.wants_spare() && chunk.is_some() {
+                streams.spare.set(chunk.take());
+            }
+            let wants_chunk = p.conn.streams().wants_spare();
+            if p.qps.capacity() >= want_qps && p.feed.capacity() >= want_feed && !wants_chunk {
+                // What was replaced is empty; freed with bottom halves off, `kvfree` defers
+                // what it cannot free there.
+                return Ok(p);
+            }
+            drop(p);
+            if qps.capacity() < want_qps {
+                qps = KVVec::with_capacity(want_qps.saturating_mul(2).max(16), GFP_KERNEL)?;
+            }
+            if feed.capacity() < want_feed {
+                feed = KVVec::with_capacity(want_feed.saturating_mul(2).max(16), GFP_KERNEL)?;
+            }
+            if wants_chunk && chunk.is_none() {
+                chunk = Some(crate::sys::zeroed_box::<[Stream; CHUNK]>()?);
+            }
+        }
     }
 
     /// Paths a connection made now gets.
@@ -602,11 +738,11 @@ impl Engine {
     /// The QP reached RTS: its requester gets its first MSN and retry limits.
     pub(crate) fn start_sending(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
         let (binding, a) = {
-            let inner = work::lock(&qp.inner);
+            let inner = qp.inner.lock();
             (inner.binding.clone(), inner.attrs)
         };
         let b = binding.ok_or(EINVAL)?;
-        let mut p = work::lock(&b.peer.inner);
+        let mut p = b.peer.inner.lock();
         p.conn
             .start_requester(
                 b.stream,
@@ -625,7 +761,7 @@ impl Engine {
     /// connection's stream storage grows by a chunk if it is full).
     pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
         let (dest, cfg) = {
-            let inner = work::lock(&qp.inner);
+            let inner = qp.inner.lock();
             if inner.binding.is_some() {
                 return Ok(());
             }
@@ -646,20 +782,14 @@ impl Engine {
             (dest, cfg)
         };
         let peer = self.peer_or_new(dest)?;
-        let mut p = work::lock(&peer.inner);
-        // Room first (for the QP's slot and its place on the feed queue), so that nothing
-        // can fail once the stream is open. Its id is a free slot's or the first of a new
-        // chunk: below `stream_slots() + 1`.
-        let slots = p.conn.stream_slots().saturating_add(1);
-        let more = slots.saturating_sub(p.qps.len());
-        p.qps.reserve(more, GFP_KERNEL)?;
-        let queued = p.attached.saturating_add(1).saturating_sub(p.feed.len());
-        p.feed.reserve(queued, GFP_KERNEL)?;
+        // Room first (for the QP's slot, its place on the feed queue, its stream), so that
+        // nothing can fail once the stream is open.
+        let mut p = Self::lock_with_room(&peer)?;
         let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
         let i = usize::from(stream.0);
         while p.qps.len() <= i {
-            // Within the room reserved above: cannot fail.
-            if p.qps.push(QpSlot::default(), GFP_KERNEL).is_err() {
+            // Within the room reserved above: cannot fail, and does not allocate.
+            if p.qps.push(QpSlot::default(), GFP_ATOMIC).is_err() {
                 p.conn.close_stream(stream);
                 return Err(ENOMEM);
             }
@@ -672,7 +802,7 @@ impl Engine {
         }
         p.attached += 1;
         {
-            let mut inner = work::lock(&qp.inner);
+            let mut inner = qp.inner.lock();
             // A new stream counts its WQEs from zero.
             if let Some(store) = inner.inline.as_mut() {
                 store.clear();
@@ -689,9 +819,9 @@ impl Engine {
 
     /// The QP moved to the error state: the transport flushes what it holds.
     pub(crate) fn fail(self: &Arc<Self>, qp: &Qp) {
-        let binding = work::lock(&qp.inner).binding.clone();
+        let binding = qp.inner.lock().binding.clone();
         if let Some(b) = binding {
-            let mut p = work::lock(&b.peer.inner);
+            let mut p = b.peer.inner.lock();
             let _ = p.conn.fail_stream(b.stream);
             self.run(&b.peer, &mut p);
         }
@@ -702,18 +832,18 @@ impl Engine {
     /// stream is open, and when it opens.
     pub(crate) fn set_qp_planes(&self, qp: &Qp, planes: u32) {
         qp.set_planes(planes);
-        let binding = work::lock(&qp.inner).binding.clone();
+        let binding = qp.inner.lock().binding.clone();
         if let Some(b) = binding {
             // The stream may have closed since: then the QP's value is what counts.
-            let _ = work::lock(&b.peer.inner).conn.set_stream_planes(b.stream, planes);
+            let _ = b.peer.inner.lock().conn.set_stream_planes(b.stream, planes);
         }
     }
 
     /// The connection the QP rides, for the direct verbs: its planes and QPs, and each of
     /// its paths passed to `each_path` in order. None before the QP is connected (RTR).
     pub(crate) fn qp_connection(&self, qp: &Qp, mut each_path: impl FnMut(PathInfo)) -> Option<ConnInfo> {
-        let binding = work::lock(&qp.inner).binding.clone()?;
-        let p = work::lock(&binding.peer.inner);
+        let binding = qp.inner.lock().binding.clone()?;
+        let p = binding.peer.inner.lock();
         let conn = &p.conn;
         let planes = conn.config().planes.max(1);
         let planes_up = (0..planes)
@@ -751,27 +881,36 @@ impl Engine {
     /// When it was the connection's last, the stream storage is freed (the connection keeps
     /// its paths, whose sequence numbers the peer's connection continues from).
     pub(crate) fn detach(&self, qp: &Qp) {
-        let binding = work::lock(&qp.inner).binding.take();
+        let binding = qp.inner.lock().binding.take();
         if let Some(b) = binding {
-            let mut p = work::lock(&b.peer.inner);
+            let mut p = b.peer.inner.lock();
             p.conn.close_stream(b.stream);
+            // Our reference to the QP and the storage given up are dropped after unlocking.
+            let mut gone = None;
             if let Some(slot) = p.qps.get_mut(usize::from(b.stream.0)) {
-                if slot.qp.take().is_some() {
+                gone = slot.qp.take();
+                if gone.is_some() {
                     p.attached = p.attached.saturating_sub(1);
                 }
             }
+            let mut storage = None;
             if p.attached == 0 && p.conn.release_streams() {
-                p.qps = KVVec::new();
-                p.feed = KVVec::new();
+                storage = Some((
+                    core::mem::replace(&mut p.qps, KVVec::new()),
+                    core::mem::replace(&mut p.feed, KVVec::new()),
+                ));
             }
+            drop(p);
+            drop(storage);
+            drop(gone);
         }
     }
 
     /// The doorbell: userspace posted to the QP's SQ.
     pub(crate) fn doorbell(self: &Arc<Self>, qp: &Arc<Qp>) {
-        // Dropped last: receive threads woken by what we send run after the peer is unlocked.
-        let _tx = work::TxSection::enter();
-        let binding = work::lock(&qp.inner).binding.clone();
+        // What we send to a local peer (over a veth) is received in the softirq that runs
+        // when we unlock: the whole burst at once.
+        let binding = qp.inner.lock().binding.clone();
         if let Some(b) = binding {
             match Self::lock_data_path(&b.peer) {
                 Some(mut p) => {
@@ -806,7 +945,7 @@ impl Engine {
             let PeerInner { conn, buf, .. } = &mut *p;
             let mut mem = Mem::new(&self.verbs);
             {
-                let mut alloc = work::lock(&self.alloc);
+                let mut alloc = self.alloc.lock();
                 // Datagrams the full receive queue dropped: the host is the bottleneck.
                 let nomem = self.counters.get(Counter::RxNoMem);
                 let seen = self.nomem_seen.swap(nomem, Ordering::Relaxed);
@@ -967,7 +1106,7 @@ impl Engine {
         let QpSlot { qp, .. } = slot;
         {
             let Some(qp) = qp.as_ref() else { return };
-            let mut inner = work::lock(&qp.inner);
+            let mut inner = qp.inner.lock();
             // Receives are taken from RTR on, sends only in RTS; in the error state the
             // rings are flushed instead (`Qp::flush`).
             let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
@@ -1045,27 +1184,30 @@ impl Engine {
         }
     }
 
+    /// Processes the receive queue (softirq, or a receive thread).
     fn process_rx(self: &Arc<Self>) {
         let mut handled = 0u32;
         loop {
             // The peer of the datagram at the head; with the peer locked, take its datagrams
-            // while they are at the head (another CPU's thread may have taken them first:
-            // then the batch is empty).
-            let _tx = work::TxSection::enter();
+            // while they are at the head (another CPU may have taken them first: then the
+            // batch is empty).
             let Some(peer) = self.next_rx_peer() else {
-                self.note_run(handled);
-                return;
+                break;
             };
-            // Busy (a doorbell sending, another thread): its holder takes them on release.
+            // Busy (a doorbell sending, another CPU): its holder takes them on release.
             let Some(mut p) =
                 Self::lock_data_path(&peer).or_else(|| self.leave_to_holder(&peer, PENDING_RX))
             else {
-                self.note_run(handled);
-                return;
+                break;
             };
             handled = handled.saturating_add(self.receive_batch(&peer, &mut p));
             self.run(&peer, &mut p);
             self.release(&peer, p);
+        }
+        // A run that found its datagrams taken (by another CPU, or left to the holder) says
+        // nothing of their size.
+        if handled > 0 {
+            self.note_run(handled);
         }
     }
 
@@ -1112,7 +1254,7 @@ impl Engine {
     /// Leaves `what` (`PENDING_*`) to the holder of `peer`'s lock, which we failed to take;
     /// returns the lock if it was released meanwhile (then the work is ours after all, and
     /// the caller does it through [`Engine::release`]).
-    fn leave_to_holder<'a>(&self, peer: &'a Peer, what: u8) -> Option<MutexGuard<'a, PeerInner>> {
+    fn leave_to_holder<'a>(&self, peer: &'a Peer, what: u8) -> Option<SpinLockBhGuard<'a, PeerInner>> {
         peer.pending.fetch_or(what, Ordering::SeqCst);
         // Pairs with the fence in `release`: either the holder sees our bit after unlocking,
         // or we see the lock free.
@@ -1129,22 +1271,22 @@ impl Engine {
 
     /// Takes `peer`'s lock if it is free, as a data path holder (one that runs
     /// [`Engine::release`] to unlock).
-    fn lock_data_path(peer: &Peer) -> Option<MutexGuard<'_, PeerInner>> {
+    fn lock_data_path(peer: &Peer) -> Option<SpinLockBhGuard<'_, PeerInner>> {
         let p = peer.inner.try_lock()?;
         peer.takes_pending.store(true, Ordering::SeqCst);
         Some(p)
     }
 
     /// [`Engine::lock_data_path`], waiting for the lock if it is held.
-    fn lock_data_path_waiting(peer: &Peer) -> MutexGuard<'_, PeerInner> {
-        let p = work::lock(&peer.inner);
+    fn lock_data_path_waiting(peer: &Peer) -> SpinLockBhGuard<'_, PeerInner> {
+        let p = peer.inner.lock();
         peer.takes_pending.store(true, Ordering::SeqCst);
         p
     }
 
     /// Unlocks `peer`, first doing the work others left to us because we held it
     /// (`Peer::pending`), the way a socket's backlog is processed on release.
-    fn release<'a>(&self, peer: &'a Peer, mut p: MutexGuard<'a, PeerInner>) {
+    fn release<'a>(&self, peer: &'a Peer, mut p: SpinLockBhGuard<'a, PeerInner>) {
         loop {
             loop {
                 let bits = peer.pending.swap(0, Ordering::SeqCst);
@@ -1233,9 +1375,12 @@ impl Engine {
         }
     }
 
+    /// The alarm went off (softirq): every peer's timers, each peer's run by whoever holds it.
     fn process_timers(self: &Arc<Self>) {
-        let _tx = work::TxSection::enter();
-        for peer in self.peer_list().iter() {
+        let mut i = 0;
+        while let Some(peer) = self.peer_at(i) {
+            i += 1;
+            let peer = &peer;
             let Some(mut p) =
                 Self::lock_data_path(peer).or_else(|| self.leave_to_holder(peer, PENDING_TIMER))
             else {
@@ -1246,6 +1391,12 @@ impl Engine {
                 self.run(peer, &mut p);
             }
             self.release(peer, p);
+        }
+        // A burst whose last datagram never came in (dropped by the UDP layer) is still
+        // queued: a safety net, the transport's timers keep the alarm going while packets
+        // are in flight.
+        if self.rx_queued() > 0 {
+            self.kick_rx();
         }
     }
 }
@@ -1294,30 +1445,51 @@ impl<'a> Mem<'a> {
         if let Some(r) = self.last.filter(|r| r.qpn == qpn) {
             return Ok(r);
         }
-        let qp = self.verbs.qp(qpn).ok_or(AccessError::Key)?;
-        let r = QpRights {
-            qpn,
-            pd: qp.pd,
-            access: qp.access_flags(),
-        };
+        let r = self
+            .verbs
+            .with_qp(qpn, |qp| QpRights {
+                qpn,
+                pd: qp.pd,
+                access: qp.access_flags(),
+            })
+            .ok_or(AccessError::Key)?;
         self.last = Some(r);
         Ok(r)
     }
 
-    /// The MR `lkey` names, if it is in QP `qpn`'s protection domain.
-    fn local_mr(&mut self, qpn: u32, lkey: u32) -> Result<Arc<verbs::Mr>, AccessError> {
+    /// `f` applied to the MR `lkey` names, if it is in QP `qpn`'s protection domain (under
+    /// the MR table's lock: see `Verbs::with_mr`).
+    fn local_mr<R>(
+        &mut self,
+        qpn: u32,
+        lkey: u32,
+        f: impl FnOnce(&verbs::Mr) -> Result<R, verbs::MrError>,
+    ) -> Result<R, AccessError> {
         let pd = self.rights(qpn)?.pd;
-        self.verbs.mr(lkey, Some(pd)).ok_or(AccessError::Key)
+        self.verbs
+            .with_mr(lkey, Some(pd), f)
+            .ok_or(AccessError::Key)?
+            .map_err(access_error)
     }
 
-    /// The MR `rkey` names, if it is in QP `qpn`'s protection domain and the QP grants
-    /// `right` (an `IB_ACCESS_REMOTE_*` flag; the MR's own rights are checked on access).
-    fn remote_mr(&mut self, qpn: u32, rkey: u32, right: u32) -> Result<Arc<verbs::Mr>, AccessError> {
+    /// `f` applied to the MR `rkey` names, if it is in QP `qpn`'s protection domain and the
+    /// QP grants `right` (an `IB_ACCESS_REMOTE_*` flag; the MR's own rights are checked on
+    /// access).
+    fn remote_mr<R>(
+        &mut self,
+        qpn: u32,
+        rkey: u32,
+        right: u32,
+        f: impl FnOnce(&verbs::Mr) -> Result<R, verbs::MrError>,
+    ) -> Result<R, AccessError> {
         let r = self.rights(qpn)?;
         if r.access & right != right {
             return Err(AccessError::Permission);
         }
-        self.verbs.mr(rkey, Some(r.pd)).ok_or(AccessError::Key)
+        self.verbs
+            .with_mr(rkey, Some(r.pd), f)
+            .ok_or(AccessError::Key)?
+            .map_err(access_error)
     }
 }
 
@@ -1335,15 +1507,18 @@ impl Memory for Mem<'_> {
             if (sge.addr >> 32) as u32 != qp {
                 return Err(AccessError::Key);
             }
-            let qp = self.verbs.qp(qp).ok_or(AccessError::Key)?;
             let at = (sge.addr as u32 as usize).saturating_add(offset as usize);
-            let inner = work::lock(&qp.inner);
-            let store = inner.inline.as_ref().ok_or(AccessError::Key)?;
-            return store.read(at, out).ok_or(AccessError::Bounds);
+            return self
+                .verbs
+                .with_qp(qp, |qp| {
+                    let inner = qp.inner.lock();
+                    let store = inner.inline.as_ref().ok_or(AccessError::Key)?;
+                    store.read(at, out).ok_or(AccessError::Bounds)
+                })
+                .ok_or(AccessError::Key)?;
         }
-        let mr = self.local_mr(qp, sge.lkey)?;
         let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
-        mr.read(va, out, 0).map_err(access_error)
+        self.local_mr(qp, sge.lkey, |mr| mr.read(va, out, 0))
     }
 
     fn write_local(
@@ -1353,10 +1528,10 @@ impl Memory for Mem<'_> {
         offset: u32,
         data: &[u8],
     ) -> Result<(), AccessError> {
-        let mr = self.local_mr(qp, sge.lkey)?;
         let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
-        mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE)
-            .map_err(access_error)
+        self.local_mr(qp, sge.lkey, |mr| {
+            mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE)
+        })
     }
 
     fn check_remote(
@@ -1368,8 +1543,7 @@ impl Memory for Mem<'_> {
         access: Access,
     ) -> Result<(), AccessError> {
         let right = remote_right(access);
-        let mr = self.remote_mr(qp, rkey, right)?;
-        mr.check(va, u64::from(len), right).map_err(access_error)
+        self.remote_mr(qp, rkey, right, |mr| mr.check(va, u64::from(len), right))
     }
 
     fn write_remote(
@@ -1380,8 +1554,7 @@ impl Memory for Mem<'_> {
         data: &[u8],
     ) -> Result<(), AccessError> {
         let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE;
-        let mr = self.remote_mr(qp, rkey, right)?;
-        mr.write(va, data, right).map_err(access_error)
+        self.remote_mr(qp, rkey, right, |mr| mr.write(va, data, right))
     }
 
     fn read_remote(
@@ -1392,31 +1565,34 @@ impl Memory for Mem<'_> {
         out: &mut [u8],
     ) -> Result<(), AccessError> {
         let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_READ;
-        let mr = self.remote_mr(qp, rkey, right)?;
-        mr.read(va, out, right).map_err(access_error)
+        self.remote_mr(qp, rkey, right, |mr| mr.read(va, out, right))
     }
 
     fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {
-        let qp = self.verbs.qp(qp)?;
-        let srq = qp.srq.as_ref()?;
-        let mut taken = None;
-        // A WQE whose SGEs the transport cannot carry stays at the head (so far as before).
-        srq.take_with(|wqe| {
-            taken = recv_sgl(wqe).map(|local| stream::RecvWqe {
-                wr_id: wqe.wr_id,
-                local,
-            });
-            taken.is_some()
-        });
-        taken
+        self.verbs
+            .with_qp(qp, |qp| {
+                let srq = qp.srq.as_ref()?;
+                let mut taken = None;
+                // A WQE whose SGEs the transport cannot carry stays at the head (so far as
+                // before).
+                srq.take_with(|wqe| {
+                    taken = recv_sgl(wqe).map(|local| stream::RecvWqe {
+                        wr_id: wqe.wr_id,
+                        local,
+                    });
+                    taken.is_some()
+                });
+                taken
+            })
+            .flatten()
     }
 
     fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
         if va % 8 != 0 {
             return Err(AccessError::Alignment);
         }
-        let mr = self.remote_mr(qp, rkey, bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC)?;
-        mr.atomic(va, |old| op.apply(old)).map_err(access_error)
+        let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC;
+        self.remote_mr(qp, rkey, right, |mr| mr.atomic(va, |old| op.apply(old)))
     }
 }
 

@@ -199,7 +199,7 @@ impl RxHandler for DeviceRx {
             return;
         }
         match pkt.src {
-            IpAddr::V4(src) => self.engine.receive(src, pkt.ecn_ce, pkt.payload),
+            IpAddr::V4(src) => self.engine.receive(src, pkt.ecn_ce, pkt.more, pkt.payload),
             // The data path has IPv4 peers only, so far.
             IpAddr::V6(_) => self.counters.inc(Counter::RxNoConnection),
         }

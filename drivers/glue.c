@@ -6,8 +6,8 @@
 #include <linux/cpumask.h>
 #include <linux/highmem.h>
 #include <linux/sched.h>
-#include <linux/sched/task.h>
 #include <linux/scatterlist.h>
+#include <linux/spinlock.h>
 #include <linux/timekeeping.h>
 #include "glue.h"
 
@@ -96,17 +96,17 @@ void metaroce_glue_set_current_running(void)
 	__set_current_state(TASK_RUNNING);
 }
 
-struct task_struct *metaroce_glue_current(void)
+void metaroce_glue_spin_lock_bh(spinlock_t *lock)
 {
-	return current;
+	spin_lock_bh(lock);
 }
 
-void metaroce_glue_get_task_struct(struct task_struct *t)
+bool metaroce_glue_spin_trylock_bh(spinlock_t *lock)
 {
-	get_task_struct(t);
+	return spin_trylock_bh(lock);
 }
 
-void metaroce_glue_put_task_struct(struct task_struct *t)
+void metaroce_glue_spin_unlock_bh(spinlock_t *lock)
 {
-	put_task_struct(t);
+	spin_unlock_bh(lock);
 }

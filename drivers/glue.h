@@ -26,8 +26,8 @@ u64 metaroce_glue_ktime_get_ns(void);
 unsigned int metaroce_glue_smp_processor_id(void);
 void metaroce_glue_set_current_interruptible(void);
 void metaroce_glue_set_current_running(void);
-struct task_struct *metaroce_glue_current(void);
-void metaroce_glue_get_task_struct(struct task_struct *t);
-void metaroce_glue_put_task_struct(struct task_struct *t);
+void metaroce_glue_spin_lock_bh(spinlock_t *lock);
+bool metaroce_glue_spin_trylock_bh(spinlock_t *lock);
+void metaroce_glue_spin_unlock_bh(spinlock_t *lock);
 
 #endif /* METAROCE_GLUE_H */

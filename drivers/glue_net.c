@@ -89,3 +89,8 @@ void metaroce_glue_local_bh_enable(void)
 {
 	local_bh_enable();
 }
+
+bool metaroce_glue_skb_more(const struct sk_buff *skb)
+{
+	return skb->next;
+}

@@ -28,5 +28,6 @@ unsigned int metaroce_glue_dst_mtu(const struct dst_entry *dst);
 void metaroce_glue_kfree_skb(struct sk_buff *skb);
 void metaroce_glue_local_bh_disable(void);
 void metaroce_glue_local_bh_enable(void);
+bool metaroce_glue_skb_more(const struct sk_buff *skb);
 
 #endif /* METAROCE_GLUE_NET_H */

@@ -50,6 +50,10 @@ pub(crate) struct RxPacket {
     pub(crate) src_port: u16,
     /// The IP header carried ECN Congestion Experienced (CE, both ECN bits set).
     pub(crate) ecn_ce: bool,
+    /// More datagrams of the same burst follow at once: the stack cut a UDP GSO packet into
+    /// datagrams and hands them over one after the other, in this softirq, and this is not
+    /// the last of them.
+    pub(crate) more: bool,
     /// The UDP payload: the MetaRoCE packet, not yet validated.
     pub(crate) payload: RxBuf,
 }

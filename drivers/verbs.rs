@@ -7,16 +7,17 @@
 //! Names follow the InfiniBand spec: QP, WQE, CQE, PSN, rkey/lkey, SGE.
 
 use crate::sys::{
+    bhlock::{new_spinlock_bh, SpinLockBh},
     bindings,
     ring::{RingInfo, UserRing},
     umem::UserMemory,
     CqNotifier,
 };
-use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use core::sync::atomic::{fence, AtomicU32, AtomicU8, Ordering};
 use kernel::{
-    new_mutex, new_spinlock, new_spinlock_irq,
+    new_mutex, new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex, SpinLock, SpinLockIrq},
+    sync::{Arc, Mutex, SpinLockIrq},
 };
 
 pub(crate) type SendWqe = bindings::metaroce_send_wqe;
@@ -162,6 +163,18 @@ impl<T> Table<T> {
 
     /// Reserves a slot, returning its number (index << 8 | generation), starting at `first`.
     pub(crate) fn reserve(&mut self, first: u32) -> Result<u32> {
+        loop {
+            if let Some(number) = self.try_reserve(first)? {
+                return Ok(number);
+            }
+            let room = self.room_needed(first).saturating_sub(self.slots.len());
+            self.slots.reserve(room, GFP_KERNEL)?;
+        }
+    }
+
+    /// [`Table::reserve`] without allocating: `Ok(None)` when the slots must grow first (to
+    /// [`Table::room_needed`], see [`Table::grow`]).
+    fn try_reserve(&mut self, first: u32) -> Result<Option<u32>> {
         if self.live >= self.max {
             return Err(ENOMEM);
         }
@@ -174,10 +187,14 @@ impl<T> Table<T> {
         {
             Some(i) => i + first,
             None => {
-                while self.slots.len() < first {
-                    self.slots.push(Slot::Free, GFP_KERNEL)?;
+                if self.room_needed(first as u32) > self.slots.capacity() {
+                    return Ok(None);
                 }
-                self.slots.push(Slot::Free, GFP_KERNEL)?;
+                // Within the capacity just checked: no allocation.
+                while self.slots.len() < first {
+                    self.slots.push(Slot::Free, GFP_ATOMIC)?;
+                }
+                self.slots.push(Slot::Free, GFP_ATOMIC)?;
                 self.slots.len() - 1
             }
         };
@@ -187,7 +204,26 @@ impl<T> Table<T> {
             *slot = Slot::Reserved(number);
             self.live += 1;
         }
-        Ok(number)
+        Ok(Some(number))
+    }
+
+    /// Slots a reservation from `first` may need.
+    fn room_needed(&self, first: u32) -> usize {
+        self.slots.len().max(first as usize) + 1
+    }
+
+    /// Moves the slots into `room` if it has more capacity; returns the storage that is no
+    /// longer used, to be freed by the caller (outside the table's lock).
+    fn grow(&mut self, mut room: KVec<Slot<T>>) -> KVec<Slot<T>> {
+        if room.capacity() <= self.slots.capacity() {
+            return room;
+        }
+        room.clear();
+        for slot in self.slots.drain_all() {
+            // Within `room`'s capacity, larger than the old storage's: always fits.
+            let _ = room.push_within_capacity(slot);
+        }
+        core::mem::replace(&mut self.slots, room)
     }
 
     /// Puts `obj` in the slot `reserve` took for `number` (nothing if it is not that one's).
@@ -216,11 +252,30 @@ impl<T> Table<T> {
         }
     }
 
-    pub(crate) fn get(&self, number: u32, matches: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+    /// `f` applied to `number`'s object, if it has one (under the table's lock, for the
+    /// caller: nothing else can release the object meanwhile).
+    pub(crate) fn with<R>(&self, number: u32, f: impl FnOnce(&Arc<T>) -> R) -> Option<R> {
         match self.slots.get((number >> 8) as usize)? {
-            Slot::Live(n, obj) if *n == number && matches(obj) => Some(obj.clone()),
+            Slot::Live(n, obj) if *n == number => Some(f(obj)),
             _ => None,
         }
+    }
+}
+
+/// Reserves a number in a table the data path reads with bottom halves off: the slots grow
+/// outside the lock (with `GFP_KERNEL`), since nothing allocates under it. Process context.
+pub(crate) fn reserve_in<T>(table: &SpinLockBh<Table<T>>, first: u32) -> Result<u32> {
+    loop {
+        let need = {
+            let mut t = table.lock();
+            if let Some(number) = t.try_reserve(first)? {
+                return Ok(number);
+            }
+            t.room_needed(first)
+        };
+        let room = KVec::with_capacity(need.max(16).saturating_mul(2), GFP_KERNEL)?;
+        let unused = table.lock().grow(room);
+        drop(unused);
     }
 }
 
@@ -361,7 +416,10 @@ impl Cq {
     pub(crate) fn arm(&self, solicited_only: bool) {
         let want = if solicited_only { ARM_SOLICITED } else { ARM_NEXT };
         // Arming for "next" overrides "solicited"; never downgrade.
-        self.armed.fetch_max(want, Ordering::AcqRel);
+        self.armed.fetch_max(want, Ordering::SeqCst);
+        // Pairs with the fence in `complete_wc`: a completion added while we arm either sees
+        // the arming (and notifies) or is in the ring when the consumer polls it after arming.
+        fence(Ordering::SeqCst);
     }
 
     /// Adds a completion; raises the completion event if the CQ is armed for it. A full ring
@@ -387,9 +445,16 @@ impl Cq {
             self.notifier.overflow();
             return;
         }
-        let armed = self.armed.load(Ordering::Acquire);
-        if armed == ARM_NEXT || (armed == ARM_SOLICITED && solicited) {
-            self.armed.store(ARM_NONE, Ordering::Release);
+        // The CQE is in the ring before we look at the arming (store then load: only a full
+        // fence orders them), pairing with the one in `arm`.
+        fence(Ordering::SeqCst);
+        let armed = self.armed.load(Ordering::SeqCst);
+        if (armed == ARM_NEXT || (armed == ARM_SOLICITED && solicited))
+            && self
+                .armed
+                .compare_exchange(armed, ARM_NONE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
             self.notifier.notify();
         }
     }
@@ -422,8 +487,9 @@ impl Cq {
 #[pin_data]
 pub(crate) struct Srq {
     pub(crate) srqn: u32,
+    /// Taken by the data path in softirq too.
     #[pin]
-    ring: SpinLock<UserRing<RecvWqe>>,
+    ring: SpinLockBh<UserRing<RecvWqe>>,
     pub(crate) limit: AtomicU32,
 }
 
@@ -431,7 +497,7 @@ impl Srq {
     pub(crate) fn new(srqn: u32, ring: UserRing<RecvWqe>) -> impl PinInit<Self> {
         pin_init!(Srq {
             srqn,
-            ring <- new_spinlock!(ring, "metaroce_srq"),
+            ring <- new_spinlock_bh!(ring, "metaroce_srq"),
             limit: AtomicU32::new(0),
         })
     }
@@ -654,8 +720,9 @@ pub(crate) struct Qp {
     /// Planes this QP's packets may take (bit per plane; 0: every plane), set through the
     /// direct verbs (`metaroce_dv_set_qp_planes`); the stream takes it when it opens.
     planes: AtomicU32,
+    /// Taken by the data path in softirq too: nothing sleeps or allocates under it.
     #[pin]
-    pub(crate) inner: Mutex<QpInner>,
+    pub(crate) inner: SpinLockBh<QpInner>,
 }
 
 /// The capacities a QP was created with (after rounding up).
@@ -787,7 +854,7 @@ impl Qp {
             cap: p.cap,
             access: AtomicU32::new(0),
             planes: AtomicU32::new(0),
-            inner <- new_mutex!(
+            inner <- new_spinlock_bh!(
                 QpInner {
                     state: QpState::Reset,
                     attrs: QpAttrs::default(),
@@ -933,10 +1000,12 @@ pub(crate) fn wc_opcode_for_send(wr_opcode: u32) -> u32 {
 /// The verbs objects of one device.
 #[pin_data]
 pub(crate) struct Verbs {
+    /// Read by the data path in softirq too (numbers are reserved with [`reserve_in`]).
     #[pin]
-    pub(crate) mrs: Mutex<Table<Mr>>,
+    pub(crate) mrs: SpinLockBh<Table<Mr>>,
+    /// As `mrs`.
     #[pin]
-    pub(crate) qps: Mutex<Table<Qp>>,
+    pub(crate) qps: SpinLockBh<Table<Qp>>,
     #[pin]
     pub(crate) srqs: Mutex<Table<Srq>>,
     pub(crate) cqs: AtomicU32,
@@ -946,21 +1015,27 @@ pub(crate) struct Verbs {
 impl Verbs {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Verbs {
-            mrs <- new_mutex!(Table::new(limits::MAX_MR), "metaroce_mrs"),
-            qps <- new_mutex!(Table::new(limits::MAX_QP), "metaroce_qps"),
+            mrs <- new_spinlock_bh!(Table::new(limits::MAX_MR), "metaroce_mrs"),
+            qps <- new_spinlock_bh!(Table::new(limits::MAX_QP), "metaroce_qps"),
             srqs <- new_mutex!(Table::new(limits::MAX_SRQ), "metaroce_srqs"),
             cqs: AtomicU32::new(0),
             pds: AtomicU32::new(0),
         })
     }
 
-    /// The MR that `key` names, if it belongs to `pd` (or any PD when `pd` is None).
-    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
-        crate::sys::work::lock(&self.qps).get(qpn, |qp| qp.qpn == qpn)
+    /// `f` applied to QP `qpn`, under the table's lock (the data path does not take a
+    /// reference: dropping the last one may sleep).
+    pub(crate) fn with_qp<R>(&self, qpn: u32, f: impl FnOnce(&Qp) -> R) -> Option<R> {
+        self.qps.lock().with(qpn, |qp| (qp.qpn == qpn).then(|| f(qp))).flatten()
     }
 
-    pub(crate) fn mr(&self, key: u32, pd: Option<usize>) -> Option<Arc<Mr>> {
-        crate::sys::work::lock(&self.mrs)
-            .get(key, |mr| mr.key == key && pd.is_none_or(|pd| mr.pd == pd))
+    /// `f` applied to the MR that `key` names if it belongs to `pd` (or any PD when `pd` is
+    /// None), under the table's lock: `dereg_mr` waits for the copies it makes (the last
+    /// reference to an MR must not go in softirq: releasing its pages may sleep).
+    pub(crate) fn with_mr<R>(&self, key: u32, pd: Option<usize>, f: impl FnOnce(&Mr) -> R) -> Option<R> {
+        self.mrs
+            .lock()
+            .with(key, |mr| (mr.key == key && pd.is_none_or(|pd| mr.pd == pd)).then(|| f(mr)))
+            .flatten()
     }
 }

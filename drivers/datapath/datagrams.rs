@@ -168,7 +168,7 @@ impl Engine {
     /// Sends every queued datagram of `qp`.
     fn send_datagrams(&self, qp: &GsiQp) {
         let plane = (qp.port as usize).wrapping_sub(1);
-        let mut scratch = work::lock(&self.datagrams.scratch);
+        let mut scratch = self.datagrams.scratch.lock();
         loop {
             let mut dst = IpAddr::V4([0; 4]);
             let taken = qp.next_send(&mut scratch, |wr, qkey, buf| {

@@ -11,7 +11,7 @@
 //! - HELLO goes out on plane 0 (or, while plane 0 is down, the first plane that can reach the
 //!   peer) when a connection is created, whenever the local plane set changes, and every 100 ms
 //!   until the peer's own HELLO arrives, as long as the peer has QPs.
-//! - Lock order: a peer's mutex, then the planes' mutex. Nothing is taken under the latter.
+//! - Lock order: a peer's lock, then the planes' lock. Nothing is taken under the latter.
 
 use super::{Conn, Engine, Peer, MAX_DATAGRAM};
 use crate::{
@@ -24,7 +24,6 @@ use crate::{
     },
 };
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use crate::sys::work;
 use kernel::{prelude::*, sync::Arc};
 
 /// Planes one device may span (= its ports).
@@ -96,7 +95,7 @@ impl Engine {
     pub(super) fn open_plane0(self: &Arc<Self>, ndev: &NetDev<'_>) -> Result {
         let socket = self.open_socket(ndev, 0)?;
         let up = ndev.link_up();
-        if let Some(slot) = work::lock(&self.planes).get_mut(0) {
+        if let Some(slot) = self.planes.lock().get_mut(0) {
             *slot = Some(LocalPlane { socket, up });
         }
         Ok(())
@@ -114,7 +113,7 @@ impl Engine {
 
     /// Whether the device is alive (plane 0 open; `shutdown` closes every plane).
     pub(crate) fn is_open(&self) -> bool {
-        work::lock(&self.planes).first().is_some_and(Option::is_some)
+        self.planes.lock().first().is_some_and(Option::is_some)
     }
 
     /// Adds plane `plane` on `ndev`: opens its socket, then spreads every connection over the
@@ -132,7 +131,7 @@ impl Engine {
         let socket = self.open_socket(ndev, plane)?;
         let up = ndev.link_up();
         {
-            let mut planes = work::lock(&self.planes);
+            let mut planes = self.planes.lock();
             let slot = planes.get_mut(plane).ok_or(EINVAL)?;
             if slot.is_some() {
                 return Err(EBUSY);
@@ -146,7 +145,7 @@ impl Engine {
     /// Removes plane `plane` (closes its socket); what was in flight on it is recovered on the
     /// other planes. Process context (waits for RCU).
     pub(crate) fn remove_plane(self: &Arc<Self>, plane: usize) {
-        let old = work::lock(&self.planes).get_mut(plane).and_then(Option::take);
+        let old = self.planes.lock().get_mut(plane).and_then(Option::take);
         if old.is_some() {
             // Closes the socket outside the lock.
             drop(old);
@@ -156,7 +155,7 @@ impl Engine {
 
     /// Plane `plane`'s link went up or down: its paths carry packets again, or stop.
     pub(crate) fn set_plane_link(self: &Arc<Self>, plane: usize, up: bool) {
-        let changed = match work::lock(&self.planes).get_mut(plane) {
+        let changed = match self.planes.lock().get_mut(plane) {
             Some(Some(lp)) if lp.up != up => {
                 lp.up = up;
                 true
@@ -165,7 +164,7 @@ impl Engine {
         };
         if changed {
             for peer in self.peer_list().iter() {
-                let mut p = work::lock(&peer.inner);
+                let mut p = peer.inner.lock();
                 self.apply_planes(peer, &mut p.conn);
                 self.run(peer, &mut p);
             }
@@ -177,18 +176,22 @@ impl Engine {
         for peer in self.peer_list().iter() {
             peer.planes.heard.store(false, Ordering::Relaxed);
             peer.planes.hello_sent_ns.store(0, Ordering::Relaxed);
-            let mut p = work::lock(&peer.inner);
+            let mut p = peer.inner.lock();
             self.apply_planes(peer, &mut p.conn);
             self.run(peer, &mut p);
         }
     }
 
-    /// The peers, to work on without holding the list's lock.
+    /// The peers, to work on without holding the list's lock. Process context (the list
+    /// is allocated before the lock is taken; peers added meanwhile are left out).
     pub(super) fn peer_list(&self) -> KVec<Arc<Peer>> {
-        let peers = work::lock(&self.peers);
-        let mut v = KVec::new();
-        for p in peers.iter() {
-            if v.push(p.clone(), GFP_KERNEL).is_err() {
+        let n = self.peers.lock().len();
+        let Ok(mut v) = KVec::with_capacity(n, GFP_KERNEL) else {
+            return KVec::new();
+        };
+        for p in self.peers.lock().iter().take(n) {
+            // Within the capacity: no allocation.
+            if v.push(p.clone(), GFP_ATOMIC).is_err() {
                 break;
             }
         }
@@ -201,7 +204,7 @@ impl Engine {
         let mut up = [false; MAX_PLANES];
         let mut count = 1;
         {
-            let planes = work::lock(&self.planes);
+            let planes = self.planes.lock();
             for (k, (lp, u)) in planes.iter().zip(up.iter_mut()).enumerate() {
                 if let Some(lp) = lp {
                     count = k + 1;
@@ -247,7 +250,7 @@ impl Engine {
         seg: usize,
         count: usize,
     ) {
-        match work::lock(&self.planes).get(plane) {
+        match self.planes.lock().get(plane) {
             Some(Some(lp)) => {
                 let _ = lp.socket.send_segments(dst, src_port, ecn, data, seg);
             }
@@ -258,7 +261,7 @@ impl Engine {
     /// Sends our HELLO to `peer`, whose connection has `paths` paths: on plane 0, or while
     /// that cannot reach the peer, on the first plane that can.
     fn send_hello(&self, peer: &Peer, paths: usize, reply: bool, now: u64) {
-        let planes = work::lock(&self.planes);
+        let planes = self.planes.lock();
         let mut entries = [HelloEntry {
             plane: 0,
             addr: PlaneAddr::V4([0; 4]),
@@ -364,7 +367,7 @@ impl Engine {
     /// Closes every plane's socket (device going away).
     pub(super) fn close_planes(&self) {
         let planes: LocalPlanes =
-            core::mem::replace(&mut *work::lock(&self.planes), [const { None }; MAX_PLANES]);
+            core::mem::replace(&mut *self.planes.lock(), [const { None }; MAX_PLANES]);
         drop(planes);
     }
 }
@@ -383,7 +386,7 @@ impl Engine {
         let _ = writeln!(w);
         for peer in self.peer_list().iter() {
             let [a, b, c, d] = peer.planes.addr(0).unwrap_or([0; 4]);
-            let p = work::lock(&peer.inner);
+            let p = peer.inner.lock();
             let conn = &p.conn;
             let s = conn.stats();
             let cc = conn.congestion();

@@ -597,6 +597,9 @@ unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_b
         let payload = udp.get(UDP_HEADER..)?;
         Some((src, dst, src_port, ecn_ce, payload.as_ptr(), payload.len()))
     });
+    // SAFETY: the skb is ours. The stack walks the datagrams it cut a GSO packet into as a
+    // list (`udp_queue_rcv_skb`) without unlinking them: all but the last have a next one.
+    let more = unsafe { bindings::metaroce_glue_skb_more(skb) };
     match parsed {
         Some((src, dst, src_port, ecn_ce, data, len)) => {
             let Some(skb) = NonNull::new(skb) else {
@@ -610,6 +613,7 @@ unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_b
                 dst,
                 src_port,
                 ecn_ce,
+                more,
                 payload,
             });
         }

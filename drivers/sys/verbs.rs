@@ -440,7 +440,7 @@ unsafe fn reg_user_mr_inner(
     let verbs = unsafe { verbs_of(ibdev) };
     // SAFETY: `ibdev` is live; we run in the registering process.
     let mem = unsafe { UserMemory::pin(ibdev, start, length, access) }?;
-    let key = verbs.mrs.lock().reserve(1)?;
+    let key = crate::verbs::reserve_in(&verbs.mrs, 1)?;
     let mr = Mr::new(key, iova, length, access as u32, ibpd as usize, mem);
     let mr = match Arc::new(mr, GFP_KERNEL) {
         Ok(mr) => mr,
@@ -517,7 +517,11 @@ pub(super) unsafe extern "C" fn dereg_mr(
     unsafe {
         let verbs = verbs_of((*ibmr).device);
         let meta = KBox::from_raw(ibmr.cast::<MetaMr>());
-        verbs.mrs.lock().remove(meta.ibmr.lkey);
+        // Dropped outside the table's lock: the last reference releases the pages, which
+        // may sleep. The data path uses an MR only under that lock (`Verbs::with_mr`), so
+        // once it is out of the table nothing copies to or from its pages.
+        let removed = verbs.mrs.lock().remove(meta.ibmr.lkey);
+        drop(removed);
         drop(meta);
     }
     0
@@ -593,7 +597,7 @@ unsafe fn create_qp_inner(
     } else {
         None
     };
-    let qpn = verbs.qps.lock().reserve(1)?;
+    let qpn = crate::verbs::reserve_in(&verbs.qps, 1)?;
     let parts = QpParts {
         qpn,
         pd,
@@ -808,9 +812,9 @@ unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Ar
                 ecn_marks: pi.ecn_marks,
                 timeouts: pi.timeouts,
             };
-            // Within the capacity reserved above: no allocation under the peer's mutex.
+            // Within the capacity reserved above: no allocation under the peer's lock.
             // SAFETY: `metaroce_path_info` has explicit padding fields only.
-            nomem = out.extend_from_slice(unsafe { c_bytes(&e) }, GFP_KERNEL).is_err();
+            nomem = out.extend_from_slice(unsafe { c_bytes(&e) }, GFP_ATOMIC).is_err();
             entries += 1;
         })
     });
@@ -921,7 +925,9 @@ pub(super) unsafe extern "C" fn destroy_qp(
             if let Some(engine) = engine_of((*ibqp).device) {
                 engine.detach(&qp);
             }
-            verbs_of((*ibqp).device).qps.lock().remove(qp.qpn);
+            // Dropped outside the table's lock (and after it, with `qp`, in process context).
+            let removed = verbs_of((*ibqp).device).qps.lock().remove(qp.qpn);
+            drop(removed);
         }
     }
     0

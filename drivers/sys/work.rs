@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The data path's threads (receive processing and timers: [`CpuThreads`] and its alarm), the
-//! clock and randomness.
+//! The data path's receive threads ([`CpuThreads`]) and its timer (their alarm, a soft
+//! high-resolution timer whose callback runs in softirq), the clock and randomness.
 
 use super::bindings;
 use core::{
     ffi::{c_int, c_void},
     ptr::NonNull,
-    sync::atomic::{AtomicPtr, AtomicU8, Ordering},
+    sync::atomic::{AtomicU8, Ordering},
 };
 use kernel::{
     new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex, MutexGuard, SpinLockIrq},
+    sync::{Arc, SpinLockIrq},
     types::Opaque,
 };
 
@@ -33,14 +33,13 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) trait KthreadWork: Send + Sync + 'static {
     /// Does the pending work (the thread may be kicked again meanwhile: it runs again).
     fn run(this: &Arc<Self>);
-    /// The alarm set with [`CpuThreads::arm`] went off; called before `run` when both are
-    /// pending.
+    /// The alarm set with [`CpuThreads::arm`] went off: called from the timer's callback, in
+    /// softirq (it must not sleep).
     fn alarm(_this: &Arc<Self>) {}
 }
 
-/// `KthreadShared::pending` bits.
+/// `KthreadShared::pending` bit: run.
 const KICKED: u8 = 1;
-const ALARM: u8 = 2;
 
 struct KthreadShared<T> {
     pending: AtomicU8,
@@ -53,8 +52,9 @@ struct KthreadShared<T> {
 ///
 /// Why not a work item: the kernel preempts lazily, so a woken kworker waits for the next
 /// tick (1 ms) while an application busy-polls its CQ on that CPU; a FIFO thread preempts it
-/// at once. Why bound: waking a thread on another CPU costs an IPI, which under emulation
-/// (QEMU TCG) took as long as a tick; [`CpuThreads`] wakes the one of the kicking CPU.
+/// at once. Why bound: the data path hands bulk receive runs to the thread of another CPU
+/// than the one sending them ([`CpuThreads::kick`]), so the two proceed in parallel; small
+/// datagrams are received in softirq and need no thread.
 pub(crate) struct Kthread<T: KthreadWork> {
     task: NonNull<bindings::task_struct>,
     shared: Arc<KthreadShared<T>>,
@@ -104,21 +104,10 @@ impl<T: KthreadWork> Kthread<T> {
         self.post(KICKED);
     }
 
-    /// Sets `bits` in the thread's pending work and wakes it, whatever was pending. Any
-    /// context.
-    fn post_force(&self, bits: u8) {
-        self.shared.pending.fetch_or(bits, Ordering::AcqRel);
-        // SAFETY: as in `post`.
-        unsafe { bindings::wake_up_process(self.task.as_ptr()) };
-    }
-
-    /// Sets `bits` in the thread's pending work and wakes it if it had none (at the end of
-    /// the [`TxSection`] we are in, if any). Any context.
+    /// Sets `bits` in the thread's pending work and wakes it if it had none (with some, it
+    /// was woken already and takes them before it sleeps again). Any context.
     fn post(&self, bits: u8) {
-        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) != 0 {
-            // Already kicked: woken, or held back by a section, perhaps one preempted here.
-            rescue_preempted();
-        } else if !defer_wake(self.task) {
+        if self.shared.pending.fetch_or(bits, Ordering::AcqRel) == 0 {
             // SAFETY: the task lives until `drop` stops it, and `drop` needs `&mut self`.
             unsafe { bindings::wake_up_process(self.task.as_ptr()) };
         }
@@ -153,16 +142,12 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
         }
         let pending = shared.pending.swap(0, Ordering::AcqRel);
         if pending == 0 {
-            // SAFETY: sleeps until woken (by `kick`, the alarm or `kthread_stop`).
+            // SAFETY: sleeps until woken (by `kick` or `kthread_stop`).
             unsafe { bindings::schedule() };
             continue;
         }
         // SAFETY: as above.
         unsafe { bindings::metaroce_glue_set_current_running() };
-        rescue_preempted();
-        if pending & ALARM != 0 {
-            T::alarm(&shared.work);
-        }
         if pending & KICKED != 0 {
             T::run(&shared.work);
         }
@@ -184,10 +169,11 @@ const ALARM_SLACK_NS: u64 = 20_000;
 /// The soonest the alarm goes off after it is armed.
 const ALARM_MIN_DELAY_NS: u64 = 10_000;
 
-/// A one-shot high-resolution timer (`CLOCK_MONOTONIC`, firing in hard interrupt context) that
-/// posts [`KthreadWork::alarm`] to the thread of the CPU it fires on. Workqueue timers only
-/// have jiffy resolution; the transport's ACK delay, pacing and retransmission timers want
-/// microseconds.
+/// A one-shot high-resolution timer (`CLOCK_MONOTONIC`, soft: its callback runs in softirq)
+/// that runs [`KthreadWork::alarm`] there, on the CPU it fires on: no thread to wake, so the
+/// transport's timers are as late as the timer is, not as the scheduler makes a thread.
+/// Workqueue timers only have jiffy resolution; the transport's ACK delay, pacing and
+/// retransmission timers want microseconds.
 #[repr(C)]
 #[pin_data(PinnedDrop)]
 struct Alarm<T: KthreadWork> {
@@ -218,7 +204,7 @@ impl<T: KthreadWork> PinnedDrop for Alarm<T> {
     }
 }
 
-/// The alarm's timer callback (hard interrupt context).
+/// The alarm's timer callback (softirq).
 ///
 /// # Safety
 ///
@@ -231,13 +217,9 @@ unsafe extern "C" fn alarm_fn<T: KthreadWork>(
     let alarm = unsafe { &*timer.cast::<Alarm<T>>() };
     // SAFETY: `threads` and `count` describe the live slice of the `CpuThreads`' threads.
     let threads = unsafe { core::slice::from_raw_parts(alarm.threads, alarm.count) };
-    // SAFETY: reads the CPU number; a stale value only picks another thread.
-    let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
-    rescue_preempted();
-    if let Some(t) = threads.get(cpu % threads.len().max(1)) {
-        // Not deferred: the interrupted task may be in a section for a while. And woken even
-        // if work was pending already: a safety net should a wakeup ever be held back.
-        t.post_force(ALARM);
+    // Every thread serves the same work.
+    if let Some(t) = threads.first() {
+        T::alarm(&t.shared.work);
     }
     bindings::hrtimer_restart::HRTIMER_NORESTART
 }
@@ -261,7 +243,7 @@ impl<T: KthreadWork> CpuThreads<T> {
                         slot,
                         Some(alarm_fn::<T>),
                         bindings::CLOCK_MONOTONIC as bindings::clockid_t,
-                        bindings::hrtimer_mode_HRTIMER_MODE_ABS,
+                        bindings::hrtimer_mode_HRTIMER_MODE_ABS_SOFT,
                     )
                 }),
                 at <- new_spinlock_irq!(0, "metaroce_alarm"),
@@ -291,12 +273,12 @@ impl<T: KthreadWork> CpuThreads<T> {
                 self.alarm.timer.get(),
                 deadline.min(i64::MAX as u64) as i64,
                 ALARM_SLACK_NS,
-                bindings::hrtimer_mode_HRTIMER_MODE_ABS,
+                bindings::hrtimer_mode_HRTIMER_MODE_ABS_SOFT,
             )
         };
     }
 
-    /// Each thread's pending work bits (`KICKED` 1, `ALARM` 2), for diagnostics.
+    /// Each thread's pending work bits (`KICKED` 1), for diagnostics.
     pub(crate) fn pending(&self, mut f: impl FnMut(usize, u8)) {
         for (i, t) in self.threads.iter().enumerate() {
             f(i, t.shared.pending.load(Ordering::Relaxed));
@@ -313,199 +295,4 @@ impl<T: KthreadWork> CpuThreads<T> {
             t.kick();
         }
     }
-}
-
-/// CPUs whose transmit sections are tracked (beyond them, wakeups are not deferred).
-const TX_CPUS: usize = 64;
-/// Wakeups one section can hold back (more are done at once).
-const TX_DEFERRED: usize = 8;
-/// One CPU's transmit section: the task in it and the threads to wake when it ends.
-struct TxSlot {
-    owner: AtomicPtr<bindings::task_struct>,
-    /// Tasks with a reference taken (`get_task_struct`); null: free. Filled in the owner's
-    /// context on this CPU (its own code and the softirqs and interrupts that run on top of
-    /// it), each entry claimed from null with one compare-exchange and emptied with one swap,
-    /// so an interrupt that comes while the owner wakes them (`flush_section`) can neither
-    /// overwrite a task not yet woken nor be skipped. (Claiming by a counter, reset before
-    /// the entries were read, let an interrupt overwrite one: that thread's wakeup was lost
-    /// with its `pending` bit set, so no kick woke it again, and its device stopped receiving
-    /// for good: the incast victim's receiver, its queue full, in CI.)
-    wake: [AtomicPtr<bindings::task_struct>; TX_DEFERRED],
-}
-
-static TX_SLOTS: [TxSlot; TX_CPUS] = [const {
-    TxSlot {
-        owner: AtomicPtr::new(core::ptr::null_mut()),
-        wake: [const { AtomicPtr::new(core::ptr::null_mut()) }; TX_DEFERRED],
-    }
-}; TX_CPUS];
-
-/// A stretch of code that sends datagrams and may receive them too: over a veth or loopback
-/// the receiver's softirq runs inside our send, on this CPU. Receive threads kicked meanwhile
-/// are woken when the section ends, not at once, so a burst is received as one batch: a FIFO
-/// thread woken on this CPU would otherwise preempt the sender after every datagram (one
-/// context switch and one ACK per packet). Like NAPI's deferral of a softirq to its end.
-pub(crate) struct TxSection {
-    slot: &'static TxSlot,
-}
-
-impl TxSection {
-    /// Starts a section on this CPU for the current task; None when one is already open here
-    /// (this task's own: the outer one does the wakeups; or another task's, preempted: then
-    /// this one's wakeups are not deferred). Process context.
-    pub(crate) fn enter() -> Option<TxSection> {
-        // SAFETY: reads the CPU number; if we migrate later, `defer_wake` on the new CPU does
-        // not see us as the owner, and the wakeups are simply not deferred.
-        let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
-        let slot = TX_SLOTS.get(cpu)?;
-        // SAFETY: reads `current`.
-        let me = unsafe { bindings::metaroce_glue_current() };
-        match slot.owner.compare_exchange(
-            core::ptr::null_mut(),
-            me,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => Some(TxSection { slot }),
-            Err(owner) => {
-                if owner != me {
-                    // Another task's, preempted in it: what it holds back is woken now.
-                    slot.wake_deferred();
-                }
-                None
-            }
-        }
-    }
-}
-
-impl Drop for TxSection {
-    fn drop(&mut self) {
-        // No more deferrals (they happen only in the owner's context on the slot's CPU; if we
-        // migrated, none happen at all), then the deferred wakeups.
-        self.slot.owner.store(core::ptr::null_mut(), Ordering::Release);
-        self.slot.wake_deferred();
-    }
-}
-
-/// Locks `m`, first doing the wakeups the current task's transmit section holds back if it has
-/// to wait: a section's task that sleeps must not keep other threads asleep meanwhile (their
-/// work would wait for as long as it does; a cycle of such waits stalled a receive thread
-/// for good, its work pending and never woken). Any mutex taken on the data path goes through
-/// here.
-pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    if let Some(g) = m.try_lock() {
-        return g;
-    }
-    flush_section();
-    m.lock()
-}
-
-/// Does the wakeups the current task's section on this CPU holds back now (the section goes
-/// on). Process context.
-fn flush_section() {
-    if let Some(slot) = own_slot() {
-        slot.wake_deferred();
-    }
-}
-
-/// Wakes what this CPU's transmit section holds back if its owner is not the current task (in
-/// interrupt context: the task interrupted): the owner was preempted inside it, and the
-/// threads it deferred must not wait for it to be scheduled again (with a dozen busy-polling
-/// processes per CPU that was many milliseconds, during which a receiver's thread slept
-/// with its queue filling). Called where this CPU runs our code in another context: a
-/// receive thread starting its work, a kick from a softirq, the alarm. Any context.
-pub(crate) fn rescue_preempted() {
-    if let Some((slot, Owner::Other)) = cpu_slot() {
-        slot.wake_deferred();
-    }
-}
-
-/// Who holds a CPU's transmit section, as the current task sees it.
-#[derive(PartialEq)]
-enum Owner {
-    Nobody,
-    /// The current task (in interrupt context: the task interrupted).
-    Me,
-    /// Another task: preempted in its section.
-    Other,
-}
-
-/// This CPU's transmit section and who holds it. Any context.
-fn cpu_slot() -> Option<(&'static TxSlot, Owner)> {
-    // SAFETY: reads the CPU number and `current`; in interrupt context `current` is the task
-    // interrupted, which is what makes a softirq inside a section see it.
-    let (cpu, me) = unsafe {
-        (
-            bindings::metaroce_glue_smp_processor_id() as usize,
-            bindings::metaroce_glue_current(),
-        )
-    };
-    let slot = TX_SLOTS.get(cpu)?;
-    let owner = slot.owner.load(Ordering::Acquire);
-    let who = if owner.is_null() {
-        Owner::Nobody
-    } else if owner == me {
-        Owner::Me
-    } else {
-        Owner::Other
-    };
-    Some((slot, who))
-}
-
-/// This CPU's transmit section, if the current task (in interrupt context: the task
-/// interrupted) is in it. Any context.
-fn own_slot() -> Option<&'static TxSlot> {
-    cpu_slot().and_then(|(slot, who)| (who == Owner::Me).then_some(slot))
-}
-
-impl TxSlot {
-    /// Wakes the tasks deferred so far. Any context: each entry is emptied by one swap, so
-    /// the owner and a rescuer ([`rescue_preempted`]) never wake the same one twice.
-    fn wake_deferred(&self) {
-        for w in &self.wake {
-            let task = w.swap(core::ptr::null_mut(), Ordering::AcqRel);
-            if !task.is_null() {
-                // SAFETY: `defer_wake` took a reference to the task, released here after the
-                // wakeup.
-                unsafe {
-                    bindings::wake_up_process(task);
-                    bindings::metaroce_glue_put_task_struct(task);
-                }
-            }
-        }
-    }
-}
-
-/// Holds back the wakeup of `task` until the end of the transmit section the current task is
-/// in on this CPU; false (wake it now) when there is none or it is full. Any context.
-fn defer_wake(task: NonNull<bindings::task_struct>) -> bool {
-    let slot = match cpu_slot() {
-        Some((slot, Owner::Me)) => slot,
-        Some((slot, Owner::Other)) => {
-            // Preempted in its section: its held-back wakeups go now, with ours.
-            slot.wake_deferred();
-            return false;
-        }
-        _ => return false,
-    };
-    // SAFETY: the task is alive (its `Kthread` is, and we are in its `post`); the reference
-    // keeps it so until the section's end wakes it.
-    unsafe { bindings::metaroce_glue_get_task_struct(task.as_ptr()) };
-    for w in &slot.wake {
-        if w
-            .compare_exchange(
-                core::ptr::null_mut(),
-                task.as_ptr(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            return true;
-        }
-    }
-    // Full: woken now by the caller; the reference is not needed.
-    // SAFETY: we took it above.
-    unsafe { bindings::metaroce_glue_put_task_struct(task.as_ptr()) };
-    false
 }
