@@ -264,7 +264,8 @@ const SPREAD_RUN: u32 = 3;
 /// is protected by ECN (the allocator's drain and the senders' windows).
 const INBOUND_CAPACITY_MBPS: u32 = 10_000;
 /// Pacing burst: what the pacer lets out at once. The alarm is a high-resolution timer, but
-/// under emulation (QEMU TCG) a thread wakes up tens of microseconds to a millisecond late.
+/// under emulation (QEMU TCG) its callback (a softirq, run by ksoftirqd when softirqs pile
+/// up), like the thread it used to wake, runs tens of microseconds to a millisecond late.
 const PACING_BURST_NS: u64 = 1_000_000;
 /// How long a receiver may hold back an ACK: 0, sent when the batch that made it is done. A
 /// delay (with `ack_every`, 8) only added latency: a burst arrives as one batch anyway.
