@@ -242,8 +242,11 @@ check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked
 # It runs VSECS, longer than the window needs: the window may start WINDOW_WAIT seconds after
 # the client does, and each sample forks on a loaded guest (with the victim at nice -19 and
 # SECS, the client ended inside the window once).
+# The sampling runs at nice -19 too: at nice 0 among 7 busy-polling clients and the victim,
+# its forks took so long that the client ended inside the window in two CI runs.
 VSECS=$((SECS + 4))
 victim() { # -> "Gb/s from the counters (-1: the client ended inside the window) perftest's"
+	renice -n -19 -p "$BASHPID" >/dev/null
 	$IP netns exec v nice -n -19 timeout $((VSECS + 25)) ib_write_bw -d mv -x 1 -s $SIZE -D "$VSECS" -p 19100 \
 		--report_gbits >"$TAP_DIR/victim-srv.log" 2>&1 &
 	sleep 1.5
@@ -278,7 +281,14 @@ if ! awk -v d="$during" 'BEGIN {exit !(d > 0)}'; then
 		sed "s/^/# $dev peers: /" "/sys/class/infiniband/$dev/peers"
 	done
 fi
-check "victim flow through another egress keeps at least half its throughput during the incast ($alone -> $during Gb/s)" \
+# Should a window still miss its client, both runs are judged by perftest's own figures (the
+# same source on both sides; perftest under-reported the victim against the router, not over).
+what="router's counter"
+if ! awk -v a="$alone" -v d="$during" 'BEGIN {exit !(a > 0 && d > 0)}'; then
+	what="perftest's figures: a window missed its client"
+	alone=$alone_p during=$during_p
+fi
+check "victim flow through another egress keeps at least half its throughput during the incast ($alone -> $during Gb/s, $what)" \
 	awk -v a="$alone" -v d="$during" 'BEGIN {exit !(a > 0 && d >= a / 2)}'
 
 # Nothing is left queued with no thread to take it (a lost wakeup once left the victim's
