@@ -178,20 +178,20 @@ impl<T> Table<T> {
         if self.live >= self.max {
             return Err(ENOMEM);
         }
-        let first = first as usize;
+        let start = first as usize;
         let index = match self
             .slots
             .iter()
-            .skip(first)
+            .skip(start)
             .position(|s| matches!(s, Slot::Free))
         {
-            Some(i) => i + first,
+            Some(i) => i + start,
             None => {
-                if self.room_needed(first as u32) > self.slots.capacity() {
+                if self.room_needed(first) > self.slots.capacity() {
                     return Ok(None);
                 }
                 // Within the capacity just checked: no allocation.
-                while self.slots.len() < first {
+                while self.slots.len() < start {
                     self.slots.push(Slot::Free, GFP_ATOMIC)?;
                 }
                 self.slots.push(Slot::Free, GFP_ATOMIC)?;
