@@ -176,14 +176,17 @@ const TX_BUF: usize = 65_535 - 20 - 8;
 /// GSO packet carries at most. 16 sent a CPU-bound `ib_write_bw` twice as fast as 1 (4: about
 /// 1.3-1.9x) but, on paths that lose packets at tail-drop queues, let some paths starve
 /// (planes got 14-39% of the bytes instead of 25%, even with path estimates that age; with 4
-/// they get 21-27%; `docs/multiplane.md`). Runs of 16 that shrink to [`LOSSY_PATH_BURST`] on
-/// a path that loses packets (`Config::lossy_path_burst`) were faster (median 0.60 against
-/// 0.43 Gbit/s, one guest boot) but one CI run still gave a plane 18%, the planes test's
-/// bound: so 4 everywhere until the planes stay even with longer runs.
-const PATH_BURST: u8 = 4;
-/// Runs on a path whose loss rate is over 1% (`transport::connection::LOSSY_RUN_RATE`); the
-/// same as `PATH_BURST` for now.
+/// they get 21-27%; `docs/multiplane.md`). Runs of 16 that shrank to 4 only on a path losing
+/// over 1% still gave a plane 18% in one CI run; so a path with any loss in its estimate
+/// (`LOSSY_RUN_RATE`) sends runs of [`LOSSY_PATH_BURST`]: 25/25/23/25% and 26/22/25/24% over
+/// 4 tbf-limited planes, and lossless `ib_write_bw` at a median 0.40 Gbit/s (0.35-0.47)
+/// against 0.36 (0.34-0.47) with runs of 4 everywhere (one guest boot, 3 rounds each).
+const PATH_BURST: u8 = 16;
+/// Runs on a path with any loss in its estimate.
 const LOSSY_PATH_BURST: u8 = 4;
+/// The loss rate over which a path's runs are `LOSSY_PATH_BURST` long (`Config::lossy_run_rate`):
+/// any.
+const LOSSY_RUN_RATE: u16 = 0;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
 const RX_ENTRIES: usize = 1024;
@@ -638,6 +641,7 @@ impl Engine {
         cfg.path.min_rto = PATH_MIN_RTO_NS;
         cfg.path_burst = PATH_BURST;
         cfg.lossy_path_burst = LOSSY_PATH_BURST;
+        cfg.lossy_run_rate = LOSSY_RUN_RATE;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         let table = ZeroedSlice::new(usize::from(cfg.num_paths))?;
         conn.reset_with_paths(cfg, table).map_err(|_| EINVAL)?;

@@ -40,8 +40,8 @@ use streams::{Sched, ACK, EVENT, FREE, TIMER, WORK};
 pub use streams::{StreamSlots, MAX_STREAMS};
 use timer::{Earliest, Timer};
 
-/// The loss rate (of 65535) over which a path's runs are `Config::lossy_path_burst` long:
-/// 1%.
+/// The default loss rate (of 65536) over which a path's runs are `Config::lossy_path_burst`
+/// long (`Config::lossy_run_rate`): 1%.
 pub const LOSSY_RUN_RATE: u16 = 655;
 
 /// Connection settings. Both ends must agree on `mtu`, `initial_psn` and the path count.
@@ -62,11 +62,15 @@ pub struct Config {
     /// stack as one (UDP GSO); the shares over time are the same (each packet is charged to
     /// the spraying credits as if picked alone).
     pub path_burst: u8,
-    /// Runs on a path that loses packets (loss rate over [`LOSSY_RUN_RATE`]): at most this
+    /// Runs on a path that loses packets (loss rate over `lossy_run_rate`): at most this
     /// many. A run that reaches a full tail-drop queue loses several packets at once, and
     /// the path's weight falls with them: short runs there keep the spraying even (TSO
     /// sizing that backs off under loss, as it were), long ones where nothing is lost.
     pub lossy_path_burst: u8,
+    /// The loss rate (of 65536, see [`path::Path::loss_rate`]) over which a path's runs are
+    /// `lossy_path_burst` long ([`LOSSY_RUN_RATE`]: 1%; 0: any loss still in the path's
+    /// estimate).
+    pub lossy_run_rate: u16,
     /// Data packets a stream sends in a row before the next stream with work takes its turn
     /// (deficit round-robin by packets; 1: every packet). A whole message or a few go out
     /// together, so messages complete one after the other rather than all at the end, as
@@ -96,6 +100,7 @@ impl Config {
             mtu: 4096,
             path_burst: 1,
             lossy_path_burst: 1,
+            lossy_run_rate: LOSSY_RUN_RATE,
             stream_quantum: 16,
             path: PathConfig {
                 initial_psn: 0,
@@ -1329,7 +1334,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 self.burst_left -= 1;
             } else {
                 self.burst_path = i;
-                let lossy = paths.get(i).is_some_and(|p| p.loss_rate() > LOSSY_RUN_RATE);
+                let limit = self.cfg.lossy_run_rate;
+                let lossy = paths.get(i).is_some_and(|p| p.loss_rate() > limit);
                 let run = if lossy {
                     self.cfg.path_burst.min(self.cfg.lossy_path_burst)
                 } else {
