@@ -208,6 +208,28 @@ net_bytes() {
 		}' "/proc/$pid/net/dev"
 }
 
+# net_window PID WAIT SECS FIRST LAST FIELD...: two net_bytes lines SECS seconds apart, the
+# first once each of their columns FIRST..LAST (1 is the time; LAST 0: through the last) has
+# moved 256 KiB since the call, or after WAIT seconds: a window every flow watched runs in.
+net_window() {
+	local pid="$1" wait="$2" secs="$3" first="$4" last="$5" base now deadline
+	shift 5
+	deadline=$((SECONDS + wait))
+	base=$(net_bytes "$pid" "$@")
+	while [ "$SECONDS" -lt "$deadline" ]; do
+		sleep 0.3
+		now=$(net_bytes "$pid" "$@")
+		awk -v a="$base" -v b="$now" -v f="$first" -v l="$last" 'BEGIN {
+			n = split(a, A, " "); split(b, B, " ")
+			if (l == 0) l = n
+			for (i = f; i <= l; i++) if (B[i] - A[i] < 262144) exit 1
+		}' && break
+	done
+	net_bytes "$pid" "$@"
+	sleep "$secs"
+	net_bytes "$pid" "$@"
+}
+
 dmesg_mark() { dmesg | wc -l >"$TAP_DIR/dmesg-mark"; }
 dmesg_since_mark() { dmesg | tail -n +"$(($(cat "$TAP_DIR/dmesg-mark" 2>/dev/null || echo 0) + 1))"; }
 KERNEL_TROUBLE='BUG:|WARNING:|Oops|general protection|kernel BUG|refcount_t|unreferenced object|KASAN|UBSAN|lockdep|possible recursive|circular locking|list_(add|del) corruption|Call Trace'

@@ -749,27 +749,12 @@ incast_flow() { # T K DUR
 	rxe) rdma_bw in$k in$k rxi$k in0 rxi0 10.79.0.1 $((18700 + k)) -s 65536 -D "$d" ;;
 	esac
 }
-# isw_bytes N -> "<time ns> <port0 tx> <port1 rx> .. <portN rx>": what left the bottleneck
-# towards the receiver and what each sender put in (retransmissions included).
-isw_bytes() {
-	net_bytes "$ISW_PID" tx:port0 $(seq -f 'rx:port%g' 1 "$1")
-}
-# isw_window N SECS -> two isw_bytes lines SECS apart, the first once every sender has put
-# 256 KiB into the bridge (so all flows run in the window), or after DUR/2 seconds.
+# isw_window N SECS -> two lines "<time ns> <port0 tx> <port1 rx> .. <portN rx>" SECS apart
+# (what left the bottleneck towards the receiver, what each sender put in, retransmissions
+# included), the first once every sender has put 256 KiB into the bridge (so all flows run in
+# the window), or after DUR/2 seconds (`net_window` in lib.sh).
 isw_window() {
-	local n="$1" secs="$2" base now deadline=$((SECONDS + DUR / 2 + 1))
-	base=$(isw_bytes "$n")
-	while [ "$SECONDS" -lt "$deadline" ]; do
-		sleep 0.3
-		now=$(isw_bytes "$n")
-		awk -v a="$base" -v b="$now" 'BEGIN {
-			split(a, A, " "); split(b, B, " ")
-			for (i = 3; i in B; i++) if (B[i] - A[i] < 262144) exit 1
-		}' && break
-	done
-	isw_bytes "$n"
-	sleep "$secs"
-	isw_bytes "$n"
+	net_window "$ISW_PID" $((DUR / 2 + 1)) "$2" 3 0 tx:port0 $(seq -f 'rx:port%g' 1 "$1")
 }
 # tc rate (50mbit, 1gbit, ...) in Gb/s.
 rate_gbps() {

@@ -81,29 +81,14 @@ hwsum() {
 # second per sample on a loaded guest.
 $IP netns exec sw sleep 100000 &
 SW_PID=$!
-sw_bytes() { # N
-	net_bytes "$SW_PID" tx:swr tx:swv $(seq -f 'rx:sw%g' 1 "$1")
-}
 
-# window N SECS FIRST LAST -> prints the byte counters (sw_bytes N) at the start and at the
-# end of a SECS-long window, on two lines. The window starts once each of sw_bytes' fields
-# FIRST..LAST (the flows watched: 3 the victim, 4.. the senders) has moved 256 KiB since the
-# call, or after WINDOW_WAIT seconds.
+# window N SECS FIRST LAST -> the router's byte counters ("<time ns> <swr tx> <swv tx>
+# <sw1 rx> .. <swN rx>") at the start and at the end of a SECS-long window, on two lines; the
+# window starts once each of the fields FIRST..LAST (the flows watched: 3 the victim, 4.. the
+# senders) has moved 256 KiB, or after WINDOW_WAIT seconds (`net_window` in lib.sh).
 WINDOW_WAIT=${INCAST_WINDOW_WAIT:-3}
 window() {
-	local n="$1" secs="$2" first="$3" last="$4" base now deadline=$((SECONDS + WINDOW_WAIT))
-	base=$(sw_bytes "$n")
-	while [ "$SECONDS" -lt "$deadline" ]; do
-		sleep 0.3
-		now=$(sw_bytes "$n")
-		awk -v a="$base" -v b="$now" -v f="$first" -v l="$last" 'BEGIN {
-			split(a, A, " "); split(b, B, " ")
-			for (i = f; i <= l; i++) if (B[i] - A[i] < 262144) exit 1
-		}' && break
-	done
-	sw_bytes "$n"
-	sleep "$secs"
-	sw_bytes "$n"
+	net_window "$SW_PID" "$WINDOW_WAIT" "$2" "$3" "$4" tx:swr tx:swv $(seq -f 'rx:sw%g' 1 "$1")
 }
 
 # incast KIND N -> prints "util jain marked dropped ok cal goodput pjain": util and jain from
