@@ -13,7 +13,7 @@ source "$(dirname "$0")/common.sh"
 PKGS=(
 	rdma-core ibverbs-utils ibverbs-providers libibverbs1 librdmacm1t64 rdmacm-utils perftest
 	python3 python3-pyverbs qperf iperf3
-	iproute2 kmod ethtool tcpdump iputils-ping procps util-linux strace
+	iproute2 kmod ethtool tcpdump iputils-ping procps util-linux strace linux-perf
 )
 IMAGE_SIZE=1536M
 

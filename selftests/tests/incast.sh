@@ -226,7 +226,8 @@ check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked
 # completion events for WRITE, nor with -D). With the 7 clients at nice 0 the victim's client
 # got an eighth of its rate (0.520 -> 0.128 Gb/s), and even at nice -19 it kept 0.46 of it in
 # one CI run (0.71-0.97 in 5 others); so, 0.83-0.90 in 2 runs. The incast must still load its
-# bottleneck meanwhile (0.41-0.49 in those runs; at nice 0, 0.6-0.7).
+# bottleneck meanwhile (0.29-0.49 in 3 runs, with the victim busy-polling a CPU; at nice 0,
+# 0.6-0.7).
 # It runs VSECS, longer than the window needs: the window may start WINDOW_WAIT seconds after
 # the client does, and each sample forks on a loaded guest (with the victim at nice -19 and
 # SECS, the client ended inside the window once).
@@ -262,8 +263,8 @@ sleep 2
 read -r during during_p load <<<"$(victim)"
 wait $bg
 echo "# victim s1 -> v (router's counter; perftest's figure): $alone ($alone_p) Gb/s alone, $during ($during_p) Gb/s during a 7-to-1 incast (bottleneck load $load meanwhile)"
-check "the incast loads its bottleneck while the victim runs ($load of ${RATE_MBIT} Mbit/s, goal > 0.25)" \
-	awk -v l="$load" 'BEGIN {exit !(l > 0.25)}'
+check "the incast loads its bottleneck while the victim runs ($load of ${RATE_MBIT} Mbit/s, goal > 0.15: it runs)" \
+	awk -v l="$load" 'BEGIN {exit !(l > 0.15)}'
 if ! awk -v d="$during" 'BEGIN {exit !(d > 0)}'; then
 	sed 's/^/# victim client stderr: /' "$TAP_DIR/victim-cli.err"
 	grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/victim-cli.log" | tail -n 4 | sed 's/^/# victim client:   /'
