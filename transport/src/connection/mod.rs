@@ -1849,7 +1849,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let len = hl.checked_add(header.payload_len() as usize)?;
         let s = self.streams.slot_mut(si)?;
         match item.kind {
-            ItemKind::Request => s.req.mark_sent(item.msn, item.seg),
+            ItemKind::Request => s.req.mark_sent(now, item.msn, item.seg),
             _ => s.resp.mark_sent(item.msn, item.seg),
         }
         self.stats.data_packets_out += 1;

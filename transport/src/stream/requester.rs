@@ -310,11 +310,32 @@ impl Requester {
         })
     }
 
-    /// The segment was handed to a path.
-    pub fn mark_sent(&mut self, msn: u32, seg: u32) {
+    /// The segment was handed to a path. The first sending of a segment of the oldest
+    /// unfinished message restarts the completion timeout: it runs from when the message
+    /// went out, not from when it was posted (as a NIC's transport timer starts with the
+    /// transmission). Among thousands of streams taking turns on one connection, a message
+    /// may wait seconds for its turn.
+    pub fn mark_sent(&mut self, now: u64, msn: u32, seg: u32) {
+        let oldest = self.oldest_pending();
         if let Some(e) = self.entry(msn) {
+            let fresh = !e.out.was_sent(seg);
             e.out.mark_sent(seg);
+            if fresh && oldest == Some(msn) {
+                self.last_progress = now;
+            }
         }
+    }
+
+    /// The MSN of the oldest message not yet done.
+    fn oldest_pending(&self) -> Option<u32> {
+        let mut msn = self.head;
+        while msn != self.tail {
+            if self.sq.get(msn as usize % SQ_DEPTH)?.state == State::Pending {
+                return Some(msn);
+            }
+            msn = msn.wrapping_add(1);
+        }
+        None
     }
 
     /// Local memory could not be read for a segment: the WQE fails with a local error.
@@ -551,6 +572,12 @@ impl Requester {
         while msn != self.tail {
             if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
                 if e.state == State::Pending && e.rnr_until == 0 {
+                    if !e.out.was_sent(e.n_segs.saturating_sub(1)) {
+                        // Not all of it went out yet: the connection's window is shared and
+                        // its streams take turns. Waiting for our turn is not the peer's
+                        // silence (a dead peer's paths time out, which frees the window).
+                        return false;
+                    }
                     if e.out.complete(e.n_segs) {
                         // Resend the whole message as a new attempt: whatever was lost (a NAK,
                         // an ACK, data the responder discarded), the responder answers it
@@ -636,7 +663,7 @@ mod tests {
         r.post(wqe(WrOpcode::RdmaWrite, 0), 1000, 0, false).unwrap();
         let mut sent = std::vec::Vec::new();
         while let Some(s) = r.next_segment(0) {
-            r.mark_sent(s.msn, s.seg);
+            r.mark_sent(0, s.msn, s.seg);
             sent.push((s.msn, s.seg));
         }
         assert_eq!(sent, std::vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
@@ -674,7 +701,7 @@ mod tests {
         let mut r = Requester::new();
         r.post(wqe(WrOpcode::Send, 10), 1000, 0, false).unwrap();
         let s = r.next_segment(0).unwrap();
-        r.mark_sent(s.msn, s.seg);
+        r.mark_sent(0, s.msn, s.seg);
         r.on_outcome(0, 0, 0, 0, Outcome::Acked);
         r.on_nak(10, 0, NakCode::Rnr, 50, 1);
         assert!(r.next_segment(10).is_none(), "backing off");
@@ -696,7 +723,7 @@ mod tests {
         let mut r = Requester::new();
         r.post(wqe(WrOpcode::Send, 2500), 1000, 0, false).unwrap();
         while let Some(s) = r.next_segment(0) {
-            r.mark_sent(s.msn, s.seg);
+            r.mark_sent(0, s.msn, s.seg);
         }
         for seg in 0..3 {
             r.on_outcome(10, 0, seg, 0, Outcome::Acked);
@@ -707,7 +734,7 @@ mod tests {
         assert!(!r.on_timer(1010, 1000, 7));
         let segs: std::vec::Vec<_> = core::iter::from_fn(|| {
             let s = r.next_segment(1010)?;
-            r.mark_sent(s.msn, s.seg);
+            r.mark_sent(0, s.msn, s.seg);
             Some((s.seg, s.attempt, s.retransmit))
         })
         .collect();
@@ -726,13 +753,37 @@ mod tests {
     }
 
     #[test]
+    fn waiting_for_a_turn_is_not_a_retry() {
+        let mut r = Requester::new();
+        r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
+            .unwrap();
+        // Nothing of it went out for many completion timeouts (other streams' turns).
+        for t in 1..20u64 {
+            assert!(!r.on_timer(t * 1000, 1000, 0), "no retry while unsent");
+        }
+        // Its first packet, at 20_500, starts the completion timeout.
+        let s = r.next_segment(20_500).unwrap();
+        r.mark_sent(20_500, s.msn, s.seg);
+        for _ in 0..2 {
+            let s = r.next_segment(20_500).unwrap();
+            r.mark_sent(20_500, s.msn, s.seg);
+        }
+        assert!(
+            !r.on_timer(21_000, 1000, 0),
+            "not a whole timeout since it went out"
+        );
+        // A whole one without progress: out of retries (retry_cnt 0).
+        assert!(r.on_timer(21_500, 1000, 0));
+    }
+
+    #[test]
     fn path_timeouts_are_not_message_retries() {
         let mut r = Requester::new();
         r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
             .unwrap();
         for _ in 0..3 {
             let s = r.next_segment(0).unwrap();
-            r.mark_sent(s.msn, s.seg);
+            r.mark_sent(0, s.msn, s.seg);
         }
         // Path timeouts (a peer not ready yet, a dead path) never fail the message...
         for _ in 1..50 {
