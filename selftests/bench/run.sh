@@ -544,7 +544,9 @@ cut_sampler() {
 	local ns="$1" cut="$2" restore="$3"
 	shift 3
 	rm -f "$W/tick" && mkfifo "$W/tick"
-	$IP netns exec "$ns" chrt -f 99 bash -c '
+	# exec: `ip netns exec` and chrt exec in turn, so the caller's $! is the sampler itself
+	# (killing a subshell around it left it sampling after the scenario, into vanished devices).
+	exec $IP netns exec "$ns" chrt -f 99 bash -c '
 		tick="$1" cut="$2" restore="$3" at=$(($4 * 1000000)) back=$(($5 * 1000000))
 		shift 5
 		exec {fd}<>"$tick"
