@@ -43,7 +43,7 @@ rm -rf "$OUT" && mkdir -p "$RAW"
 echo "bench: $PROFILE profile, one guest boot, progress below; results in $OUT"
 # The guest side's settings, passed on when set here (see README.md).
 fwd=()
-for v in BENCH_REPS BENCH_RATE BENCH_INCAST_RATE BENCH_REORDER; do
+for v in BENCH_REPS BENCH_RATE BENCH_PLANE_RATE BENCH_INCAST_RATE BENCH_REORDER; do
 	if [ -n "${!v:-}" ]; then fwd+=("$v=${!v}"); fi
 done
 KDIR=$(cat build/kdir) qemu-ci/run-vm.sh --timeout "$TIMEOUT" --payload build/guest --out "$RAW" -- \
