@@ -179,8 +179,9 @@ const TX_BUF: usize = 65_535 - 20 - 8;
 /// they get 21-27%; `docs/multiplane.md`). Runs of 16 that shrank to 4 only on a path losing
 /// over 1% still gave a plane 18% in one CI run; so a path with any loss in its estimate
 /// (`LOSSY_RUN_RATE`) sends runs of [`LOSSY_PATH_BURST`]: 25/25/23/25% and 26/22/25/24% over
-/// 4 tbf-limited planes, and lossless `ib_write_bw` at a median 0.40 Gbit/s (0.35-0.47)
-/// against 0.36 (0.34-0.47) with runs of 4 everywhere (one guest boot, 3 rounds each).
+/// 4 tbf-limited planes, and lossless `ib_write_bw` at a median 0.45 Gbit/s (0.45-0.53)
+/// against 0.37 (0.35-0.38) with runs of 4 everywhere, 0.54 against 0.36 under netem
+/// reordering (one guest boot, 3 rounds each; spurious retransmissions alike, 6-60 per run).
 const PATH_BURST: u8 = 16;
 /// Runs on a path with any loss in its estimate.
 const LOSSY_PATH_BURST: u8 = 4;
