@@ -308,6 +308,9 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     ack_grant: Grant,
     unacked: u16,
     rr_ack_path: usize,
+    /// When a path last acknowledged one of our packets (0: never): a connection that
+    /// delivers is not stalled, whatever a stream waiting for its turn on it sees.
+    delivered_at: u64,
     /// The path the last data packet went on, and how many more may follow it there
     /// (`Config::path_burst`).
     burst_path: usize,
@@ -385,6 +388,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             ack_grant: Grant::default(),
             unacked: 0,
             rr_ack_path: 0,
+            delivered_at: 0,
             burst_path: 0,
             burst_left: 0,
             turn_stream: 0,
@@ -438,6 +442,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.ack_grant = Grant::default();
         self.unacked = 0;
         self.rr_ack_path = 0;
+        self.delivered_at = 0;
         self.burst_path = 0;
         self.burst_left = 0;
         self.turn_stream = 0;
@@ -823,6 +828,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                         p.inflight.learn_reordering(reorder_extent);
                     }
                 }
+                if cc.acked > 0 {
+                    self.delivered_at = now;
+                }
                 self.cc
                     .on_ack(now, cc.acked, cc.marked, cc.max_srtt, cc.min_srtt);
                 self.cc.on_grant(Grant {
@@ -1137,7 +1145,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             let stall = s.ack_timeout(stall_default);
             if s.req.deadline(stall).is_some_and(|d| d <= now) {
                 let retry_cnt = s.cfg.retry_cnt;
-                if s.req.on_timer(now, stall, retry_cnt) {
+                let delivering =
+                    self.delivered_at != 0 && now < self.delivered_at.saturating_add(stall);
+                if s.req.on_timer(now, stall, retry_cnt, delivering) {
                     s.req.fail_retry_exceeded();
                 }
                 sched.push(streams, WORK, i);

@@ -553,8 +553,16 @@ impl Requester {
     /// Timer: past RNR back-offs are cleared; on a completion timeout the oldest message whose
     /// packets are all acknowledged but which has not completed is resent whole (the
     /// responder answers with its state or the NAK again). Returns true when that exceeds the
-    /// retry count.
-    pub fn on_timer(&mut self, now: u64, stall_timeout: u64, retry_cnt: u8) -> bool {
+    /// retry count. `delivering`: the connection had packets acknowledged within the
+    /// timeout (then a message that has not all gone out is waiting for its turn, not for the
+    /// peer, and counts no retry).
+    pub fn on_timer(
+        &mut self,
+        now: u64,
+        stall_timeout: u64,
+        retry_cnt: u8,
+        delivering: bool,
+    ) -> bool {
         let mut msn = self.head;
         while msn != self.tail {
             if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
@@ -572,10 +580,11 @@ impl Requester {
         while msn != self.tail {
             if let Some(e) = self.sq.get_mut(msn as usize % SQ_DEPTH) {
                 if e.state == State::Pending && e.rnr_until == 0 {
-                    if !e.out.was_sent(e.n_segs.saturating_sub(1)) {
-                        // Not all of it went out yet: the connection's window is shared and
-                        // its streams take turns. Waiting for our turn is not the peer's
-                        // silence (a dead peer's paths time out, which frees the window).
+                    if delivering && !e.out.was_sent(e.n_segs.saturating_sub(1)) {
+                        // Not all of it went out yet, while the connection delivers: its
+                        // window is shared and its streams take turns, and waiting for ours
+                        // is not the peer's silence. (A peer or a link gone delivers nothing:
+                        // then the message counts retries, sent or not.)
                         return false;
                     }
                     if e.out.complete(e.n_segs) {
@@ -706,7 +715,7 @@ mod tests {
         r.on_nak(10, 0, NakCode::Rnr, 50, 1);
         assert!(r.next_segment(10).is_none(), "backing off");
         assert_eq!(r.deadline(1_000_000), Some(50_010));
-        r.on_timer(50_010, 1_000_000, 7);
+        r.on_timer(50_010, 1_000_000, 7, false);
         let s = r.next_segment(50_010).unwrap();
         assert_eq!((s.seg, s.attempt, s.retransmit), (0, 1, false));
         // Stale ack of the first attempt is ignored.
@@ -731,7 +740,7 @@ mod tests {
         // All acknowledged on their paths, but the responder never reported completion.
         assert!(r.next_segment(10).is_none());
         assert_eq!(r.deadline(1000), Some(1010));
-        assert!(!r.on_timer(1010, 1000, 7));
+        assert!(!r.on_timer(1010, 1000, 7, false));
         let segs: std::vec::Vec<_> = core::iter::from_fn(|| {
             let s = r.next_segment(1010)?;
             r.mark_sent(0, s.msn, s.seg);
@@ -743,13 +752,13 @@ mod tests {
         r.on_outcome(1500, 0, 0, 0, Outcome::Acked);
         // A stall with attempt 1 still in flight counts a retry but resends nothing: its
         // packets are their paths' to resend.
-        assert!(!r.on_timer(2600, 1000, 7));
+        assert!(!r.on_timer(2600, 1000, 7, false));
         assert!(r.next_segment(2600).is_none(), "nothing to resend");
         for seg in 0..3 {
             r.on_outcome(2700, 0, seg, 1, Outcome::Acked);
         }
         // Out of retries on the next one.
-        assert!(r.on_timer(3800, 1000, 0));
+        assert!(r.on_timer(3800, 1000, 0, false));
     }
 
     #[test]
@@ -757,9 +766,13 @@ mod tests {
         let mut r = Requester::new();
         r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
             .unwrap();
-        // Nothing of it went out for many completion timeouts (other streams' turns).
+        // Nothing of it went out for many completion timeouts (other streams' turns on a
+        // connection that delivers).
         for t in 1..20u64 {
-            assert!(!r.on_timer(t * 1000, 1000, 0), "no retry while unsent");
+            assert!(
+                !r.on_timer(t * 1000, 1000, 0, true),
+                "no retry while unsent"
+            );
         }
         // Its first packet, at 20_500, starts the completion timeout.
         let s = r.next_segment(20_500).unwrap();
@@ -769,11 +782,17 @@ mod tests {
             r.mark_sent(20_500, s.msn, s.seg);
         }
         assert!(
-            !r.on_timer(21_000, 1000, 0),
+            !r.on_timer(21_000, 1000, 0, false),
             "not a whole timeout since it went out"
         );
         // A whole one without progress: out of retries (retry_cnt 0).
-        assert!(r.on_timer(21_500, 1000, 0));
+        assert!(r.on_timer(21_500, 1000, 0, false));
+        // A connection that delivers nothing (a link down: nothing can go out) counts
+        // retries for a message that never went out too.
+        let mut r = Requester::new();
+        r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
+            .unwrap();
+        assert!(r.on_timer(1000, 1000, 0, false));
     }
 
     #[test]
@@ -792,9 +811,9 @@ mod tests {
             }
         }
         // ...a whole completion timeout without progress counts one retry.
-        assert!(!r.on_timer(1000, 1000, 1));
-        assert!(!r.on_timer(1500, 1000, 1), "not a whole timeout yet");
-        assert!(r.on_timer(2000, 1000, 1));
+        assert!(!r.on_timer(1000, 1000, 1, false));
+        assert!(!r.on_timer(1500, 1000, 1, false), "not a whole timeout yet");
+        assert!(r.on_timer(2000, 1000, 1, false));
     }
 
     #[test]
