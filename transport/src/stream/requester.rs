@@ -316,13 +316,14 @@ impl Requester {
     /// transmission). Among thousands of streams taking turns on one connection, a message
     /// may wait seconds for its turn.
     pub fn mark_sent(&mut self, now: u64, msn: u32, seg: u32) {
-        let oldest = self.oldest_pending();
-        if let Some(e) = self.entry(msn) {
-            let fresh = !e.out.was_sent(seg);
-            e.out.mark_sent(seg);
-            if fresh && oldest == Some(msn) {
-                self.last_progress = now;
-            }
+        let Some(e) = self.entry(msn) else {
+            return;
+        };
+        let fresh = !e.out.was_sent(seg);
+        e.out.mark_sent(seg);
+        // Only a first sending needs the scan for the oldest message (not a retransmission).
+        if fresh && self.oldest_pending() == Some(msn) {
+            self.last_progress = now;
         }
     }
 
