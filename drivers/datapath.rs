@@ -1237,8 +1237,9 @@ impl Engine {
             let data = item.buf.bytes();
             // Receive WQEs posted since the last run must be in the stream before the data
             // that consumes them (receives have no doorbell): feed the destination QP, and
-            // only it.
-            let dst = Packet::peek_dst_qp(data).and_then(|qpn| conn.stream_by_qp(qpn));
+            // only it, and only for a datagram that consumes one (WRITE data and ACKs, most
+            // of a bulk transfer, need none: the QP's lock and rings are left alone).
+            let dst = Packet::peek_recv_qp(data).and_then(|qpn| conn.stream_by_qp(qpn));
             if let Some(sid) = dst {
                 if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
                     Self::feed(conn, slot, sid, now);

@@ -197,8 +197,9 @@ fn packet_cost_does_not_grow_with_idle_streams() {
     assert!(many <= few + 5.0, "{many} vs {few}");
 }
 
-/// `Packet::peek_dst_qp` names the QP a datagram is for (what the kernel feeds from its rings
-/// before handing the datagram in), 0 for connection-level packets.
+/// `Packet::peek_dst_qp` names the QP a datagram is for, 0 for connection-level packets;
+/// `Packet::peek_recv_qp` names it only for a datagram that consumes a receive WQE (the QP the
+/// kernel feeds receives from its rings before handing the datagram in).
 #[test]
 fn peek_dst_qp_names_the_stream() {
     use metaroce_transport::wire::{Opcode, Packet};
@@ -210,15 +211,30 @@ fn peek_dst_qp_names_the_stream() {
         let v = Packet::parse(bytes).unwrap();
         let peek = Packet::peek_dst_qp(bytes).unwrap();
         assert_eq!(peek, v.header.base.dst_qp);
+        // Only what consumes a receive WQE names its QP for feeding receives.
+        let op = v.header.base.opcode;
+        assert_eq!(
+            Packet::peek_recv_qp(bytes),
+            op.consumes_recv().then_some(peek)
+        );
         s2.lock().unwrap().push((from, v.header.base.opcode, peek));
         false
     }));
-    let msgs = vec![Msg {
-        op: WrOpcode::RdmaWrite,
-        len: 3000,
-    }];
+    let msgs = vec![
+        Msg {
+            op: WrOpcode::RdmaWrite,
+            len: 3000,
+        },
+        Msg {
+            op: WrOpcode::Send,
+            len: 3000,
+        },
+    ];
     assert!(run_workload(&mut sim, &msgs, 1_000_000_000).completed);
     let seen = seen.lock().unwrap();
+    assert!(seen
+        .iter()
+        .any(|&(f, op, qp)| f == 0 && op == Opcode::Send && qp == 0x22));
     assert!(seen
         .iter()
         .any(|&(f, op, qp)| f == 0 && op == Opcode::RdmaWrite && qp == 0x22));
@@ -226,6 +242,7 @@ fn peek_dst_qp_names_the_stream() {
         .iter()
         .any(|&(f, op, qp)| f == 1 && op == Opcode::Ack && qp == 0));
     assert_eq!(Packet::peek_dst_qp(&[1, 2, 3]), None);
+    assert_eq!(Packet::peek_recv_qp(&[1]), None);
 }
 
 /// A send queue full of unsignaled WQEs completes without completions: the caller, holding

@@ -292,10 +292,13 @@ impl Path {
             return;
         }
         let period = self.age_period().max(1);
-        let k = now.saturating_sub(self.news_at) / period;
-        if k == 0 {
+        let since = now.saturating_sub(self.news_at);
+        // Checked first: a path in use gets news every ACK, and this runs for every path on
+        // every packet sent (a division each was a measurable part of spraying).
+        if since < period {
             return;
         }
+        let k = since / period;
         // Checked: `>>` by 16 or more on a u16 panics with overflow checks, else shifts by
         // the amount modulo 16.
         let k = k.min(16) as u32;

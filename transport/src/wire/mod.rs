@@ -100,6 +100,15 @@ impl Opcode {
         )
     }
 
+    /// Consumes a receive WQE at its destination QP: SEND data, and a WRITE with immediate
+    /// (whose immediate completes a receive).
+    pub fn consumes_recv(self) -> bool {
+        matches!(
+            self,
+            Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
+        )
+    }
+
     /// Takes a PSN on its path and is acknowledged (everything but ACK, NAK, HELLO and
     /// DATAGRAM).
     pub fn is_sequenced(self) -> bool {

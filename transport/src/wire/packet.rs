@@ -342,6 +342,19 @@ impl Packet {
         Some(u32::from_be_bytes(b))
     }
 
+    /// The destination QP of a datagram that consumes a receive WQE there (see
+    /// [`Opcode::consumes_recv`]), without parsing the rest; None for every other datagram
+    /// (RDMA WRITE and READ data, requests, ACKs...), too short ones and other versions. Lets
+    /// a caller move that QP's posted receives in first (receives have no doorbell) only
+    /// when a datagram may need one.
+    pub fn peek_recv_qp(buf: &[u8]) -> Option<u32> {
+        let op = Opcode::from_u8(*buf.get(1)?).ok()?;
+        if !op.consumes_recv() {
+            return None;
+        }
+        Self::peek_dst_qp(buf)
+    }
+
     /// Parses one datagram. Never panics; every length is checked before it is used.
     pub fn parse(buf: &[u8]) -> Result<PacketView<'_>, ParseError> {
         let mut r = Reader::new(buf);
