@@ -219,6 +219,10 @@ counters! {
     Path15Retransmits => c"path15_retransmits",
     /// `path15_lost`: packets sent on path 15 declared lost (SACK gap or timeout).
     Path15Lost => c"path15_lost",
+    /// `hello_mtu_mismatch`: HELLOs from a peer whose payload MTU (from its links' MTU)
+    /// differs from this device's: the two cannot exchange data packets (the kernel log
+    /// names the peer once).
+    HelloMtuMismatch => c"hello_mtu_mismatch",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default

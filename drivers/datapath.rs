@@ -25,6 +25,10 @@
 //!   Gbit/s with runs of 16 and 0.36-0.54 with runs of 4 (see `PATH_BURST`). Streams take
 //!   turns of 16 packets (`Config::stream_quantum`), so a QP's message goes out whole rather
 //!   than interleaved packet by packet with thousands of others.
+//! - Packets are as large as the link allows (`device::payload_mtu`): 1344 payload bytes on
+//!   a 1500-byte link, not the IB MTU's 1024, so a 64 KiB message is 49 packets, not 64. The
+//!   cost is per packet more than per byte: under TCG (one guest boot, 3 rounds) lossless
+//!   `ib_write_bw -s 65536` went from 0.40 to 0.63 Gbit/s and `ib_send_bw` from 0.45 to 0.60.
 //! - Nobody waits for a peer's lock on the data path: a doorbell, a softirq, a receive thread
 //!   or the alarm that finds it locked leaves its work to the holder (`Peer::pending`), which
 //!   does it before unlocking ([`Engine::release`]), as a socket's backlog is processed on

@@ -232,12 +232,19 @@ pub(crate) fn base_header_ok(packet: &[u8]) -> bool {
         && hdr[19] == 0
 }
 
-/// Payload bytes per MetaRoCE packet on a link of `link_mtu`: the IB MTU that fits, which
-/// both ends of a connection derive alike.
+/// Payload bytes per MetaRoCE packet on a standard 1500-byte Ethernet link: what fits under
+/// `WIRE_OVERHEAD` (1388), rounded down to whole cache lines.
+pub(crate) const ETHERNET_PAYLOAD: u32 = 1344;
+
+/// Payload bytes per MetaRoCE packet on a link of `link_mtu`, which both ends of a connection
+/// derive alike: the IB MTU that fits, or `ETHERNET_PAYLOAD` on a link of 1500 bytes (up to
+/// 2159), whose IB MTU (1024) would leave a quarter of every packet unused.
 pub(crate) fn payload_mtu(link_mtu: u32) -> u32 {
-    match ib_mtu_for(link_mtu.saturating_sub(WIRE_OVERHEAD)) {
+    let room = link_mtu.saturating_sub(WIRE_OVERHEAD);
+    match ib_mtu_for(room) {
         bindings::ib_mtu_IB_MTU_4096 => 4096,
         bindings::ib_mtu_IB_MTU_2048 => 2048,
+        bindings::ib_mtu_IB_MTU_1024 if room >= ETHERNET_PAYLOAD => ETHERNET_PAYLOAD,
         bindings::ib_mtu_IB_MTU_1024 => 1024,
         bindings::ib_mtu_IB_MTU_512 => 512,
         _ => 256,

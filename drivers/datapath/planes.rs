@@ -54,6 +54,8 @@ pub(crate) struct PeerPlanes {
     heard: AtomicBool,
     /// When our last HELLO with `reply` set went out (0: not yet).
     hello_sent_ns: AtomicU64,
+    /// The peer's payload MTU differs from ours (said once in the kernel log).
+    mtu_mismatch: AtomicBool,
 }
 
 impl PeerPlanes {
@@ -63,6 +65,7 @@ impl PeerPlanes {
             epoch: AtomicU32::new(0),
             heard: AtomicBool::new(false),
             hello_sent_ns: AtomicU64::new(0),
+            mtu_mismatch: AtomicBool::new(false),
         };
         planes.addrs[0].store(u32::from_ne_bytes(plane0), Ordering::Relaxed);
         planes
@@ -262,9 +265,11 @@ impl Engine {
     /// that cannot reach the peer, on the first plane that can.
     fn send_hello(&self, peer: &Peer, paths: usize, reply: bool, now: u64) {
         let planes = self.planes.lock();
+        let mtu = u16::try_from(self.mtu).unwrap_or(u16::MAX);
         let mut entries = [HelloEntry {
             plane: 0,
             addr: PlaneAddr::V4([0; 4]),
+            mtu,
         }; MAX_PLANES];
         let mut n = 0;
         for (k, lp) in planes.iter().enumerate() {
@@ -276,6 +281,7 @@ impl Engine {
                 *e = HelloEntry {
                     plane: k as u8,
                     addr: PlaneAddr::V4(a),
+                    mtu,
                 };
                 n += 1;
             }
@@ -342,13 +348,29 @@ impl Engine {
             return;
         };
         let mut addrs = [0u32; MAX_PLANES];
+        let mut theirs_mtu = 0;
         for e in view.hello_entries() {
+            theirs_mtu = theirs_mtu.max(e.mtu);
             // IPv6 planes are not used by this data path yet.
             if let (PlaneAddr::V4(a), Some(slot)) = (e.addr, addrs.get_mut(usize::from(e.plane))) {
                 *slot = u32::from_ne_bytes(a);
             }
         }
         let pp = &peer.planes;
+        // Both ends derive the payload MTU from their links' (`device::payload_mtu`); with
+        // different ones each rejects the other's full-size packets (not at its MTU's
+        // offsets), and QPs fail with retries exceeded. Said, as it cannot be mended here.
+        if theirs_mtu != 0 && u32::from(theirs_mtu) != self.mtu {
+            self.counters.inc(Counter::HelloMtuMismatch);
+            if !pp.mtu_mismatch.swap(true, Ordering::Relaxed) {
+                let [a, b, c, d] = pp.addr(0).unwrap_or([0; 4]);
+                pr_warn!(
+                    "metaroce: peer {a}.{b}.{c}.{d} sends {theirs_mtu}-byte packets, this device \
+                     {}: their links' MTUs must match\n",
+                    self.mtu
+                );
+            }
+        }
         // Plane 0 stays the address the QPs named: that is how the peer was found.
         for (slot, a) in pp.addrs.iter().zip(addrs.iter()).skip(1) {
             slot.store(*a, Ordering::Relaxed);

@@ -36,6 +36,25 @@ check_no_output "mroce1 is gone" 'mroce1' ibv_devices
 check "rdma link add mroce1 again" $IP netns exec ns1 $RDMA link add mroce1 type metaroce netdev veth1
 check_output "mroce1 is back" 'mroce1' ibv_devices
 
+# Links of different MTU classes: 1500 bytes give 1344-byte payloads, 1400 the IB MTU's 1024
+# (docs/wire-format.md, Segmentation). HELLO carries each end's payload MTU: the other end
+# counts the mismatch and says it in the kernel log.
+hello_mtu_mismatch() { cat /sys/class/infiniband/$1/ports/1/hw_counters/hello_mtu_mismatch; }
+check "equal links: no HELLO MTU mismatch" test "$(hello_mtu_mismatch mroce1)" = 0
+$IP netns exec ns2 $RDMA link delete mroce2
+$IP -n ns2 link set veth2 mtu 1400
+$IP netns exec ns2 $RDMA link add mroce2 type metaroce netdev veth2
+# Connecting a QP pair sends HELLO (the transfer itself may fail).
+$IP netns exec ns2 timeout 10 ibv_rc_pingpong -d mroce2 -g 1 -n 1 >/dev/null 2>&1 &
+sleep 1
+$IP netns exec ns1 timeout 10 ibv_rc_pingpong -d mroce1 -g 1 -n 1 $NS2_ADDR >/dev/null 2>&1
+wait
+check "link MTUs 1500 and 1400: mroce1 counts the peer's other payload MTU" \
+	wait_for 5 sh -c "[ \$(cat /sys/class/infiniband/mroce1/ports/1/hw_counters/hello_mtu_mismatch) -ge 1 ]"
+check "link MTUs 1500 and 1400: so does mroce2" test "$(hello_mtu_mismatch mroce2)" -ge 1
+check_output "the kernel log names the mismatch" 'sends 1024-byte packets, this device 1344' dmesg_since_mark
+$IP -n ns2 link set veth2 mtu 1500
+
 # Netdev unregistration removes the device (and does not hang on the netdev's refcount).
 check "ip link del veth1 (takes veth2 with it)" timeout 30 $IP -n ns1 link del veth1
 wait_for 10 sh -c "! ibv_devices | grep -q mroce"

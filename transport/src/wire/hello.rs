@@ -85,6 +85,10 @@ pub struct HelloEntry {
     pub plane: u8,
     /// The sender's address on that plane.
     pub addr: PlaneAddr,
+    /// Payload bytes per packet of the sender's connections (its payload MTU); 0 from a
+    /// sender that does not say. Both ends derive it alike from their links' MTUs, so a
+    /// different value than the receiver's own means the two cannot exchange data packets.
+    pub mtu: u16,
 }
 
 impl HelloEntry {
@@ -95,7 +99,7 @@ impl HelloEntry {
             return Err(ParseError::BadField);
         }
         let family = r.u8()?;
-        r.reserved(2)?;
+        let mtu = r.u16()?;
         let addr = match family {
             4 => {
                 let a = r.array::<4>()?;
@@ -105,7 +109,7 @@ impl HelloEntry {
             6 => PlaneAddr::V6(r.array::<16>()?),
             _ => return Err(ParseError::BadField),
         };
-        Ok(HelloEntry { plane, addr })
+        Ok(HelloEntry { plane, addr, mtu })
     }
 
     pub(crate) fn emit(&self, w: &mut Writer<'_>) -> Result<(), EmitError> {
@@ -116,13 +120,13 @@ impl HelloEntry {
         match self.addr {
             PlaneAddr::V4(a) => {
                 w.u8(4)?;
-                w.zeros(2)?;
+                w.u16(self.mtu)?;
                 w.bytes(&a)?;
                 w.zeros(12)
             }
             PlaneAddr::V6(a) => {
                 w.u8(6)?;
-                w.zeros(2)?;
+                w.u16(self.mtu)?;
                 w.bytes(&a)
             }
         }

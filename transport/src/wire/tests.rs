@@ -527,10 +527,12 @@ fn hello_entries() -> Vec<HelloEntry> {
         HelloEntry {
             plane: 0,
             addr: PlaneAddr::V4([10, 77, 0, 1]),
+            mtu: 1344,
         },
         HelloEntry {
             plane: 3,
             addr: PlaneAddr::V6([0xfd; 16]),
+            mtu: 0,
         },
     ]
 }
@@ -577,13 +579,19 @@ fn hello_rejects_bad_entries() {
         b[at] = v;
         Packet::parse(&b).err()
     };
-    // Unknown flag, too many planes, nonzero reserved, family, plane number, order.
+    // Unknown flag, too many planes, family, plane number, order.
     assert_eq!(
         mutate(BASE_HEADER_LEN, 2),
         Some(ParseError::ReservedNonZero)
     );
     assert!(mutate(BASE_HEADER_LEN + 1, 17).is_some());
-    assert_eq!(mutate(hdr + 2, 1), Some(ParseError::ReservedNonZero));
+    // The payload MTU is any value (0: not said), big-endian.
+    assert!(mutate(hdr + 2, 1).is_none());
+    let mut b = buf[..n].to_vec();
+    b[hdr + 2] = 0x02;
+    b[hdr + 3] = 0x00;
+    let p = Packet::parse(&b).expect("parse");
+    assert_eq!(p.hello_entries().next().map(|e| e.mtu), Some(512));
     // The path count is any value (0: the default).
     assert!(mutate(BASE_HEADER_LEN + 2, 1).is_none());
     assert_eq!(mutate(hdr + 1, 5), Some(ParseError::BadField));
@@ -610,6 +618,7 @@ fn hello_rejects_bad_entries() {
         .map(|plane| HelloEntry {
             plane: plane.min(15),
             addr: PlaneAddr::V4([0; 4]),
+            mtu: 0,
         })
         .collect();
     assert!(Packet::emit_hello(&mut [0u8; 1024], base(Opcode::Hello), false, 1, 8, &many).is_err());
