@@ -6,7 +6,7 @@
 #
 #   make payload; cp other/metaroce.ko build/guest/variants/old.ko; cp metaroce.ko build/guest/variants/new.ko
 #   make vm CMD='bash /opt/metaroce/selftests/ab.sh'      # ROUNDS=3 LAT_N=1000 DUR=4 by default
-#   TESTS="write_lat send_lat write_bw reorder_bw reorder_retx" (the default: the first three)
+#   TESTS="write_lat send_lat write_bw send_bw reorder_bw reorder_retx" (default: write_lat send_lat write_bw)
 #
 # Prints one line per run ("variant round test value unit") and a Markdown table of medians.
 set -u
@@ -67,6 +67,7 @@ run() {
 	write_lat) tool=ib_write_lat args=(-s 2 -n "$LAT_N") col=5 ;;
 	send_lat) tool=ib_send_lat args=(-s 2 -n "$LAT_N") col=5 ;;
 	write_bw) tool=ib_write_bw args=(-s 65536 -D "$DUR" --report_gbits) col=4 ;;
+	send_bw) tool=ib_send_bw args=(-s 65536 -D "$DUR" --report_gbits) col=4 ;;
 	*) echo "unknown"; return ;;
 	esac
 	for try in 1 2 3; do

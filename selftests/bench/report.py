@@ -187,6 +187,8 @@ def headline(g):
         ("planes", "bw", None, "most planes, summed, Gb/s"),
         ("incast", "bw", None, "N-to-1 incast, summed goodput, Gb/s"),
         ("incast", "load", None, "N-to-1 incast, bottleneck load at the bridge (1 = line rate)"),
+        ("conns", "bw", None, "N RC QPs at once, 4 KiB writes, summed, Gb/s"),
+        ("conns", "scaling", None, "N RC QPs over 8 QPs, same writes (goal: at least 0.9)"),
         ("conns", "kmem_per_qp", None, "kernel memory per QP, KiB (lower is better)"),
         ("conns", "kmem_slab_per_qp", None, "kernel memory per QP beyond its rings, KiB (lower is better)"),
     ]

@@ -827,8 +827,10 @@ qps_open() { # the most QPs any one device of PREFIX has
 		END { print m + 0 }'
 }
 scenario_conns() {
-	local t rep q="$CONNS" procs="$CONN_PROCS" per k p before peak open maxopen sum v bad d
+	local t rep q="$CONNS" procs="$CONN_PROCS" per k p before peak open maxopen sum v bad d base
 	local sbefore vbefore speak vpeak sv vv
+	# One table for the baseline and the big run: the same writes, the same depth per QP.
+	local case="RC QPs, 4 KiB writes, 16 outstanding per QP (8: one perftest process; $q: $procs processes)"
 	per=$((q / procs))
 	d=$((DUR + per / 100 + 4))
 	# Setting up and connecting a thousand QPs takes a while under TCG (dynamic scope: the
@@ -837,6 +839,11 @@ scenario_conns() {
 	for rep in $(seq 1 "$REPS"); do
 		for t in metaroce rxe; do
 			p=$(dev_of $t)
+			# The baseline the goal compares with ("at least 90% of the 8-QP figure"): 8 QPs
+			# moving the same 4 KiB writes (the qps scenario's 64 KiB ones move 16x the bytes
+			# per WQE).
+			base=$(rdma_bw cb ns1 ${p}1 ns2 ${p}2 $NS2_ADDR 18800 -s 4096 -q 8 -t 16 -D "$DUR")
+			sample conns "$case" 8 $t bw Gb/s "$rep" "$base"
 			sync
 			read -r sbefore vbefore <<<"$(kmem_kib)"
 			before=$((sbefore + vbefore))
@@ -862,8 +869,15 @@ scenario_conns() {
 				v=$(cat "$W/cn$k.val")
 				if isnum "$v"; then sum=$(awk -v a="$sum" -v b="$v" 'BEGIN { print a + b }'); else bad="process $k: $v"; fi
 			done
-			sample conns "$q RC QPs ($procs perftest processes), 4 KiB writes" "$q" $t bw Gb/s "$rep" "${bad:-$sum}"
-			sample conns "$q RC QPs ($procs perftest processes), 4 KiB writes" "$q" $t qps_open count "$rep" "$maxopen"
+			sample conns "$case" "$q" $t bw Gb/s "$rep" "${bad:-$sum}"
+			sample conns "$case" "$q" $t qps_open count "$rep" "$maxopen"
+			if [ -z "$bad" ] && isnum "$base" && awk -v b="$base" 'BEGIN { exit !(b > 0) }'; then
+				sample conns "throughput at $q QPs over that at 8 QPs (the goal: at least 0.9)" "$q" $t \
+					scaling ratio "$rep" "$(awk -v a="$sum" -v b="$base" 'BEGIN { printf "%.3f", a / b }')"
+			else
+				sample conns "throughput at $q QPs over that at 8 QPs (the goal: at least 0.9)" "$q" $t \
+					scaling ratio "$rep" "no baseline or no total"
+			fi
 			if [ "$maxopen" -gt 0 ]; then
 				# Both ends are in this guest: 2 x maxopen QPs (with perftest's MRs and CQs).
 				sample conns "kernel memory per QP (slab + vmalloc, both ends, MR/CQ share included)" "$q" $t \
@@ -880,7 +894,7 @@ scenario_conns() {
 					kmem_per_qp KiB "$rep" "no QP seen open"
 			fi
 		done
-		not_measured conns "$q RC QPs ($procs perftest processes), 4 KiB writes" "$q" tcp bw Gb/s "RC QPs only"
+		not_measured conns "$case" "$q" tcp bw Gb/s "RC QPs only"
 	done
 }
 
