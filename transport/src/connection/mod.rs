@@ -240,6 +240,9 @@ struct PendingNak {
 }
 
 const NAK_QUEUE: usize = 32;
+/// Bound of a path's round-robin credit: a path left out for long (no window) must not hoard
+/// credit.
+const CREDIT_BOUND: i32 = 1 << 20;
 /// Non-dirty streams whose state each ACK repeats.
 const EXTRA_STREAM_ACKS: usize = 4;
 
@@ -315,6 +318,9 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     /// (`Config::path_burst`).
     burst_path: usize,
     burst_left: u8,
+    /// The last pick of `pick_path` (its planes mask, path and the weights' total; each
+    /// path's weight in `Path::pick_weight`), which `commit_path` charges.
+    last_pick: Option<(u32, usize, i32)>,
     /// The stream whose turn it is, and the data packets its turn has left
     /// (`Config::stream_quantum`).
     turn_stream: usize,
@@ -391,6 +397,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             delivered_at: 0,
             burst_path: 0,
             burst_left: 0,
+            last_pick: None,
             turn_stream: 0,
             turn_left: 0,
             planes_up: u32::MAX,
@@ -445,6 +452,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.delivered_at = 0;
         self.burst_path = 0;
         self.burst_left = 0;
+        self.last_pick = None;
         self.turn_stream = 0;
         self.turn_left = 0;
         self.planes_up = u32::MAX;
@@ -1188,6 +1196,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         }
         // Bounded: each failed attempt fails a WQE or a response.
         for _ in 0..8 {
+            // No stream has anything to send: no path to pick (`pick_work` would say None).
+            self.sched.front(WORK)?;
             let in_flight = self.in_flight();
             if !self.cc.has_room(in_flight) {
                 return None;
@@ -1258,9 +1268,52 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
 
     /// Charges the pick [`Connection::pick_path`] made with `mask` to the round-robin
     /// credits, once the packet is sure to leave (nothing changed in between, so the same
-    /// path is charged).
+    /// path is charged): with the weights the pick found, or, if the last pick was made
+    /// with another mask, by spraying again.
     fn commit_path(&mut self, now: u64, mask: u32) {
-        self.spray(now, true, mask);
+        let Some((picked_mask, i, total)) = self.last_pick.take() else {
+            self.spray(now, true, mask);
+            return;
+        };
+        if picked_mask != mask {
+            self.spray(now, true, mask);
+            return;
+        }
+        let n = self.send_paths;
+        let Some(paths) = self.paths.as_mut().get_mut(..n) else {
+            return;
+        };
+        for p in paths.iter_mut().filter(|p| p.pick_weight != 0) {
+            p.credit = p
+                .credit
+                .saturating_add(p.pick_weight)
+                .clamp(-CREDIT_BOUND, CREDIT_BOUND);
+        }
+        if let Some(p) = paths.get_mut(i) {
+            p.credit = p.credit.saturating_sub(total);
+        }
+        self.charge_burst(i);
+    }
+
+    /// The run of packets on one path (`Config::path_burst`): path `i` takes the next packet.
+    fn charge_burst(&mut self, i: usize) {
+        if i == self.burst_path && self.burst_left > 0 {
+            self.burst_left -= 1;
+        } else {
+            self.burst_path = i;
+            let limit = self.cfg.lossy_run_rate;
+            let lossy = self
+                .paths
+                .as_ref()
+                .get(i)
+                .is_some_and(|p| p.loss_rate() > limit);
+            let run = if lossy {
+                self.cfg.path_burst.min(self.cfg.lossy_path_burst)
+            } else {
+                self.cfg.path_burst
+            };
+            self.burst_left = run.saturating_sub(1);
+        }
     }
 
     /// Whether a path on the planes in `mask` is usable (Active or Probing, its plane up),
@@ -1278,6 +1331,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// one with the most credit is picked and pays the total. With `commit` false nothing
     /// changes (the credits are only read). Only paths on the planes in `mask` take part.
     fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
+        // A pick that finds no path leaves nothing to charge.
+        self.last_pick = None;
         let n = self.send_paths;
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
@@ -1314,12 +1369,16 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut best_credit = i32::MIN;
         let (burst_path, mut burst_ok) = (self.burst_path, false);
         for (i, p) in paths.iter_mut().enumerate() {
+            p.pick_weight = 0;
             if !eligible(p) || !p.has_window(best_health) {
                 continue;
             }
             let w = p.weight(best_srtt, now);
-            // Bounded: a path left out for long (no window) must not hoard credit.
-            let credit = p.credit.saturating_add(w).clamp(-(1 << 20), 1 << 20);
+            p.pick_weight = w;
+            let credit = p
+                .credit
+                .saturating_add(w)
+                .clamp(-CREDIT_BOUND, CREDIT_BOUND);
             if commit {
                 p.credit = credit;
             }
@@ -1340,19 +1399,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             if let Some(p) = paths.get_mut(i) {
                 p.credit = p.credit.saturating_sub(total);
             }
-            if i == burst_path && self.burst_left > 0 {
-                self.burst_left -= 1;
-            } else {
-                self.burst_path = i;
-                let limit = self.cfg.lossy_run_rate;
-                let lossy = paths.get(i).is_some_and(|p| p.loss_rate() > limit);
-                let run = if lossy {
-                    self.cfg.path_burst.min(self.cfg.lossy_path_burst)
-                } else {
-                    self.cfg.path_burst
-                };
-                self.burst_left = run.saturating_sub(1);
-            }
+            self.last_pick = None;
+            self.charge_burst(i);
+        } else {
+            self.last_pick = Some((mask, i, total));
         }
         Some(i)
     }

@@ -151,6 +151,9 @@ pub struct Path {
     probation: u16,
     /// Smooth weighted round-robin credit (kept by the connection's path picker).
     pub credit: i32,
+    /// The weight the connection's last pick gave this path (0: not eligible then), so that
+    /// charging the pick needs no second look at every path.
+    pub pick_weight: i32,
     // Receive side.
     /// Receive side: which PSNs of the peer's space arrived.
     pub recv: PsnWindow,
@@ -195,6 +198,7 @@ impl Path {
             health: FULL_HEALTH,
             probation: 0,
             credit: 0,
+            pick_weight: 0,
             recv: PsnWindow::new(cfg.initial_psn),
             recv_pending: false,
             ack_repeats: 0,
@@ -231,6 +235,7 @@ impl Path {
         self.health = FULL_HEALTH;
         self.probation = 0;
         self.credit = 0;
+        self.pick_weight = 0;
         self.recv = PsnWindow::new(cfg.initial_psn);
         self.recv_pending = false;
         self.ack_repeats = 0;
