@@ -107,6 +107,9 @@ pub(crate) struct Sched {
     /// A lower bound of the earliest deadline of the streams on the TIMER list (valid while
     /// the list is not empty).
     timer_hint: u64,
+    /// The shortest completion timeout of the streams parked off the TIMER list (waiting
+    /// for their turn while the connection delivers); 0: none is.
+    parked_stall: u64,
     /// Recently reported streams (index + 1) and the round-robin position over them.
     repeat: [u32; REPEAT],
     repeat_next: usize,
@@ -202,7 +205,8 @@ impl Sched {
         i: usize,
         stall: u64,
     ) {
-        let Some(st) = s.slot(i) else { return };
+        let Some(st) = s.slot_mut(i) else { return };
+        st.parked = false;
         if !st.open || st.error().is_some() {
             return;
         }
@@ -224,6 +228,36 @@ impl Sched {
 
     pub(crate) fn set_timer_hint(&mut self, hint: Option<u64>) {
         self.timer_hint = hint.unwrap_or(u64::MAX);
+    }
+
+    /// Stream `i` (taken off the TIMER list by the caller) waits for its turn: parked until
+    /// something happens to it ([`Sched::note_deadline`]) or the connection stops
+    /// delivering ([`Sched::unpark_all`]). `stall`: its completion timeout.
+    pub(crate) fn park(&mut self, s: &mut (impl StreamSlots + ?Sized), i: usize, stall: u64) {
+        if let Some(st) = s.slot_mut(i) {
+            st.parked = true;
+            let stall = stall.max(1);
+            self.parked_stall = match self.parked_stall {
+                0 => stall,
+                p => p.min(stall),
+            };
+        }
+    }
+
+    /// The shortest completion timeout among parked streams, if any is parked.
+    pub(crate) fn parked_stall(&self) -> Option<u64> {
+        (self.parked_stall != 0).then_some(self.parked_stall)
+    }
+
+    /// Puts every parked stream back on the TIMER list (one pass over the slots: only when
+    /// the connection stopped delivering).
+    pub(crate) fn unpark_all(&mut self, s: &mut (impl StreamSlots + ?Sized), stall: u64) {
+        for i in 0..s.slot_count() {
+            if s.slot(i).is_some_and(|st| st.parked) {
+                self.note_deadline(s, i, stall);
+            }
+        }
+        self.parked_stall = 0;
     }
 
     /// Remembers that stream `i`'s ACK entry was sent, for the repeats.

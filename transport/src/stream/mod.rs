@@ -322,6 +322,9 @@ pub struct Stream {
     pub ack_dirty: bool,
     /// A send WQE was refused for want of room: report when there is room again.
     pub(crate) sq_refused: bool,
+    /// Off the connection's TIMER list while its oldest message waits for its turn on a
+    /// connection that delivers (see `Connection::stream_timers`).
+    pub(crate) parked: bool,
     /// The slot's place in the connection's lists and QP index (not the stream's state:
     /// `reset` keeps it).
     pub(crate) links: super::connection::streams::Links,
@@ -340,6 +343,7 @@ impl Stream {
             resp: Responder::new(),
             ack_dirty: false,
             sq_refused: false,
+            parked: false,
             links: super::connection::streams::Links::default(),
         }
     }
@@ -364,6 +368,7 @@ impl Stream {
         self.resp.reset(self.cfg.recv_msn);
         self.ack_dirty = false;
         self.sq_refused = false;
+        self.parked = false;
     }
 
     /// The error state, if the stream is in it.

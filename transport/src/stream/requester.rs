@@ -327,6 +327,26 @@ impl Requester {
         }
     }
 
+    /// The oldest unfinished message has not all gone out yet, and no message waits out an
+    /// RNR back-off: the requester waits for its turn to send (on a connection shared with
+    /// other streams), not for the peer.
+    pub fn waiting_for_turn(&self) -> bool {
+        let mut msn = self.head;
+        let mut oldest = None;
+        while msn != self.tail {
+            if let Some(e) = self.sq.get(msn as usize % SQ_DEPTH) {
+                if e.state == State::Pending {
+                    if e.rnr_until != 0 {
+                        return false;
+                    }
+                    oldest = oldest.or(Some(e));
+                }
+            }
+            msn = msn.wrapping_add(1);
+        }
+        oldest.is_some_and(|e| !e.out.was_sent(e.n_segs.saturating_sub(1)))
+    }
+
     /// The MSN of the oldest message not yet done.
     fn oldest_pending(&self) -> Option<u32> {
         let mut msn = self.head;
@@ -794,6 +814,28 @@ mod tests {
         r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
             .unwrap();
         assert!(r.on_timer(1000, 1000, 0, false));
+    }
+
+    #[test]
+    fn waits_for_its_turn_until_the_oldest_message_is_all_out() {
+        let mut r = Requester::new();
+        assert!(!r.waiting_for_turn(), "nothing posted");
+        r.post(wqe(WrOpcode::RdmaWrite, 3000), 1000, 0, false)
+            .unwrap();
+        r.post(wqe(WrOpcode::RdmaWrite, 1000), 1000, 0, false)
+            .unwrap();
+        assert!(r.waiting_for_turn());
+        for _ in 0..2 {
+            let s = r.next_segment(0).unwrap();
+            r.mark_sent(0, s.msn, s.seg);
+        }
+        assert!(r.waiting_for_turn(), "its last packet has not gone out");
+        let s = r.next_segment(0).unwrap();
+        r.mark_sent(0, s.msn, s.seg);
+        assert!(
+            !r.waiting_for_turn(),
+            "the oldest went out: it waits for the peer"
+        );
     }
 
     #[test]
