@@ -39,13 +39,29 @@ bw_start() {
 	$IP netns exec h1 timeout 90 "$@" -d mroce1 -x 1 -p $PORT --report_gbits $FAB_H2_ADDR \
 		>"$TAP_DIR/bw.log" 2>&1 &
 	BW_CLI=$!
+	# A run still going after 30 s (they take seconds) is stuck: what both devices' data
+	# paths looked like then, for bw_wait to show.
+	rm -f "$TAP_DIR/bw-stuck.log"
+	(
+		sleep 30
+		kill -0 $BW_CLI 2>/dev/null || exit 0
+		for d in mroce1 mroce2; do
+			echo "$d: $(cat /sys/class/infiniband/$d/peers 2>/dev/null | head -n 24 | tr '\n' ';')"
+		done >"$TAP_DIR/bw-stuck.log"
+	) &
+	BW_WATCH=$!
 }
 bw_wait() {
 	local rc=0
 	wait $BW_CLI || rc=1
 	wait $BW_SRV || rc=1
+	kill $BW_WATCH 2>/dev/null
+	wait $BW_WATCH 2>/dev/null
 	BW_LINE=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/bw.log" | tail -n 1)
 	[ -n "$BW_LINE" ] || rc=1
+	if [ -s "$TAP_DIR/bw-stuck.log" ]; then
+		sed 's/^/# stuck after 30 s: /' "$TAP_DIR/bw-stuck.log"
+	fi
 	if [ "$rc" != 0 ]; then
 		# A failed clock calibration is perftest's, not the transfer's (lib.sh).
 		perftest_errors "$TAP_DIR/bw.log" '# error: '

@@ -1189,6 +1189,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     self.delivered_at != 0 && now < self.delivered_at.saturating_add(stall);
                 if delivering && s.req.waiting_for_turn() {
                     sched.park(streams, i, stall);
+                    // It wants to send: on the WORK list it is (or its turn never comes).
+                    sched.push(streams, WORK, i);
                     continue;
                 }
                 earliest = Some(earliest.map_or(d, |e| e.min(d)));
