@@ -152,6 +152,11 @@ fn thousand_streams_on_one_connection_all_complete() {
     );
 }
 
+/// Stream slot accesses so far, both ends (every look at a stream goes through `StreamSlots`).
+fn slot_visits(sim: &Sim) -> u64 {
+    sim.ep.iter().map(|e| e.conn.streams().visits.get()).sum()
+}
+
 /// Slot accesses (every look at a stream goes through `StreamSlots`) per datagram for the
 /// same workload on one stream pair, with and without `idle` more open streams.
 fn visits_per_datagram(idle: u32) -> (f64, u64) {
@@ -159,7 +164,7 @@ fn visits_per_datagram(idle: u32) -> (f64, u64) {
     for i in 0..idle {
         sim.open_pair(qpn(i + 2, 1), qpn(i + 2, 2));
     }
-    let v0: u64 = sim.ep.iter().map(|e| e.conn.streams().visits.get()).sum();
+    let v0 = slot_visits(&sim);
     let d0 = sim.net.sent;
     let msgs: Vec<Msg> = (0..200)
         .map(|i| Msg {
@@ -173,12 +178,7 @@ fn visits_per_datagram(idle: u32) -> (f64, u64) {
         .collect();
     let r = run_workload(&mut sim, &msgs, 10_000_000_000);
     assert!(r.completed);
-    let v: u64 = sim
-        .ep
-        .iter()
-        .map(|e| e.conn.streams().visits.get())
-        .sum::<u64>()
-        - v0;
+    let v = slot_visits(&sim) - v0;
     let d = sim.net.sent - d0;
     (v as f64 / d as f64, d)
 }
@@ -302,7 +302,7 @@ fn waiting_streams_cost_no_timer_passes() {
             sim.ep[0].conn.post_send(now, a, w).unwrap();
         }
     }
-    let v0: u64 = sim.ep.iter().map(|e| e.conn.streams().visits.get()).sum();
+    let v0 = slot_visits(&sim);
     let total = (N as u64 * MSGS) as usize;
     let done = sim.run_until(5_000_000_000, |s| s.ep[0].send_cqes.len() == total);
     assert!(
@@ -315,12 +315,7 @@ fn waiting_streams_cost_no_timer_passes() {
         .send_cqes
         .iter()
         .all(|c| c.status == CqStatus::Success));
-    let v: u64 = sim
-        .ep
-        .iter()
-        .map(|e| e.conn.streams().visits.get())
-        .sum::<u64>()
-        - v0;
+    let v = slot_visits(&sim) - v0;
     let per = v as f64 / sim.net.sent as f64;
     eprintln!(
         "{N} streams waiting: {} datagrams in {} us, {per:.1} stream slot accesses per datagram",
