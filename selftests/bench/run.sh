@@ -871,12 +871,13 @@ scenario_conns() {
 			done
 			sample conns "$case" "$q" $t bw Gb/s "$rep" "${bad:-$sum}"
 			sample conns "$case" "$q" $t qps_open count "$rep" "$maxopen"
-			v="no baseline or no total"
 			if [ -z "$bad" ] && isnum "$base" && awk -v b="$base" 'BEGIN { exit !(b > 0) }'; then
-				v=$(awk -v a="$sum" -v b="$base" 'BEGIN { printf "%.3f", a / b }')
+				sample conns "throughput at $q QPs over that at 8 QPs (the goal: at least 0.9)" "$q" $t \
+					scaling ratio "$rep" "$(awk -v a="$sum" -v b="$base" 'BEGIN { printf "%.3f", a / b }')"
+			else
+				sample conns "throughput at $q QPs over that at 8 QPs (the goal: at least 0.9)" "$q" $t \
+					scaling ratio "$rep" "no baseline or no total"
 			fi
-			sample conns "throughput at $q QPs over that at 8 QPs (the goal: at least 0.9)" "$q" $t \
-				scaling ratio "$rep" "$v"
 			if [ "$maxopen" -gt 0 ]; then
 				# Both ends are in this guest: 2 x maxopen QPs (with perftest's MRs and CQs).
 				sample conns "kernel memory per QP (slab + vmalloc, both ends, MR/CQ share included)" "$q" $t \

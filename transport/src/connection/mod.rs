@@ -1173,10 +1173,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 continue;
             }
             let stall = s.ack_timeout(stall_default);
-            let delivering =
-                self.delivered_at != 0 && now < self.delivered_at.saturating_add(stall);
             if s.req.deadline(stall).is_some_and(|d| d <= now) {
                 let retry_cnt = s.cfg.retry_cnt;
+                let delivering =
+                    self.delivered_at != 0 && now < self.delivered_at.saturating_add(stall);
                 if s.req.on_timer(now, stall, retry_cnt, delivering) {
                     s.req.fail_retry_exceeded();
                 }
@@ -1185,6 +1185,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             }
             let Some(s) = streams.slot(i) else { continue };
             if let Some(d) = s.req.deadline(stall) {
+                let delivering =
+                    self.delivered_at != 0 && now < self.delivered_at.saturating_add(stall);
                 if delivering && s.req.waiting_for_turn() {
                     sched.park(streams, i, stall);
                     // It wants to send: on the WORK list it is (or its turn never comes).
@@ -1291,20 +1293,22 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     ///
     /// Only paths on the planes in `mask` (bit per plane; `u32::MAX`: all) take part.
     fn pick_path(&mut self, now: u64, mask: u32) -> Option<usize> {
-        self.spray(now, mask)
+        self.spray(now, false, mask)
     }
 
     /// Charges the pick [`Connection::pick_path`] made with `mask` to the round-robin
     /// credits, once the packet is sure to leave (nothing changed in between, so the same
-    /// path is charged): with the weights the pick found, picking again if the last pick
-    /// was made with another mask.
+    /// path is charged): with the weights the pick found, or, if the last pick was made
+    /// with another mask, by spraying again.
     fn commit_path(&mut self, now: u64, mask: u32) {
-        if !matches!(self.last_pick, Some((m, _, _)) if m == mask) {
-            self.spray(now, mask);
-        }
-        let Some((_, i, total)) = self.last_pick.take() else {
+        let Some((picked_mask, i, total)) = self.last_pick.take() else {
+            self.spray(now, true, mask);
             return;
         };
+        if picked_mask != mask {
+            self.spray(now, true, mask);
+            return;
+        }
         let n = self.send_paths;
         let Some(paths) = self.paths.as_mut().get_mut(..n) else {
             return;
@@ -1354,10 +1358,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     }
 
     /// One round of smooth weighted round-robin: every eligible path earns its weight, the
-    /// one with the most credit is picked and pays the total. Only picks: the weights go to
-    /// `Path::pick_weight` and the pick to `last_pick`, for [`Connection::commit_path`] to
-    /// charge. Only paths on the planes in `mask` take part.
-    fn spray(&mut self, now: u64, mask: u32) -> Option<usize> {
+    /// one with the most credit is picked and pays the total. With `commit` false nothing
+    /// changes (the credits are only read). Only paths on the planes in `mask` take part.
+    fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
         // A pick that finds no path leaves nothing to charge.
         self.last_pick = None;
         let n = self.send_paths;
@@ -1406,6 +1409,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 .credit
                 .saturating_add(w)
                 .clamp(-CREDIT_BOUND, CREDIT_BOUND);
+            if commit {
+                p.credit = credit;
+            }
             total = total.saturating_add(w);
             if credit > best_credit {
                 best_credit = credit;
@@ -1419,7 +1425,15 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         } else {
             best?
         };
-        self.last_pick = Some((mask, i, total));
+        if commit {
+            if let Some(p) = paths.get_mut(i) {
+                p.credit = p.credit.saturating_sub(total);
+            }
+            self.last_pick = None;
+            self.charge_burst(i);
+        } else {
+            self.last_pick = Some((mask, i, total));
+        }
         Some(i)
     }
 
