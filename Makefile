@@ -27,7 +27,9 @@ setup:
 
 kernel: setup
 	@mkdir -p $(BUILD)
-	qemu-ci/build-kernel.sh > $(KDIR_FILE).tmp && mv $(KDIR_FILE).tmp $(KDIR_FILE)
+	qemu-ci/build-kernel.sh > $(KDIR_FILE).tmp
+	@test -f "$$(cat $(KDIR_FILE).tmp)/.done" || { echo "build-kernel.sh printed no kernel directory: $$(head -c 200 $(KDIR_FILE).tmp)" >&2; exit 1; }
+	mv $(KDIR_FILE).tmp $(KDIR_FILE)
 	@echo "KDIR=$$(cat $(KDIR_FILE))"
 
 # The module must build without a single warning (Rust and C); clippy runs on the Rust side.

@@ -9,6 +9,7 @@
 # and hands over to guest-init.sh from the repository; the kernel, its modules and the metaroce
 # payload all come through the share at run time, so they never force an image rebuild.
 source "$(dirname "$0")/common.sh"
+stdout_is_result
 
 PKGS=(
 	rdma-core ibverbs-utils ibverbs-providers libibverbs1 librdmacm1t64 rdmacm-utils perftest
@@ -20,7 +21,7 @@ IMAGE_SIZE=1536M
 key=$(input_hash "$(sha256sum <"$QEMU_CI_DIR/build-image.sh")" "$GUEST_SUITE" "${PKGS[*]}")
 IMGDIR="$CACHE/image-$key"
 if cache_ready "$IMGDIR"; then
-	echo "$IMGDIR/rootfs.ext4"
+	result "$IMGDIR/rootfs.ext4"
 	exit 0
 fi
 
@@ -28,7 +29,7 @@ fi
 exec 9>"$CACHE/image.lock"
 flock 9
 if cache_ready "$IMGDIR"; then
-	echo "$IMGDIR/rootfs.ext4"
+	result "$IMGDIR/rootfs.ext4"
 	exit 0
 fi
 
@@ -90,4 +91,4 @@ rm -rf --one-file-system "$ROOT"
 touch "$TMP/.done"
 mv "$TMP" "$IMGDIR"
 log "image ready: $IMGDIR/rootfs.ext4"
-echo "$IMGDIR/rootfs.ext4"
+result "$IMGDIR/rootfs.ext4"

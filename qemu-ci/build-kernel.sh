@@ -8,6 +8,7 @@
 # The build directory is keyed by the source package version, the config fragments and the
 # toolchain versions; a warm run only checks the .done marker.
 source "$(dirname "$0")/common.sh"
+stdout_is_result
 
 PROFILE="${KERNEL_PROFILE:-fast}"
 case "$PROFILE" in fast | debug) ;; *) die "KERNEL_PROFILE must be fast or debug" ;; esac
@@ -46,7 +47,7 @@ key=$(input_hash "$kver" "$PROFILE" "${fragments[@]}" "$(rustc --version)" \
 	"$(clang --version | head -n1)" "$(bindgen --version)")
 KDIR="$CACHE/kernel-$PROFILE-$key"
 if cache_ready "$KDIR"; then
-	echo "$KDIR"
+	result "$KDIR"
 	exit 0
 fi
 
@@ -68,4 +69,4 @@ kmake bzImage modules >&2
 rm -rf "$KDIR/modules-install"
 kmake INSTALL_MOD_PATH="$KDIR/modules-install" INSTALL_MOD_STRIP=1 modules_install >&2
 touch "$KDIR/.done"
-echo "$KDIR"
+result "$KDIR"

@@ -21,6 +21,13 @@ BINDGEN_VERSION="0.73.2"
 
 export PATH="/usr/lib/llvm-${LLVM_VERSION}/bin:$HOME/.cargo/bin:$PATH"
 
+# A script whose stdout is its result (a path that another script or the Makefile captures)
+# calls stdout_is_result first. From then on everything it and the tools it runs print goes to
+# stderr, so no progress output (apt's "Get:1 ...", cmake, cargo) can end up in the capture;
+# only `result` writes to the real stdout.
+stdout_is_result() { exec 3>&1 1>&2; }
+result() { printf '%s\n' "$*" >&3; }
+
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 

@@ -18,6 +18,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
 source "$REPO/qemu-ci/common.sh"
+stdout_is_result
 
 print=dir
 case "${1:-}" in
@@ -40,6 +41,6 @@ ln -sfn libmetaroce.so.1 "$OUT/libmetaroce-rdmav34.so"
 install -D -m 0644 "$HERE/metaroce_dv.h" "$OUT/include/infiniband/metaroce_dv.h"
 install -m 0644 "$HERE/metaroce.driver" "$OUT/metaroce.driver"
 case "$print" in
-dir) echo "$OUT" ;;
-so) echo "$SO" ;;
+dir) result "$OUT" ;;
+so) result "$SO" ;;
 esac

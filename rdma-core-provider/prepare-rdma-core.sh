@@ -13,20 +13,21 @@
 # host's apt configuration is not touched. A tree is reused once its .done marker exists.
 # Usage: RDMA_CORE_SRC=$(rdma-core-provider/prepare-rdma-core.sh)
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../qemu-ci/common.sh"
+stdout_is_result
 
 # sha256 of rdma-core_$RDMA_CORE_VERSION.orig.tar.gz (apt checks it too; this pins the upstream).
 ORIG_SHA256="63ce7f2baa7242c2dbc76375dac957c420187dd27f8c5e148efc07971ee522a8"
 
 TREE="$CACHE/rdma-core-$RDMA_CORE_VERSION"
 if cache_ready "$TREE"; then
-	echo "$TREE"
+	result "$TREE"
 	exit 0
 fi
 
 exec 9>"$CACHE/rdma-core.lock"
 flock 9
 if cache_ready "$TREE"; then # somebody else finished it while we waited
-	echo "$TREE"
+	result "$TREE"
 	exit 0
 fi
 
@@ -62,4 +63,4 @@ nice ninja -C "$TREE/build" kern-abi ibverbs ibverbs_tools >"$TREE/build-ninja.l
 	die "ninja failed, see $TREE/build-ninja.log"
 touch "$TREE/.done"
 log "rdma-core $RDMA_CORE_VERSION ready"
-echo "$TREE"
+result "$TREE"

@@ -14,6 +14,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 source "$REPO/qemu-ci/common.sh"
+stdout_is_result
 
 STAGE="$("$REPO/rdma-core-provider/build.sh")"
 RDMA_CORE_SRC="$("$REPO/rdma-core-provider/prepare-rdma-core.sh")"
@@ -31,4 +32,4 @@ grep -q 'NEEDED.*\[libmetaroce\.so\.1\]' <<<"$dyn" || die "metaroce_dv_test: no 
 grep -q 'NEEDED.*\[libibverbs\.so\.1\]' <<<"$dyn" || die "metaroce_dv_test: no NEEDED libibverbs.so.1"
 if grep -Eq 'RPATH|RUNPATH' <<<"$dyn"; then die "metaroce_dv_test has an RPATH/RUNPATH"; fi
 mv "$BIN.tmp" "$BIN"
-echo "$BIN"
+result "$BIN"
