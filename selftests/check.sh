@@ -65,7 +65,7 @@ if [ "${1:-all}" != host ]; then
 			tail -n 60 "$LOG/guest.log" | sed 's/^/# /'
 		fi
 		# make bench's quick profile, so the benchmark never rots: it must produce every
-		# scenario's table (numbers or "not measured"); speeds are not judged here.
+		# scenario's table with a number measured on metaroce; speeds are not judged here.
 		if step bench-quick selftests/bench/bench.sh --check quick; then
 			sed -n '/^## Headline/,/^## /{/^|/p}' build/bench/report.md | sed 's/^/# /'
 		fi

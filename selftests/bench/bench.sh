@@ -9,7 +9,7 @@
 # matplotlib: it is installed with pip (the host's pip configuration decides the index) into a
 # venv in $METAROCE_CACHE (default ~/.cache/metaroce), keyed by a hash of requirements.txt;
 # without it the report still comes, without plots. --check (make check): fail unless the
-# report has every scenario's table (numbers or an explicit "not measured"), never on speeds.
+# report has every scenario's table with a number measured on metaroce in each, never on speeds.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"

@@ -6,8 +6,8 @@ ratios metaroce/rxe and metaroce/TCP), a copy of the raw CSV and PNG plots.
 
     report.py --raw DIR --out DIR [--check]
 
---check: exit 1 unless every scenario has its table with at least one number or an explicit
-"not measured" marker (it checks that the benchmark produced sane output, never speeds).
+--check: exit 1 unless every scenario has its table with at least one number measured on
+metaroce (it checks that the benchmark measured what it reports, never speeds).
 """
 
 import argparse
@@ -346,14 +346,16 @@ def main():
             md += [f"{NOT_MEASURED}: the run recorded no sample for this scenario", ""]
             problems.append(f"{name}: no samples")
             continue
-        sane = False
+        # The check asks for a number from metaroce in every scenario: a scenario whose
+        # metaroce runs all failed, or were all "not measured", has measured nothing of ours.
+        measured = False
         for key, xs in tables.items():
             md += table_md(key, xs, xlabel) + [""]
             for cells in xs.values():
-                for c in cells.values():
-                    sane = sane or bool(c.values) or bool(c.not_measured)
-        if not sane:
-            problems.append(f"{name}: every run failed")
+                c = cells.get("metaroce")
+                measured = measured or bool(c and c.values)
+        if not measured:
+            problems.append(f"{name}: no metaroce run measured anything")
     md += ["## Plots", ""]
     if isinstance(made, str):
         md += [f"No plots: {made}.", ""]

@@ -15,9 +15,9 @@
 #   qps      1, 8, 64 QPs (TCP: as many parallel streams)
 #   loss     loss sweep on a rate-limited link, one direction and both
 #   reorder  reordering with and without loss (rate-limited)
-#   multipath leaf/spine fabric, one spine lossy (needs selftests/fabric.sh)
+#   multipath leaf/spine fabric (selftests/fabric.sh), one spine lossy
 #   planes   N rate-limited planes, each its own netdev, device and QP (or TCP flow), summed
-#   cut      throughput around a cut: a plane (of 4) and a spine link (needs fabric.sh)
+#   cut      throughput around a cut: a plane (of 4) and a spine link (fabric.sh)
 #   incast   N-to-1 through a bridge whose port to the receiver is rate-limited
 #   conns    RC connection scaling: QPs open at once, kernel memory per QP and per device
 set -u
@@ -25,7 +25,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 SELFTESTS="$(dirname "$HERE")"
 source "$SELFTESTS/lib.sh"
 # The leaf/spine library, once there is one.
-if [ -f "$SELFTESTS/fabric.sh" ]; then source "$SELFTESTS/fabric.sh"; fi
+source "$SELFTESTS/fabric.sh"
 pin_static_keys
 
 PROFILE="${1:-${BENCH_PROFILE:-quick}}"
@@ -670,12 +670,6 @@ fabric_up() {
 
 scenario_multipath() {
 	local t rep l
-	if ! type -t fab_leafspine >/dev/null; then
-		for t in $TRANSPORTS; do
-			not_measured multipath "4 spines, spine 1 lossy" - $t bw Gb/s "needs selftests/fabric.sh (leaf/spine library), not there yet"
-		done
-		return
-	fi
 	fabric_up
 	for l in $SPINE_LOSSES; do
 		# shellcheck disable=SC2046
@@ -694,12 +688,6 @@ scenario_spine_cut() {
 	if [ "$SPINE_CUT" = 0 ]; then
 		for t in $TRANSPORTS; do
 			not_measured cut "spine link cut" - $t rx Mb/s "full profile only"
-		done
-		return
-	fi
-	if ! type -t fab_leafspine >/dev/null; then
-		for t in $TRANSPORTS; do
-			not_measured cut "spine link cut" - $t rx Mb/s "needs selftests/fabric.sh (leaf/spine library), not there yet"
 		done
 		return
 	fi

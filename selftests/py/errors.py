@@ -7,7 +7,7 @@ Two processes, one per namespace: `--role server` (the responder side, in ns2 on
 plain TCP socket, one JSON object per line: the client asks, the server does (create a QP and
 an MR, connect it, post receives, poll, read or fill its MR, destroy) and answers. Every wait
 has a timeout. The client prints 'ok - ...' / 'not ok - ...' lines (tests/errors.sh turns them
-into TAP); a check known to fail because of the driver prints 'not ok - ... # TODO driver: ...'.
+into TAP).
 """
 import argparse
 import json
@@ -35,10 +35,6 @@ ALL_REMOTE = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCES
 INLINE = 128  # max_inline_data every test QP asks for
 RNR_TIMER_SMALL = 1  # 0.01 ms
 RNR_TIMER_DEFAULT = 12  # 0.64 ms
-
-# Checks that fail because of the driver, not the test: check name -> reason. They still run
-# and still assert the verbs semantics; a failure is reported as a TAP TODO.
-TODO: dict = {}
 
 WC_STATUS = {getattr(e, n): n for n in dir(e) if n.startswith("IBV_WC_") and n.endswith("_ERR")}
 WC_STATUS[e.IBV_WC_SUCCESS] = "IBV_WC_SUCCESS"
@@ -280,11 +276,8 @@ def check(what, fn):
         notes = fn() or []
     except Exception:  # noqa: BLE001 - report anything
         lines = traceback.format_exc().splitlines()
-        if what in TODO:
-            print(f"not ok - {what} # TODO driver: {TODO[what]}")
-        else:
-            failures += 1
-            print(f"not ok - {what}")
+        failures += 1
+        print(f"not ok - {what}")
         for line in lines[-12:]:
             print(f"# {line}")
         print(f"# ({time.monotonic() - t0:.2f} s)", flush=True)
@@ -292,8 +285,6 @@ def check(what, fn):
     print(f"ok - {what}")
     for n in notes:
         print(f"# {n}")
-    if what in TODO:
-        print("# (listed as a driver TODO, but it passes now: drop it from TODO)")
     sys.stdout.flush()
 
 

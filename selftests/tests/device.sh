@@ -83,3 +83,4 @@ wait_for 10 sh -c "! ibv_devices | grep -q mroce4"
 check "rmmod metaroce" rmmod metaroce
 check "rmmod rdma_rxe" rmmod rdma_rxe
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end

@@ -8,8 +8,8 @@
 # router's byte counters over a window in which every client runs (retransmissions included:
 # rxe's go-back-N load is mostly that), goodput and Jain as the clients report them, packets
 # RED marked and dropped, metaroce's retransmissions and path timeouts. Checked: every run
-# completes, metaroce's goodput is well above rxe's (Jain >= 0.8 is a goal: a TODO when
-# missed), its packets are ECN-capable and get marked rather than dropped, a victim flow
+# completes, metaroce's goodput is well above rxe's, its Jain index is at least 0.7 (the goal,
+# 0.8, is make bench's to report), its packets are ECN-capable and get marked rather than dropped, a victim flow
 # through another egress of the router (s1 -> v) keeps at least half its throughput while the
 # incast runs, and every device's receive queue drains.
 source "$(dirname "$0")/../lib.sh"
@@ -100,11 +100,12 @@ window() {
 # lib.sh; they count in neither goodput nor pjain. NICE: the clients' nice level (default 0).
 WINDOW=${INCAST_WINDOW:-2}
 incast() {
-	local kind="$1" n="$2" secs="${3:-$SECS}" nice="${4:-0}" i pids=() port
+	local kind="$1" n="$2" secs="${3:-$SECS}" nice="${4:-0}" i pids=() spids=() port
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
 		$IP netns exec rx timeout $((secs + 25)) ib_write_bw -d "${kind}rx" -x 1 -s $SIZE -D "$secs" \
 			-p $port --report_gbits >"$TAP_DIR/incast-srv-$i.log" 2>&1 &
+		spids+=($!)
 	done
 	sleep 1.5
 	local before
@@ -121,6 +122,12 @@ incast() {
 	local full=1
 	for i in "${pids[@]}"; do kill -0 "$i" 2>/dev/null || full=0; done
 	wait "${pids[@]}" 2>/dev/null
+	local srv_ok=() src
+	for i in "${spids[@]}"; do
+		src=0
+		wait "$i" 2>/dev/null || src=$?
+		srv_ok+=("$src")
+	done
 	wait 2>/dev/null
 	local after
 	after=$(red_stats)
@@ -128,7 +135,11 @@ incast() {
 	for i in $(seq 1 "$n"); do
 		r=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" | tail -n 1 | awk '{print $(NF - 1)}')
 		rates+=("$r")
-		if [ -z "$r" ] && perftest_uncalibrated "$TAP_DIR/incast-cli-$i.log"; then
+		# No figure of its own, but a finished transfer: its server exited 0 (after the
+		# client's closing handshake) and the client printed no error.
+		if [ -z "$r" ] && [ "${srv_ok[i - 1]}" = 0 ] &&
+			perftest_uncalibrated "$TAP_DIR/incast-cli-$i.log" &&
+			! grep -qiE 'completion with error|failed status|couldn.t' "$TAP_DIR/incast-cli-$i.log"; then
 			cal=$((cal + 1))
 		fi
 	done
@@ -204,11 +215,11 @@ for n in 4 7; do
 	read -r _ _ _ _ _ _ rg _ <<<"${R[r$n]:-0 0 0 0 0 0 0 0}"
 	check "incast $n-to-1: metaroce's goodput more than twice rxe's ($mg vs $rg of the bottleneck)" \
 		awk -v m="$mg" -v r="$rg" 'BEGIN {exit !(m > 0 && m > 2 * r)}'
-	if awk -v j="$mj" 'BEGIN {exit !(j >= 0.8)}'; then
-		check "incast $n-to-1: metaroce's Jain fairness >= 0.8 ($mj)" true
-	else
-		todo "incast $n-to-1: metaroce's Jain fairness >= 0.8 ($mj)" "0.81-0.93 in 9 guest runs (bytes per sender at the router, over a window all run in); 2 vCPUs for 2N busy-polling perftest processes"
-	fi
+	# Jain: the goal is 0.8 (make bench reports it); this asserts 0.7, which tells fair
+	# sharing (0.81-0.93 in 9 guest runs) from a starved sender (one of 4 starved: at most
+	# 0.75) with room for the noise of 2N busy-polling perftest processes on 2 vCPUs.
+	check "incast $n-to-1: metaroce's Jain fairness >= 0.7 ($mj)" \
+		awk -v j="$mj" 'BEGIN {exit !(j >= 0.7)}'
 done
 ce_after=$(cat /sys/class/infiniband/mrx/ports/1/hw_counters/rx_ecn_ce)
 sed 's/^/# /' "$TABLE"
@@ -302,3 +313,4 @@ wait $SW_PID 2>/dev/null
 for n in sw rx v $(seq -f 's%g' 1 $MAXN); do $IP netns delete "$n"; done
 check "rmmod metaroce" rmmod metaroce
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end

@@ -202,3 +202,4 @@ perftest "ib_write_bw over the 3 remaining planes" ib_write_bw -s 65536 -n 100
 teardown_pair
 check "rmmod metaroce" rmmod metaroce
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end

@@ -113,13 +113,10 @@ rdmacm_checks() {
 	cm_check "$type: ucmatose, 2 connections (-c 2)" 'return status 0' \
 		ucmatose -c 2 -- \
 		ucmatose -s "$NS2_ADDR" -c 2
-	if command -v rdma_server >/dev/null && command -v rdma_client >/dev/null; then
-		cm_check "$type: rdma_server / rdma_client (librdmacm example)" 'rdma_client: end 0' \
-			rdma_server -s "$NS2_ADDR" -- \
-			rdma_client -s "$NS2_ADDR"
-	else
-		todo "$type: rdma_server / rdma_client (librdmacm example)" "not installed in the guest image"
-	fi
+	# rdmacm-utils ships both (the image's package list has it).
+	cm_check "$type: rdma_server / rdma_client (librdmacm example)" 'rdma_client: end 0' \
+		rdma_server -s "$NS2_ADDR" -- \
+		rdma_client -s "$NS2_ADDR"
 
 	cm_perftest "$type" "$prefix" "ib_write_bw -R, 4 KiB x 200" ib_write_bw -s 4096 -n 200
 	cm_perftest "$type" "$prefix" "ib_send_bw -R, 4 KiB x 200" ib_send_bw -s 4096 -n 200
@@ -137,14 +134,12 @@ rdmacm_checks() {
 	wait "$qsrv" 2>/dev/null
 	if grep -q . "$TAP_DIR/qperf-server.log"; then sed 's/^/# qperf server: /' "$TAP_DIR/qperf-server.log" | tail -n 5; fi
 
-	if cm_run "$type: rping over IPv6" 'ping data: rdma-ping-4: ' \
-		rping -s -a "$NS2_ADDR6" -v -- \
-		rping -c -a "$NS2_ADDR6" -C 5 -v -V; then
-		_tap 0 "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated"
-	elif [ "$type" = metaroce ]; then
-		todo "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated" "metaroce's data path is IPv4 only"
-	else
-		_tap 1 "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated"
+	# metaroce's data path is IPv4 only (README, "Not yet"): the check runs on rxe alone until
+	# it is not.
+	if [ "$type" != metaroce ]; then
+		cm_check "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated" 'ping data: rdma-ping-4: ' \
+			rping -s -a "$NS2_ADDR6" -v -- \
+			rping -c -a "$NS2_ADDR6" -C 5 -v -V
 	fi
 
 	# What the kernel said about the connection manager and the MADs, when something failed.
@@ -164,3 +159,4 @@ for pair in $RDMACM_TYPES; do
 	check "$type: rmmod $module" rmmod "$module"
 done
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end

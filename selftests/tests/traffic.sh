@@ -71,3 +71,4 @@ tc -n ns1 qdisc del dev veth1 root
 teardown_pair
 check "rmmod metaroce" rmmod metaroce
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end

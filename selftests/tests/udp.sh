@@ -201,3 +201,4 @@ teardown_pair
 check "rmmod metaroce" rmmod metaroce
 check "rmmod rdma_rxe" rmmod rdma_rxe
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end

@@ -6,6 +6,7 @@ dmesg_mark
 modprobe metaroce
 setup_pair metaroce mroce
 timeout 120 python3 "$(dirname "$0")/../py/objects.py" mroce1 >"$TAP_DIR/objects.out" 2>&1
+objects_rc=$?
 # Each "ok - ..." / "not ok - ..." line of the script becomes one TAP result.
 while IFS= read -r line; do
 	case "$line" in
@@ -14,6 +15,17 @@ while IFS= read -r line; do
 	*) echo "$line" ;;
 	esac
 done <"$TAP_DIR/objects.out"
+# A crash, a timeout or an exception outside a check prints fewer checks than the script has:
+# its exit status must be 0, or 1 with a failed check printed.
+objects_exit() {
+	case "$1" in
+	0) ! grep -q '^not ok - ' "$TAP_DIR/objects.out" ;;
+	1) grep -q '^not ok - ' "$TAP_DIR/objects.out" ;;
+	*) false ;;
+	esac
+}
+check "objects.py ran every check (exit status $objects_rc)" objects_exit "$objects_rc"
 teardown_pair
 check "rmmod metaroce" rmmod metaroce
 check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end
