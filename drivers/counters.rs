@@ -223,6 +223,9 @@ counters! {
     /// differs from this device's: the two cannot exchange data packets (the kernel log
     /// names the peer once).
     HelloMtuMismatch => c"hello_mtu_mismatch",
+    /// `peers_refused`: QPs refused a connection (`modify_qp` to RTR failing with `ENOSPC`)
+    /// because the device already had `max_peers` peer devices.
+    PeersRefused => c"peers_refused",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default
@@ -232,22 +235,86 @@ pub(crate) const COUNTED_PATHS: usize = 16;
 
 /// Per path id: its `[tx_packets, retransmits, lost]` counters.
 pub(crate) const PATH_COUNTERS: [[Counter; 3]; COUNTED_PATHS] = [
-    [Counter::Path0TxPackets, Counter::Path0Retransmits, Counter::Path0Lost],
-    [Counter::Path1TxPackets, Counter::Path1Retransmits, Counter::Path1Lost],
-    [Counter::Path2TxPackets, Counter::Path2Retransmits, Counter::Path2Lost],
-    [Counter::Path3TxPackets, Counter::Path3Retransmits, Counter::Path3Lost],
-    [Counter::Path4TxPackets, Counter::Path4Retransmits, Counter::Path4Lost],
-    [Counter::Path5TxPackets, Counter::Path5Retransmits, Counter::Path5Lost],
-    [Counter::Path6TxPackets, Counter::Path6Retransmits, Counter::Path6Lost],
-    [Counter::Path7TxPackets, Counter::Path7Retransmits, Counter::Path7Lost],
-    [Counter::Path8TxPackets, Counter::Path8Retransmits, Counter::Path8Lost],
-    [Counter::Path9TxPackets, Counter::Path9Retransmits, Counter::Path9Lost],
-    [Counter::Path10TxPackets, Counter::Path10Retransmits, Counter::Path10Lost],
-    [Counter::Path11TxPackets, Counter::Path11Retransmits, Counter::Path11Lost],
-    [Counter::Path12TxPackets, Counter::Path12Retransmits, Counter::Path12Lost],
-    [Counter::Path13TxPackets, Counter::Path13Retransmits, Counter::Path13Lost],
-    [Counter::Path14TxPackets, Counter::Path14Retransmits, Counter::Path14Lost],
-    [Counter::Path15TxPackets, Counter::Path15Retransmits, Counter::Path15Lost],
+    [
+        Counter::Path0TxPackets,
+        Counter::Path0Retransmits,
+        Counter::Path0Lost,
+    ],
+    [
+        Counter::Path1TxPackets,
+        Counter::Path1Retransmits,
+        Counter::Path1Lost,
+    ],
+    [
+        Counter::Path2TxPackets,
+        Counter::Path2Retransmits,
+        Counter::Path2Lost,
+    ],
+    [
+        Counter::Path3TxPackets,
+        Counter::Path3Retransmits,
+        Counter::Path3Lost,
+    ],
+    [
+        Counter::Path4TxPackets,
+        Counter::Path4Retransmits,
+        Counter::Path4Lost,
+    ],
+    [
+        Counter::Path5TxPackets,
+        Counter::Path5Retransmits,
+        Counter::Path5Lost,
+    ],
+    [
+        Counter::Path6TxPackets,
+        Counter::Path6Retransmits,
+        Counter::Path6Lost,
+    ],
+    [
+        Counter::Path7TxPackets,
+        Counter::Path7Retransmits,
+        Counter::Path7Lost,
+    ],
+    [
+        Counter::Path8TxPackets,
+        Counter::Path8Retransmits,
+        Counter::Path8Lost,
+    ],
+    [
+        Counter::Path9TxPackets,
+        Counter::Path9Retransmits,
+        Counter::Path9Lost,
+    ],
+    [
+        Counter::Path10TxPackets,
+        Counter::Path10Retransmits,
+        Counter::Path10Lost,
+    ],
+    [
+        Counter::Path11TxPackets,
+        Counter::Path11Retransmits,
+        Counter::Path11Lost,
+    ],
+    [
+        Counter::Path12TxPackets,
+        Counter::Path12Retransmits,
+        Counter::Path12Lost,
+    ],
+    [
+        Counter::Path13TxPackets,
+        Counter::Path13Retransmits,
+        Counter::Path13Lost,
+    ],
+    [
+        Counter::Path14TxPackets,
+        Counter::Path14Retransmits,
+        Counter::Path14Lost,
+    ],
+    [
+        Counter::Path15TxPackets,
+        Counter::Path15Retransmits,
+        Counter::Path15Lost,
+    ],
 ];
 
 /// How many counters there are.

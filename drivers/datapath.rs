@@ -13,27 +13,22 @@
 //!   receive runs (`Engine::rx_spread`) go to the receive thread of another CPU (one per CPU,
 //!   real-time priority, so a busy-polling application does not delay it) than the one
 //!   sending them, so that sending and receiving proceed in parallel. No thread wakeup on a
-//!   small message's way. Under TCG, against receive threads and a hard-irq alarm (one guest
-//!   boot each, 3 runs): `ib_write_lat -s 2` median 108-155 us against 182-353 (rxe 103-172),
-//!   `ib_write_bw -s 65536` 0.45-0.55 Gbit/s against 0.32-0.39 (rxe 0.17-0.27).
+//!   small message's way (measurements: `docs/datapath.md`).
 //! - Sending is batched like a NIC's TSO: the transport sends runs of up to [`PATH_BURST`]
 //!   packets on one path (`Config::path_burst`; the spraying shares stay the same), and
 //!   consecutive datagrams of one path go to the IP stack as one UDP GSO packet
 //!   ([`TxBatch`], `UdpSocket::send_segments`): one route lookup, one pass through the
 //!   qdiscs, the veth and the peer's IP layer for the run; the receiving socket's UDP layer
-//!   cuts it up again. Under TCG, lossless `ib_write_bw` went from 0.28-0.47 to 0.66-0.84
-//!   Gbit/s with runs of 16 and 0.36-0.54 with runs of 4 (see `PATH_BURST`). Streams take
+//!   cuts it up again. Streams take
 //!   turns of 16 packets (`Config::stream_quantum`), so a QP's message goes out whole rather
 //!   than interleaved packet by packet with thousands of others.
 //! - Packets are as large as the link allows (`device::payload_mtu`): 1344 payload bytes on
-//!   a 1500-byte link, not the IB MTU's 1024, so a 64 KiB message is 49 packets, not 64. The
-//!   cost is per packet more than per byte: under TCG (one guest boot, 3 rounds) lossless
-//!   `ib_write_bw -s 65536` went from 0.40 to 0.63 Gbit/s and `ib_send_bw` from 0.45 to 0.60.
+//!   a 1500-byte link, not the IB MTU's 1024, so a 64 KiB message is 49 packets, not 64: the
+//!   cost is per packet more than per byte.
 //! - Nobody waits for a peer's lock on the data path: a doorbell, a softirq, a receive thread
 //!   or the alarm that finds it locked leaves its work to the holder (`Peer::pending`), which
 //!   does it before unlocking ([`Engine::release`]), as a socket's backlog is processed on
-//!   release. Spinning while the holder sent a burst or an ACK had cost 6-15% of the CPU and a
-//!   good part of a small message's latency.
+//!   release, rather than spinning while the holder sends a burst or an ACK.
 //! - A connection carries any number of QPs: its streams live in chunks allocated as QPs
 //!   attach ([`PeerStreams`]) and freed when the last one detaches. Nothing per packet or per
 //!   run looks at every QP: a datagram's destination QP is fed from its rings just before the
@@ -46,7 +41,6 @@
 //!   the MR table's (held across a copy to or from the MR: see `Verbs::with_mr`); the planes'
 //!   and the rate allocator's are taken under a peer's, and nothing under them.
 
-use core::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::{
     counters::{Counter, Counters, COUNTED_PATHS, PATH_COUNTERS},
     net::RxBuf,
@@ -60,13 +54,14 @@ use crate::{
     transport::{
         congestion::RateAllocator,
         connection::{path::Path, Config, Connection, Event, RecvError, StreamSlots, Transmit},
-        memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList},
+        memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge},
         stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
         wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
     },
-    verbs::{self, Cqe, Qp, QpState, RecvWqe, SendWqe, Verbs},
+    verbs::{self, Cqe, Qp, QpAttrs, QpState, RecvWqe, SendWqe, Verbs},
 };
 use core::cell::Cell;
+use core::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use kernel::{
     alloc::{KVBox, KVVec},
     c_str, new_spinlock_irq,
@@ -177,15 +172,9 @@ const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 /// other and handed to the IP stack as one UDP GSO packet (at most 64 KiB with its headers).
 const TX_BUF: usize = 65_535 - 20 - 8;
 /// Data packets the transport sends in a row on one path (`Config::path_burst`): what one
-/// GSO packet carries at most. 16 sent a CPU-bound `ib_write_bw` twice as fast as 1 (4: about
-/// 1.3-1.9x) but, on paths that lose packets at tail-drop queues, let some paths starve
-/// (planes got 14-39% of the bytes instead of 25%, even with path estimates that age; with 4
-/// they get 21-27%; `docs/multiplane.md`). Runs of 16 that shrank to 4 only on a path losing
-/// over 1% still gave a plane 18% in one CI run; so a path with any loss in its estimate
-/// (`LOSSY_RUN_RATE`) sends runs of [`LOSSY_PATH_BURST`]: 25/25/23/25% and 26/22/25/24% over
-/// 4 tbf-limited planes, and lossless `ib_write_bw` at a median 0.45 Gbit/s (0.45-0.53)
-/// against 0.37 (0.35-0.38) with runs of 4 everywhere, 0.54 against 0.36 under netem
-/// reordering (one guest boot, 3 rounds each; spurious retransmissions alike, 6-60 per run).
+/// GSO packet carries at most. Long runs cost less CPU per packet, but on paths that lose
+/// packets at tail-drop queues they let some paths starve, so a path with any loss in its
+/// estimate (`LOSSY_RUN_RATE`) sends runs of [`LOSSY_PATH_BURST`] (`docs/datapath.md`).
 const PATH_BURST: u8 = 16;
 /// Runs on a path with any loss in its estimate.
 const LOSSY_PATH_BURST: u8 = 4;
@@ -260,7 +249,16 @@ pub(crate) struct Engine {
     datagrams: datagrams::Datagrams,
     /// Paths of the connections made from now on (the device's `paths` file).
     paths: AtomicU16,
+    /// Peer devices this device keeps a connection to at most (the `max_peers` file): each
+    /// costs its connection's paths and a transmit buffer (about 170 KiB with 16 paths), and
+    /// any local user may name any address in `modify_qp`, so their number is bounded.
+    max_peers: AtomicU32,
 }
+
+/// `max_peers` of a new device.
+const DEFAULT_MAX_PEERS: u32 = 1024;
+/// The most `max_peers` may be set to.
+const MAX_MAX_PEERS: u32 = 1 << 16;
 
 /// Receive runs averaging at least this many datagrams make `Engine::rx_spread` true. A
 /// request or a response is a run of 1; bulk data comes in runs of a GSO packet, `PATH_BURST`
@@ -288,12 +286,7 @@ const ALLOC_RATE_PERIOD_NS: u64 = 16_000_000;
 /// Smallest path retransmission timeout: 5 ms. RTT samples under emulation carry scheduling
 /// delays of milliseconds when the host is busy, so it cannot go near the simulator's 150 us
 /// (a spurious timeout declares every unresolved packet lost, halves the path's window and
-/// makes the path Suspect). It was 20 ms while a 7-to-1 incast collapsed with 8 ms; that
-/// collapse was a receive thread that stopped being woken (a wakeup held back by a transmit
-/// section whose task slept on a mutex), not the RTO.
-/// With the thread fixed, 5 ms against 20 ms in one guest: `ib_write_bw` 64 KiB kept 62% of
-/// its lossless rate at 1% loss (45%) and 74% at 10% (45%); the incast checks held (Jain
-/// 0.92 and 0.97, utilisation 0.67).
+/// makes the path Suspect); `docs/datapath.md` has what 5 and 20 ms measured.
 const PATH_MIN_RTO_NS: u64 = 5_000_000;
 
 /// One peer device and the connection to it.
@@ -335,7 +328,11 @@ struct Doorbells {
 impl Doorbells {
     /// Notes `sid`'s doorbell (once).
     fn add(&mut self, sid: StreamId) {
-        if self.streams.get(..self.len).is_some_and(|s| s.contains(&sid)) {
+        if self
+            .streams
+            .get(..self.len)
+            .is_some_and(|s| s.contains(&sid))
+        {
             return;
         }
         match self.streams.get_mut(self.len) {
@@ -516,6 +513,7 @@ impl Engine {
                 rx_run_avg: AtomicU32::new(0),
                 datagrams <- datagrams,
                 paths: AtomicU16::new(DEFAULT_PATHS),
+                max_peers: AtomicU32::new(DEFAULT_MAX_PEERS),
             }),
             GFP_KERNEL,
         )?;
@@ -585,7 +583,11 @@ impl Engine {
 
     /// The peer with address `addr` on any plane.
     fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
-        self.peers.lock().iter().find(|p| p.planes.has(addr)).cloned()
+        self.peers
+            .lock()
+            .iter()
+            .find(|p| p.planes.has(addr))
+            .cloned()
     }
 
     /// The `i`th peer: walks the peers without allocating (softirq).
@@ -597,6 +599,10 @@ impl Engine {
         if let Some(p) = self.peer(addr) {
             return Ok(p);
         }
+        if self.peers.lock().len() >= self.max_peers() as usize {
+            self.counters.inc(Counter::PeersRefused);
+            return Err(ENOSPC);
+        }
         // Made unlocked (nothing allocates under the list's lock); a peer another thread
         // added meanwhile wins.
         let peer = self.new_peer(addr)?;
@@ -607,6 +613,11 @@ impl Engine {
                 let p = p.clone();
                 drop(peers);
                 return Ok(p);
+            }
+            if peers.len() >= self.max_peers() as usize {
+                drop(peers);
+                self.counters.inc(Counter::PeersRefused);
+                return Err(ENOSPC);
             }
             if peers.len() < peers.capacity() {
                 // Within the capacity: no allocation.
@@ -727,6 +738,20 @@ impl Engine {
         }
     }
 
+    /// Peer devices this device connects to at most.
+    pub(crate) fn max_peers(&self) -> u32 {
+        self.max_peers.load(Ordering::Relaxed)
+    }
+
+    /// Sets `max_peers`: 1 to `MAX_MAX_PEERS`, else `EINVAL`. Peers already connected stay.
+    pub(crate) fn set_max_peers(&self, n: u32) -> Result {
+        if !(1..=MAX_MAX_PEERS).contains(&n) {
+            return Err(EINVAL);
+        }
+        self.max_peers.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Paths a connection made now gets.
     pub(crate) fn paths(&self) -> u16 {
         self.paths.load(Ordering::Relaxed)
@@ -745,12 +770,10 @@ impl Engine {
         Ok(())
     }
 
-    /// The QP reached RTS: its requester gets its first MSN and retry limits.
-    pub(crate) fn start_sending(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
-        let (binding, a) = {
-            let inner = qp.inner.lock();
-            (inner.binding.clone(), inner.attrs)
-        };
+    /// The QP is going to RTS with attributes `a` (not committed yet): its requester gets
+    /// its first MSN and retry limits.
+    pub(crate) fn start_sending(self: &Arc<Self>, qp: &Arc<Qp>, a: &QpAttrs) -> Result {
+        let binding = qp.inner.lock().binding.clone();
         let b = binding.ok_or(EINVAL)?;
         let mut p = b.peer.inner.lock();
         p.conn
@@ -767,15 +790,15 @@ impl Engine {
         Ok(())
     }
 
-    /// The QP reached RTR: open its stream on the connection to its destination (the
+    /// The QP is going to RTR with attributes `a` (not committed yet: a failure here leaves
+    /// the QP as it was): open its stream on the connection to its destination (the
     /// connection's stream storage grows by a chunk if it is full).
-    pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>) -> Result {
+    pub(crate) fn attach(self: &Arc<Self>, qp: &Arc<Qp>, a: &QpAttrs) -> Result {
         let (dest, cfg) = {
             let inner = qp.inner.lock();
             if inner.binding.is_some() {
                 return Ok(());
             }
-            let a = &inner.attrs;
             let dest = a.dest_ipv4().ok_or(EAFNOSUPPORT)?;
             let cfg = StreamConfig {
                 local_qp: qp.qpn,
@@ -851,7 +874,11 @@ impl Engine {
 
     /// The connection the QP rides, for the direct verbs: its planes and QPs, and each of
     /// its paths passed to `each_path` in order. None before the QP is connected (RTR).
-    pub(crate) fn qp_connection(&self, qp: &Qp, mut each_path: impl FnMut(PathInfo)) -> Option<ConnInfo> {
+    pub(crate) fn qp_connection(
+        &self,
+        qp: &Qp,
+        mut each_path: impl FnMut(PathInfo),
+    ) -> Option<ConnInfo> {
         let binding = qp.inner.lock().binding.clone()?;
         let p = binding.peer.inner.lock();
         let conn = &p.conn;
@@ -977,7 +1004,9 @@ impl Engine {
                     }
                     continue;
                 }
-                let Some(t) = conn.poll_transmit(now, buf.get_mut(end..).unwrap_or(&mut []), &mut mem) else {
+                let Some(t) =
+                    conn.poll_transmit(now, buf.get_mut(end..).unwrap_or(&mut []), &mut mem)
+                else {
                     break;
                 };
                 match batch.as_mut() {
@@ -1265,7 +1294,11 @@ impl Engine {
     /// Leaves `what` (`PENDING_*`) to the holder of `peer`'s lock, which we failed to take;
     /// returns the lock if it was released meanwhile (then the work is ours after all, and
     /// the caller does it through [`Engine::release`]).
-    fn leave_to_holder<'a>(&self, peer: &'a Peer, what: u8) -> Option<SpinLockBhGuard<'a, PeerInner>> {
+    fn leave_to_holder<'a>(
+        &self,
+        peer: &'a Peer,
+        what: u8,
+    ) -> Option<SpinLockBhGuard<'a, PeerInner>> {
         peer.pending.fetch_or(what, Ordering::SeqCst);
         // Pairs with the fence in `release`: either the holder sees our bit after unlocking,
         // or we see the lock free.
@@ -1362,7 +1395,8 @@ impl Engine {
         let avg = self.rx_run_avg.load(Ordering::Relaxed);
         let avg = (avg * 3 + handled.min(1024) * 16) / 4;
         self.rx_run_avg.store(avg, Ordering::Relaxed);
-        self.rx_spread.store(avg >= SPREAD_RUN * 16, Ordering::Relaxed);
+        self.rx_spread
+            .store(avg >= SPREAD_RUN * 16, Ordering::Relaxed);
     }
 
     /// The peer of the oldest queued datagram; datagrams from unknown peers are dropped.
@@ -1528,7 +1562,10 @@ impl Memory for Mem<'_> {
                 })
                 .ok_or(AccessError::Key)?;
         }
-        let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
+        let va = sge
+            .addr
+            .checked_add(u64::from(offset))
+            .ok_or(AccessError::Bounds)?;
         self.local_mr(qp, sge.lkey, |mr| mr.read(va, out, 0))
     }
 
@@ -1539,7 +1576,10 @@ impl Memory for Mem<'_> {
         offset: u32,
         data: &[u8],
     ) -> Result<(), AccessError> {
-        let va = sge.addr.checked_add(u64::from(offset)).ok_or(AccessError::Bounds)?;
+        let va = sge
+            .addr
+            .checked_add(u64::from(offset))
+            .ok_or(AccessError::Bounds)?;
         self.local_mr(qp, sge.lkey, |mr| {
             mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE)
         })
@@ -1647,7 +1687,10 @@ fn stash_inline(
     inner: &mut verbs::QpInner,
     wqe: &SendWqe,
     qpn: u32,
-    stats: Option<(stream::requester::RequesterStats, stream::responder::ResponderStats)>,
+    stats: Option<(
+        stream::requester::RequesterStats,
+        stream::responder::ResponderStats,
+    )>,
 ) -> Stash {
     if !is_inline(wqe) {
         return Stash::NotInline;
@@ -1810,9 +1853,9 @@ fn ack_timeout_ns(code: u8) -> u64 {
 /// The IB RNR timer code (5 bits) in microseconds.
 fn rnr_timer_us(code: u8) -> u32 {
     const US: [u32; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560,
-        3840, 5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
-        163_840, 245_760, 327_680, 491_520,
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+        245_760, 327_680, 491_520,
     ];
     US.get(usize::from(code & 31)).copied().unwrap_or(655_360)
 }

@@ -5,6 +5,7 @@
 //! Everything here is safe code working on plain data; `sys::ibdev` calls it from the ops the
 //! RDMA core invokes.
 
+use crate::transport::wire::{Flags, BASE_HEADER_LEN};
 use crate::{
     counters::{Counter, Counters},
     datapath::Engine,
@@ -18,8 +19,8 @@ use kernel::{prelude::*, sync::Arc};
 /// largest MetaRoCE header (64). The active MTU reported to verbs is what fits under it.
 pub(crate) const WIRE_OVERHEAD: u32 = 40 + 8 + 64;
 
-/// The MetaRoCE wire format version this driver speaks.
-pub(crate) const WIRE_VERSION: u32 = 1;
+/// The MetaRoCE wire format version this driver speaks (the transport's).
+pub(crate) const WIRE_VERSION: u32 = crate::transport::wire::VERSION as u32;
 /// `fw_ver` as libibverbs prints it ("major.minor.sub" from `major << 32 | minor << 16 | sub`):
 /// the driver's version, 0.1.0.
 pub(crate) const FW_VERSION: u64 = 1 << 16;
@@ -51,9 +52,8 @@ impl Device {
                 GFP_KERNEL,
             )?;
         }
-        let plane_counters = core::array::from_fn(|k| {
-            planes.get(k).cloned().unwrap_or_else(|| counters.clone())
-        });
+        let plane_counters =
+            core::array::from_fn(|k| planes.get(k).cloned().unwrap_or_else(|| counters.clone()));
         Ok(Device {
             counters,
             plane_counters,
@@ -71,7 +71,10 @@ impl Device {
     pub(crate) fn port_counters(&self, port: u32) -> Option<&Counters> {
         match port {
             1 => Some(&self.counters),
-            p => self.plane_counters.get((p as usize).checked_sub(1)?).map(|c| &**c),
+            p => self
+                .plane_counters
+                .get((p as usize).checked_sub(1)?)
+                .map(|c| &**c),
         }
     }
 
@@ -213,11 +216,6 @@ impl RxHandler for DeviceRx {
     }
 }
 
-/// Size of the MetaRoCE base header (`docs/wire-format.md`).
-pub(crate) const BASE_HEADER_LEN: usize = 32;
-/// Flag bits a version 1 packet may set (ACK_REQ, SOLICITED, LAST, FIRST, RETRANSMIT).
-const KNOWN_FLAGS: u16 = 0x1f;
-
 /// Whether `packet` starts with a plausible version 1 base header: long enough, version 1, a
 /// known opcode, no reserved flag bit and a zero reserved byte. Extension headers and
 /// lengths are the transport's to check.
@@ -226,9 +224,9 @@ pub(crate) fn base_header_ok(packet: &[u8]) -> bool {
         return false;
     };
     let flags = u16::from_be_bytes([hdr[2], hdr[3]]);
-    hdr[0] == WIRE_VERSION as u8
+    hdr[0] == crate::transport::wire::VERSION
         && crate::transport::wire::Opcode::from_u8(hdr[1]).is_ok()
-        && flags & !KNOWN_FLAGS == 0
+        && flags & !Flags::DEFINED == 0
         && hdr[19] == 0
 }
 

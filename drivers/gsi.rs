@@ -345,8 +345,8 @@ impl GsiQp {
         if fits {
             wc.cqe.byte_len = (GRH_LEN + a.payload.len()) as u32;
             wc.cqe.src_qp = a.src_qp;
-            wc.cqe.wc_flags = bindings::ib_wc_flags_IB_WC_GRH
-                | bindings::ib_wc_flags_IB_WC_WITH_NETWORK_HDR_TYPE;
+            wc.cqe.wc_flags =
+                bindings::ib_wc_flags_IB_WC_GRH | bindings::ib_wc_flags_IB_WC_WITH_NETWORK_HDR_TYPE;
             if let Some(imm) = a.imm {
                 wc.cqe.imm_data = imm.to_be();
                 wc.cqe.wc_flags |= bindings::ib_wc_flags_IB_WC_WITH_IMM;

@@ -130,7 +130,9 @@ impl Mr {
 }
 
 /// A table of objects by a 24-bit index; keys and numbers carry the index in their upper bits
-/// and a generation byte below, so a stale key does not find a new object.
+/// and a key byte below, so a stale key does not find a new object. QP numbers take a counter
+/// there; MR keys (rkeys go on the wire) a random byte, as rxe's do, other than the one the
+/// slot's previous key had: a remote peer cannot derive one MR's rkey from another's.
 ///
 /// A number is reserved (its slot taken) before its object is built and inserted under it, with
 /// the table unlocked in between: the slot stays taken meanwhile, so concurrent creates (other
@@ -139,13 +141,16 @@ impl Mr {
 pub(crate) struct Table<T> {
     slots: KVec<Slot<T>>,
     generation: u8,
+    /// The key byte is random, not `generation`.
+    random_keys: bool,
     max: u32,
     /// Slots taken (reserved or holding an object).
     live: u32,
 }
 
 enum Slot<T> {
-    Free,
+    /// Free; the key byte its last number had (so the next one differs).
+    Free(u8),
     /// Taken by `reserve` for this number; its object is not inserted yet.
     Reserved(u32),
     Live(u32, Arc<T>),
@@ -156,12 +161,20 @@ impl<T> Table<T> {
         Table {
             slots: KVec::new(),
             generation: 0,
+            random_keys: false,
             max,
             live: 0,
         }
     }
 
-    /// Reserves a slot, returning its number (index << 8 | generation), starting at `first`.
+    /// A table whose numbers end in a random byte (MR keys).
+    pub(crate) const fn with_random_keys(max: u32) -> Self {
+        let mut t = Self::new(max);
+        t.random_keys = true;
+        t
+    }
+
+    /// Reserves a slot, returning its number (index << 8 | key byte), starting at `first`.
     pub(crate) fn reserve(&mut self, first: u32) -> Result<u32> {
         loop {
             if let Some(number) = self.try_reserve(first)? {
@@ -183,7 +196,7 @@ impl<T> Table<T> {
             .slots
             .iter()
             .skip(start)
-            .position(|s| matches!(s, Slot::Free))
+            .position(|s| matches!(s, Slot::Free(_)))
         {
             Some(i) => i + start,
             None => {
@@ -192,14 +205,28 @@ impl<T> Table<T> {
                 }
                 // Within the capacity just checked: no allocation.
                 while self.slots.len() < start {
-                    self.slots.push(Slot::Free, GFP_ATOMIC)?;
+                    self.slots.push(Slot::Free(0), GFP_ATOMIC)?;
                 }
-                self.slots.push(Slot::Free, GFP_ATOMIC)?;
+                self.slots.push(Slot::Free(0), GFP_ATOMIC)?;
                 self.slots.len() - 1
             }
         };
-        self.generation = self.generation.wrapping_add(1);
-        let number = ((index as u32) << 8) | u32::from(self.generation);
+        let last = match self.slots.get(index) {
+            Some(Slot::Free(b)) => *b,
+            _ => 0,
+        };
+        let byte = if self.random_keys {
+            let r = crate::sys::work::random_u64() as u8;
+            if r == last {
+                r.wrapping_add(1)
+            } else {
+                r
+            }
+        } else {
+            self.generation = self.generation.wrapping_add(1);
+            self.generation
+        };
+        let number = ((index as u32) << 8) | u32::from(byte);
         if let Some(slot) = self.slots.get_mut(index) {
             *slot = Slot::Reserved(number);
             self.live += 1;
@@ -240,13 +267,13 @@ impl<T> Table<T> {
         let slot = self.slots.get_mut((number >> 8) as usize)?;
         let ours = match slot {
             Slot::Reserved(n) | Slot::Live(n, _) => *n == number,
-            Slot::Free => false,
+            Slot::Free(_) => false,
         };
         if !ours {
             return None;
         }
         self.live -= 1;
-        match core::mem::replace(slot, Slot::Free) {
+        match core::mem::replace(slot, Slot::Free(number as u8)) {
             Slot::Live(_, obj) => Some(obj),
             _ => None,
         }
@@ -382,7 +409,6 @@ pub(crate) struct Cq {
     #[pin]
     ring: SpinLockIrq<CqRing>,
     armed: AtomicU8,
-    overflows: AtomicU32,
     notifier: CqNotifier,
 }
 
@@ -391,7 +417,6 @@ impl Cq {
         pin_init!(Cq {
             ring <- new_spinlock_irq!(ring, "metaroce_cq"),
             armed: AtomicU8::new(ARM_NONE),
-            overflows: AtomicU32::new(0),
             notifier,
         })
     }
@@ -414,7 +439,11 @@ impl Cq {
 
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one) raises an event.
     pub(crate) fn arm(&self, solicited_only: bool) {
-        let want = if solicited_only { ARM_SOLICITED } else { ARM_NEXT };
+        let want = if solicited_only {
+            ARM_SOLICITED
+        } else {
+            ARM_NEXT
+        };
         // Arming for "next" overrides "solicited"; never downgrade.
         self.armed.fetch_max(want, Ordering::SeqCst);
         // Pairs with the fence in `complete_wc`: a completion added while we arm either sees
@@ -441,7 +470,6 @@ impl Cq {
             CqRing::Kernel(q) => q.push(wc).is_ok(),
         };
         if !pushed {
-            self.overflows.fetch_add(1, Ordering::Relaxed);
             self.notifier.overflow();
             return;
         }
@@ -723,6 +751,21 @@ pub(crate) struct Qp {
     /// Taken by the data path in softirq too: nothing sleeps or allocates under it.
     #[pin]
     pub(crate) inner: SpinLockBh<QpInner>,
+    /// Held across a whole `modify_qp` (check, attach, commit): uverbs lets two run at once
+    /// on one QP, and each must see the state the other left.
+    #[pin]
+    pub(crate) modify: Mutex<()>,
+}
+
+/// What a `modify_qp` asks, checked against the QP but not applied ([`Qp::prepare`]): the
+/// attributes and state the QP will have once [`Qp::commit`] takes it. Whatever may still fail
+/// (attaching to the connection) uses these before the QP changes, so a failed call leaves the
+/// QP as it was.
+#[derive(Clone, Copy)]
+pub(crate) struct QpChange {
+    pub(crate) attrs: QpAttrs,
+    pub(crate) state: QpState,
+    access: Option<u32>,
 }
 
 /// The capacities a QP was created with (after rounding up).
@@ -751,7 +794,7 @@ impl Caps {
 
 /// The lkey of the one SGE that stands for an inline payload: its address is the QP number
 /// (high 32 bits) and the payload's offset in that QP's [`InlineStore`]. No MR has it (MR keys
-/// are `index << 8 | generation` with fewer than 2^16 indices), and a WQE from userspace naming
+/// are `index << 8 | key byte` with fewer than 2^16 indices), and a WQE from userspace naming
 /// it is refused.
 pub(crate) const INLINE_LKEY: u32 = u32::MAX;
 const _: () = assert!((limits::MAX_MR as u64) << 8 < INLINE_LKEY as u64);
@@ -864,6 +907,7 @@ impl Qp {
                 },
                 "metaroce_qp"
             ),
+            modify <- new_mutex!((), "metaroce_qp_modify"),
         })
     }
 
@@ -896,24 +940,43 @@ impl Qp {
         })
     }
 
-    /// `modify_qp` after the core checked the transition (`ib_modify_qp_is_ok`).
-    pub(crate) fn modify(&self, attr: &bindings::ib_qp_attr, mask: u32) -> Result {
-        let mut inner = self.inner.lock();
-        if mask & bindings::ib_qp_attr_mask_IB_QP_AV != 0 && crate::sys::gid_bytes(&attr.ah_attr.grh.dgid) == [0; 16] {
+    /// Checks a `modify_qp` (after the transition check, `ib_modify_qp_is_ok`) and returns
+    /// what the QP becomes, changing nothing. The caller holds [`Qp::modify`].
+    pub(crate) fn prepare(&self, attr: &bindings::ib_qp_attr, mask: u32) -> Result<QpChange> {
+        let inner = self.inner.lock();
+        if mask & bindings::ib_qp_attr_mask_IB_QP_AV != 0
+            && crate::sys::gid_bytes(&attr.ah_attr.grh.dgid) == [0; 16]
+        {
             return Err(EINVAL);
         }
-        inner.attrs.apply(attr, mask);
-        if mask & bindings::ib_qp_attr_mask_IB_QP_ACCESS_FLAGS != 0 {
-            self.access.store(attr.qp_access_flags as u32, Ordering::Release);
+        let mut attrs = inner.attrs;
+        attrs.apply(attr, mask);
+        let state = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
+            QpState::from_ib(attr.qp_state).ok_or(EINVAL)?
+        } else {
+            inner.state
+        };
+        if state == QpState::Rtr && inner.state != QpState::Rtr && !attrs.ah_set {
+            return Err(EINVAL);
         }
-        if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
-            let next = QpState::from_ib(attr.qp_state).ok_or(EINVAL)?;
-            if next == QpState::Rtr && !inner.attrs.ah_set {
-                return Err(EINVAL);
-            }
-            inner.state = next;
+        let access = (mask & bindings::ib_qp_attr_mask_IB_QP_ACCESS_FLAGS != 0)
+            .then_some(attr.qp_access_flags as u32);
+        Ok(QpChange {
+            attrs,
+            state,
+            access,
+        })
+    }
+
+    /// Applies a prepared change; it cannot fail. The caller holds [`Qp::modify`], so the QP
+    /// is still as `prepare` found it.
+    pub(crate) fn commit(&self, c: &QpChange) {
+        let mut inner = self.inner.lock();
+        inner.attrs = c.attrs;
+        inner.state = c.state;
+        if let Some(a) = c.access {
+            self.access.store(a, Ordering::Release);
         }
-        Ok(())
     }
 
     pub(crate) fn state(&self) -> QpState {
@@ -1015,7 +1078,7 @@ pub(crate) struct Verbs {
 impl Verbs {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Verbs {
-            mrs <- new_spinlock_bh!(Table::new(limits::MAX_MR), "metaroce_mrs"),
+            mrs <- new_spinlock_bh!(Table::with_random_keys(limits::MAX_MR), "metaroce_mrs"),
             qps <- new_spinlock_bh!(Table::new(limits::MAX_QP), "metaroce_qps"),
             srqs <- new_mutex!(Table::new(limits::MAX_SRQ), "metaroce_srqs"),
             cqs: AtomicU32::new(0),
@@ -1026,16 +1089,26 @@ impl Verbs {
     /// `f` applied to QP `qpn`, under the table's lock (the data path does not take a
     /// reference: dropping the last one may sleep).
     pub(crate) fn with_qp<R>(&self, qpn: u32, f: impl FnOnce(&Qp) -> R) -> Option<R> {
-        self.qps.lock().with(qpn, |qp| (qp.qpn == qpn).then(|| f(qp))).flatten()
+        self.qps
+            .lock()
+            .with(qpn, |qp| (qp.qpn == qpn).then(|| f(qp)))
+            .flatten()
     }
 
     /// `f` applied to the MR that `key` names if it belongs to `pd` (or any PD when `pd` is
     /// None), under the table's lock: `dereg_mr` waits for the copies it makes (the last
     /// reference to an MR must not go in softirq: releasing its pages may sleep).
-    pub(crate) fn with_mr<R>(&self, key: u32, pd: Option<usize>, f: impl FnOnce(&Mr) -> R) -> Option<R> {
+    pub(crate) fn with_mr<R>(
+        &self,
+        key: u32,
+        pd: Option<usize>,
+        f: impl FnOnce(&Mr) -> R,
+    ) -> Option<R> {
         self.mrs
             .lock()
-            .with(key, |mr| (mr.key == key && pd.is_none_or(|pd| mr.pd == pd)).then(|| f(mr)))
+            .with(key, |mr| {
+                (mr.key == key && pd.is_none_or(|pd| mr.pd == pd)).then(|| f(mr))
+            })
             .flatten()
     }
 }

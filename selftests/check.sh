@@ -34,6 +34,8 @@ step cargo-test cargo test --workspace --locked
 grep -h '^test result:' "$LOG/cargo-test.log" | sed 's/^/# /'
 step cargo-clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 step cargo-fmt cargo fmt --all --check
+# The module's crate is not a Cargo package: rustfmt follows its mod lines from the root.
+step drivers-fmt rustfmt --edition 2021 --check drivers/metaroce_main.rs
 if [ -x transport/fuzz/run-quick.sh ]; then step fuzz-quick transport/fuzz/run-quick.sh; fi
 
 if [ "${1:-all}" != host ]; then

@@ -231,12 +231,27 @@ impl Engine {
             return;
         };
         // A lost datagram is the transport's to resend.
-        self.send_segments_on(plane, &IpAddr::V4(dst), b.src_port, b.ecn, data, b.seg, b.count);
+        self.send_segments_on(
+            plane,
+            &IpAddr::V4(dst),
+            b.src_port,
+            b.ecn,
+            data,
+            b.seg,
+            b.count,
+        );
     }
 
     /// Sends a datagram on `plane` to `dst`. Its socket counts what it sends and what fails
     /// (`tx_packets`, `tx_errors`); a plane that does not exist counts in `tx_errors` here.
-    pub(super) fn send_on(&self, plane: usize, dst: &IpAddr, src_port: u16, ecn: bool, data: &[u8]) {
+    pub(super) fn send_on(
+        &self,
+        plane: usize,
+        dst: &IpAddr,
+        src_port: u16,
+        ecn: bool,
+        data: &[u8],
+    ) {
         self.send_segments_on(plane, dst, src_port, ecn, data, data.len(), 1);
     }
 
@@ -379,7 +394,11 @@ impl Engine {
         pp.heard.store(true, Ordering::Relaxed);
         self.apply_planes(peer, conn);
         // We send on as many paths as both connections have.
-        let theirs = if h.paths == 0 { DEFAULT_PEER_PATHS } else { h.paths };
+        let theirs = if h.paths == 0 {
+            DEFAULT_PEER_PATHS
+        } else {
+            h.paths
+        };
         conn.set_send_paths(usize::from(theirs));
         if h.reply {
             self.send_hello(peer, conn.path_count(), false, now);
@@ -399,7 +418,12 @@ impl Engine {
     /// that is not Active or has packets unresolved (a page holds about 40 lines).
     /// Diagnostics, not an interface: the format may change.
     pub(crate) fn describe_peers(&self, w: &mut impl core::fmt::Write) {
-        let _ = write!(w, "rxq {} dgq {} threads", self.rx_queued(), self.dg_queued());
+        let _ = write!(
+            w,
+            "rxq {} dgq {} threads",
+            self.rx_queued(),
+            self.dg_queued()
+        );
         if let Some(t) = &*self.rx_thread.lock() {
             t.pending(|i, bits| {
                 let _ = write!(w, " {i}:{bits}");

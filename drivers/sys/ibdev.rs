@@ -7,12 +7,12 @@
 
 use super::{bindings, netdev::HeldNetDev, netdev::NetDev, ring, to_errno, verbs, DRIVER_ID};
 use crate::{datapath::Engine, device::Device, verbs::Verbs};
-use kernel::sync::Arc;
 use core::{
     mem::{offset_of, size_of, ManuallyDrop},
     ptr::{self, NonNull},
     sync::atomic::{AtomicPtr, Ordering},
 };
+use kernel::sync::Arc;
 use kernel::{ffi::c_char, ffi::c_int, prelude::*};
 
 /// The memory the RDMA core allocates for each device: its `ib_device` first (the core frees
@@ -170,8 +170,12 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     let mtu = crate::device::payload_mtu(ndev.mtu());
     let counters = state.counters_arc();
     let plane_counters = state.plane_counters();
-    let parts = Arc::pin_init(Verbs::new(), GFP_KERNEL)
-        .and_then(|verbs| Ok((verbs.clone(), Engine::new(verbs, mtu, ndev, counters, plane_counters)?)));
+    let parts = Arc::pin_init(Verbs::new(), GFP_KERNEL).and_then(|verbs| {
+        Ok((
+            verbs.clone(),
+            Engine::new(verbs, mtu, ndev, counters, plane_counters)?,
+        ))
+    });
     let (verbs, engine) = match parts {
         Ok((verbs, engine)) => (verbs, Some(engine)),
         Err(e) => {
@@ -378,7 +382,11 @@ unsafe extern "C" fn alloc_ucontext(
     let err = unsafe {
         bindings::metaroce_glue_copy_to_udata(udata, ptr::addr_of_mut!(resp).cast(), len)
     };
-    to_errno(if err == 0 { Ok(()) } else { Err(Error::from_errno(err)) })
+    to_errno(if err == 0 {
+        Ok(())
+    } else {
+        Err(Error::from_errno(err))
+    })
 }
 
 /// # Safety
@@ -396,6 +404,9 @@ unsafe extern "C" fn alloc_pd(_pd: *mut bindings::ib_pd, _udata: *mut bindings::
 /// # Safety
 ///
 /// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
-unsafe extern "C" fn dealloc_pd(_pd: *mut bindings::ib_pd, _udata: *mut bindings::ib_udata) -> c_int {
+unsafe extern "C" fn dealloc_pd(
+    _pd: *mut bindings::ib_pd,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
     0
 }

@@ -377,7 +377,11 @@ pub(super) unsafe extern "C" fn post_recv(
         // SAFETY: a live work request of the chain, on one of our kernel QPs.
         let (sgl, wr_id, next) = unsafe {
             let w = &*wr;
-            (kernel_sgl(w.sg_list, w.num_sge), w.__bindgen_anon_1.wr_id, w.next)
+            (
+                kernel_sgl(w.sg_list, w.num_sge),
+                w.__bindgen_anon_1.wr_id,
+                w.next,
+            )
         };
         let result = sgl
             .ok_or(PostError::Invalid)

@@ -21,14 +21,14 @@ pub(crate) mod netdev;
 mod planes;
 mod registration;
 pub(crate) mod ring;
-pub(crate) mod umem;
-mod verbs;
 mod stats;
 pub(crate) mod udp;
+pub(crate) mod umem;
+mod verbs;
 pub(crate) mod work;
 
-pub(crate) use registration::Registration;
 pub(crate) use kverbs::KernelBuf;
+pub(crate) use registration::Registration;
 pub(crate) use verbs::CqNotifier;
 
 /// A C object the kernel reaches through a pointer we hand it (the link ops, the netdev
@@ -64,7 +64,8 @@ pub(crate) fn gid_bytes(gid: &bindings::ib_gid) -> [u8; 16] {
 }
 
 /// A heap allocation of `T` with every byte zero (vmalloc-backed for large `T`).
-pub(crate) fn zeroed_box<T: pin_init::Zeroable>() -> kernel::error::Result<kernel::alloc::KVBox<T>> {
+pub(crate) fn zeroed_box<T: pin_init::Zeroable>() -> kernel::error::Result<kernel::alloc::KVBox<T>>
+{
     use kernel::init::InPlaceInit;
     kernel::alloc::KVBox::init(pin_init::init_zeroed(), kernel::alloc::flags::GFP_KERNEL)
 }
@@ -86,12 +87,22 @@ impl<T: pin_init::Zeroable> ZeroedSlice<T> {
     pub(crate) fn new(len: usize) -> kernel::error::Result<Self> {
         use kernel::alloc::Allocator;
         if len == 0 || size_of::<T>() == 0 {
-            return Ok(ZeroedSlice { ptr: core::ptr::null_mut(), len: 0 });
+            return Ok(ZeroedSlice {
+                ptr: core::ptr::null_mut(),
+                len: 0,
+            });
         }
         let layout = Self::layout(len)?;
         let flags = kernel::alloc::flags::GFP_KERNEL | kernel::alloc::flags::__GFP_ZERO;
-        let mem = kernel::alloc::allocator::KVmalloc::alloc(layout, flags, kernel::alloc::NumaNode::NO_NODE)?;
-        Ok(ZeroedSlice { ptr: mem.cast::<T>().as_ptr(), len })
+        let mem = kernel::alloc::allocator::KVmalloc::alloc(
+            layout,
+            flags,
+            kernel::alloc::NumaNode::NO_NODE,
+        )?;
+        Ok(ZeroedSlice {
+            ptr: mem.cast::<T>().as_ptr(),
+            len,
+        })
     }
 }
 

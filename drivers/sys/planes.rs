@@ -35,14 +35,18 @@ static PEERS_ATTR: KernelStatic<bindings::device_attribute> =
 static PATHS_ATTR: KernelStatic<bindings::device_attribute> =
     // SAFETY: as for `PLANES_ATTR`.
     KernelStatic::new(unsafe { core::mem::zeroed() });
-static ATTRS: KernelStatic<[*mut bindings::attribute; 4]> = KernelStatic::new([ptr::null_mut(); 4]);
+static MAX_PEERS_ATTR: KernelStatic<bindings::device_attribute> =
+    // SAFETY: as for `PLANES_ATTR`.
+    KernelStatic::new(unsafe { core::mem::zeroed() });
+static ATTRS: KernelStatic<[*mut bindings::attribute; 5]> = KernelStatic::new([ptr::null_mut(); 5]);
 static GROUP: KernelStatic<bindings::attribute_group> =
     // SAFETY: as for `PLANES_ATTR`.
     KernelStatic::new(unsafe { core::mem::zeroed() });
 
 /// The device's attribute group (`ib_device_ops.device_group`): the `planes` file, the
-/// `paths` file (paths per connection) and the read-only `peers` file (the data path's
-/// connections, for operators and tests).
+/// `paths` file (paths per connection), the `max_peers` file (peer devices a device keeps a
+/// connection to at most) and the read-only `peers` file (the data path's connections, for
+/// operators and tests).
 pub(super) fn attribute_group() -> *const bindings::attribute_group {
     GROUP.get()
 }
@@ -68,10 +72,16 @@ pub(super) fn init() {
         paths.attr.mode = 0o644;
         paths.__bindgen_anon_1.show = Some(paths_show);
         paths.__bindgen_anon_2.store = Some(paths_store);
+        let max_peers = &mut *MAX_PEERS_ATTR.get();
+        max_peers.attr.name = c"max_peers".as_char_ptr();
+        max_peers.attr.mode = 0o644;
+        max_peers.__bindgen_anon_1.show = Some(max_peers_show);
+        max_peers.__bindgen_anon_2.store = Some(max_peers_store);
         let attrs = &mut *ATTRS.get();
         attrs[0] = ptr::addr_of_mut!(attr.attr);
         attrs[1] = ptr::addr_of_mut!(peers.attr);
         attrs[2] = ptr::addr_of_mut!(paths.attr);
+        attrs[3] = ptr::addr_of_mut!(max_peers.attr);
         let group = &mut *GROUP.get();
         group.__bindgen_anon_2.attrs = attrs.as_mut_ptr();
     }
@@ -267,6 +277,47 @@ unsafe extern "C" fn paths_store(
             // SAFETY: the device is live while sysfs calls us.
             let engine = ibdev::engine_of(ibdev).ok_or(ENODEV)?;
             engine.set_paths(n)
+        })
+    }
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `max_peers` attribute of one of our devices, with a buffer
+/// of `PAGE_SIZE` bytes.
+unsafe extern "C" fn max_peers_show(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *mut c_char,
+) -> isize {
+    // SAFETY: per the contract.
+    unsafe {
+        show_engine(dev, buf, |engine, w| {
+            let _ = writeln!(w, "{}", engine.max_peers());
+        })
+    }
+}
+
+/// # Safety
+///
+/// Called only by sysfs, for the `max_peers` attribute of one of our devices, with `count`
+/// bytes of input at `buf`.
+unsafe extern "C" fn max_peers_store(
+    dev: *mut bindings::device,
+    _attr: *mut bindings::device_attribute,
+    buf: *const c_char,
+    count: usize,
+) -> isize {
+    // SAFETY: per the contract.
+    unsafe {
+        store(dev, buf, count, |ibdev, input| {
+            let n = core::str::from_utf8(input.trim_ascii())
+                .ok()
+                .and_then(|t| t.parse::<u32>().ok())
+                .ok_or(EINVAL)?;
+            // SAFETY: the device is live while sysfs calls us.
+            let engine = ibdev::engine_of(ibdev).ok_or(ENODEV)?;
+            engine.set_max_peers(n)
         })
     }
 }

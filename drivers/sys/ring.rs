@@ -7,8 +7,11 @@
 //! entry, and the RDMA core calls `mmap_free` (which frees both) once the last user mapping
 //! is gone, so neither side ever sees freed memory.
 //!
-//! Userspace can write anything into the ring at any time. The kernel reads each index once,
-//! bounds it against the ring size, and copies each entry out whole before looking at it.
+//! Userspace can write anything into the ring at any time. The index the kernel owns (the
+//! consumer's of an SQ, RQ or SRQ, the producer's of a CQ) lives in kernel memory and is only
+//! published to the shared header, never read back; the index userspace owns is read once per
+//! use and bounded against the ring size, and each entry is copied out whole before it is
+//! looked at.
 
 use super::bindings;
 use core::{
@@ -36,6 +39,9 @@ pub(crate) struct UserRing<T> {
     entry: NonNull<MmapEntry>,
     num_entries: u32,
     length: usize,
+    /// The kernel's index (a ring is used from one side only: consumer or producer); the
+    /// header's copy is written from it, never read.
+    own: AtomicU32,
     _entries: core::marker::PhantomData<T>,
 }
 
@@ -73,7 +79,10 @@ impl<T: Copy> UserRing<T> {
     ///
     /// `uctx` must be a live user context of one of our devices.
     pub(super) unsafe fn new(uctx: *mut bindings::ib_ucontext, min_entries: u32) -> Result<Self> {
-        let num_entries = min_entries.max(1).checked_next_power_of_two().ok_or(EINVAL)?;
+        let num_entries = min_entries
+            .max(1)
+            .checked_next_power_of_two()
+            .ok_or(EINVAL)?;
         let bytes = (num_entries as usize)
             .checked_mul(size_of::<T>())
             .and_then(|b| b.checked_add(HDR))
@@ -100,7 +109,11 @@ impl<T: Copy> UserRing<T> {
         // SAFETY: `uctx` is live; on success the core owns a reference to the entry until it
         // calls `mmap_free`.
         let err = unsafe {
-            bindings::rdma_user_mmap_entry_insert(uctx, ptr::addr_of_mut!((*entry.as_ptr()).rdma), length)
+            bindings::rdma_user_mmap_entry_insert(
+                uctx,
+                ptr::addr_of_mut!((*entry.as_ptr()).rdma),
+                length,
+            )
         };
         if err != 0 {
             // SAFETY: the insert failed, so the entry and memory are still only ours.
@@ -115,13 +128,15 @@ impl<T: Copy> UserRing<T> {
             entry,
             num_entries,
             length,
+            own: AtomicU32::new(0),
             _entries: core::marker::PhantomData,
         })
     }
 
     pub(crate) fn info(&self) -> RingInfo {
         // SAFETY: the entry is inserted and alive while we are.
-        let offset = unsafe { bindings::metaroce_glue_mmap_get_offset(&(*self.entry.as_ptr()).rdma) };
+        let offset =
+            unsafe { bindings::metaroce_glue_mmap_get_offset(&(*self.entry.as_ptr()).rdma) };
         RingInfo {
             offset,
             length: self.length as u64,
@@ -143,13 +158,18 @@ impl<T: Copy> UserRing<T> {
     fn slot(&self, index: u32) -> *mut T {
         let slot = (index & (self.num_entries - 1)) as usize;
         // SAFETY: `slot < num_entries`, and the memory holds HDR + num_entries entries.
-        unsafe { self.memory.as_ptr().add(HDR + slot * size_of::<T>()).cast::<T>() }
+        unsafe {
+            self.memory
+                .as_ptr()
+                .add(HDR + slot * size_of::<T>())
+                .cast::<T>()
+        }
     }
 
     /// Consumer side (SQ/RQ/SRQ): the next entry userspace has posted, copied out, or None.
     /// Err(EOVERFLOW) if userspace's producer index claims more than the ring holds.
     pub(crate) fn peek(&self) -> Result<Option<T>> {
-        let consumer = self.index(CONSUMER).load(Ordering::Relaxed);
+        let consumer = self.own.load(Ordering::Relaxed);
         let producer = self.index(PRODUCER).load(Ordering::Acquire);
         let avail = producer.wrapping_sub(consumer);
         if avail == 0 {
@@ -165,20 +185,23 @@ impl<T: Copy> UserRing<T> {
 
     /// Consumer side: the entry returned by `peek` is done with.
     pub(crate) fn pop(&self) {
-        let c = self.index(CONSUMER).load(Ordering::Relaxed);
-        self.index(CONSUMER).store(c.wrapping_add(1), Ordering::Release);
+        let c = self.own.load(Ordering::Relaxed).wrapping_add(1);
+        self.own.store(c, Ordering::Relaxed);
+        self.index(CONSUMER).store(c, Ordering::Release);
     }
 
     /// Producer side (CQ): appends `entry`, or Err(ENOSPC) if userspace has not made room.
     pub(crate) fn push(&self, entry: &T) -> Result {
-        let producer = self.index(PRODUCER).load(Ordering::Relaxed);
+        let producer = self.own.load(Ordering::Relaxed);
         let consumer = self.index(CONSUMER).load(Ordering::Acquire);
         if producer.wrapping_sub(consumer) >= self.num_entries {
             return Err(ENOSPC);
         }
         // SAFETY: a valid slot that userspace has consumed.
         unsafe { self.slot(producer).write_volatile(*entry) };
-        self.index(PRODUCER).store(producer.wrapping_add(1), Ordering::Release);
+        let p = producer.wrapping_add(1);
+        self.own.store(p, Ordering::Relaxed);
+        self.index(PRODUCER).store(p, Ordering::Release);
         Ok(())
     }
 }
@@ -187,7 +210,9 @@ impl<T> Drop for UserRing<T> {
     fn drop(&mut self) {
         // SAFETY: inserted in `new`; after this the core frees the entry and the memory
         // through `mmap_free` once no mapping is left.
-        unsafe { bindings::rdma_user_mmap_entry_remove(ptr::addr_of_mut!((*self.entry.as_ptr()).rdma)) }
+        unsafe {
+            bindings::rdma_user_mmap_entry_remove(ptr::addr_of_mut!((*self.entry.as_ptr()).rdma))
+        }
     }
 }
 

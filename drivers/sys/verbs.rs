@@ -13,8 +13,7 @@ use super::{
     umem::UserMemory,
 };
 use crate::verbs::{
-    limits, Caps, Cq, CqRing, Fifo, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq,
-    Verbs,
+    limits, Caps, Cq, CqRing, Fifo, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq, Verbs,
 };
 use core::{
     mem::{offset_of, size_of},
@@ -114,11 +113,17 @@ unsafe fn ucontext_of(udata: *mut bindings::ib_udata) -> Result<*mut bindings::i
         return Err(EOPNOTSUPP);
     }
     let offset = offset_of!(bindings::uverbs_attr_bundle, __bindgen_anon_1)
-        + offset_of!(bindings::uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1, driver_udata);
+        + offset_of!(
+            bindings::uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1,
+            driver_udata
+        );
     // SAFETY: per the contract `udata` sits `offset` bytes into a bundle
     // (`rdma_udata_to_drv_context` does the same `container_of`).
     let ctx = unsafe {
-        let bundle = udata.cast::<u8>().sub(offset).cast::<bindings::uverbs_attr_bundle>();
+        let bundle = udata
+            .cast::<u8>()
+            .sub(offset)
+            .cast::<bindings::uverbs_attr_bundle>();
         (*bundle).__bindgen_anon_1.__bindgen_anon_1.context
     };
     if ctx.is_null() {
@@ -137,7 +142,8 @@ unsafe fn respond<T>(udata: *mut bindings::ib_udata, resp: &mut T) -> Result {
     let outlen = unsafe { (*udata).outlen };
     let len = size_of::<T>().min(outlen);
     // SAFETY: `resp` is `len` or more readable bytes; the helper checks the user buffer.
-    let err = unsafe { bindings::metaroce_glue_copy_to_udata(udata, ptr::from_mut(resp).cast(), len) };
+    let err =
+        unsafe { bindings::metaroce_glue_copy_to_udata(udata, ptr::from_mut(resp).cast(), len) };
     if err == 0 {
         Ok(())
     } else {
@@ -179,7 +185,10 @@ unsafe fn create_cq_inner(
         // A kernel consumer's CQ (the MAD layer's): completions wait in kernel memory for
         // `poll_cq`.
         let notifier = CqNotifier(NonNull::new(ibcq).ok_or(EINVAL)?);
-        let cq = Arc::pin_init(Cq::new(CqRing::Kernel(Fifo::new(attr.cqe)?), notifier), GFP_KERNEL)?;
+        let cq = Arc::pin_init(
+            Cq::new(CqRing::Kernel(Fifo::new(attr.cqe)?), notifier),
+            GFP_KERNEL,
+        )?;
         let entries = cq.capacity();
         // SAFETY: per the contract.
         unsafe { install_cq(ibcq, verbs, cq, entries) };
@@ -222,7 +231,9 @@ unsafe fn install_cq(ibcq: *mut bindings::ib_cq, verbs: &Verbs, cq: Arc<Cq>, ent
         (*ibcq).cqe = entries as c_int;
         ptr::addr_of_mut!((*ibcq.cast::<MetaCq>()).cq).write(Some(cq));
     }
-    verbs.cqs.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    verbs
+        .cqs
+        .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
 }
 
 /// # Safety
@@ -236,7 +247,9 @@ pub(super) unsafe extern "C" fn destroy_cq(
     unsafe {
         let verbs = verbs_of((*ibcq).device);
         if (*ibcq.cast::<MetaCq>()).cq.take().is_some() {
-            verbs.cqs.fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
+            verbs
+                .cqs
+                .fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
         }
     }
     0
@@ -320,7 +333,8 @@ unsafe fn create_srq_inner(
             return Err(e);
         }
     };
-    srq.limit.store(init.attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
+    srq.limit
+        .store(init.attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
     let mut resp = bindings::metaroce_create_srq_resp {
         ring: srq.ring_info().into(),
         srq_num: srqn,
@@ -361,7 +375,8 @@ pub(super) unsafe extern "C" fn modify_srq(
         if attr.srq_limit > srq.capacity() {
             return EINVAL.to_errno();
         }
-        srq.limit.store(attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
+        srq.limit
+            .store(attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
     }
     0
 }
@@ -669,6 +684,8 @@ pub(super) unsafe extern "C" fn modify_qp(
         Ok(dv) => dv,
         Err(e) => return e.to_errno(),
     };
+    // One modify at a time per QP: the check, the attach and the commit see one state.
+    let _serial = qp.modify.lock();
     // No attribute (the direct verbs' call): no transition, in any state (the core's table
     // has no RTR-to-RTR entry).
     if mask != 0 && !transition_ok(qp.state(), attr, mask, qp_type) {
@@ -686,29 +703,29 @@ pub(super) unsafe extern "C" fn modify_qp(
     {
         return EINVAL.to_errno();
     }
+    // Validate and attach with the new attributes first, then commit: a call that fails
+    // (an IPv6 destination, no memory for the connection) leaves the QP as it was.
     let prev = qp.state();
-    let result = qp.modify(attr, mask).and_then(|()| {
-        // SAFETY: the QP's device is live while the core calls us for it.
-        let engine = unsafe { engine_of((*ibqp).device) };
-        match (prev, qp.state(), engine) {
-            (QpState::Init, QpState::Rtr, Some(engine)) => engine.attach(qp),
-            (QpState::Rtr, QpState::Rts, Some(engine)) => engine.start_sending(qp),
-            (_, QpState::Err, Some(engine)) => {
-                engine.fail(qp);
-                Ok(())
-            }
-            (_, QpState::Err, None) => {
-                qp.flush();
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    });
-    if result.is_err() {
-        return to_errno(result);
-    }
     // SAFETY: the QP's device is live while the core calls us for it.
     let engine = unsafe { engine_of((*ibqp).device) };
+    let change = match qp.prepare(attr, mask) {
+        Ok(c) => c,
+        Err(e) => return e.to_errno(),
+    };
+    let ready = match (prev, change.state, engine) {
+        (QpState::Init, QpState::Rtr, Some(engine)) => engine.attach(qp, &change.attrs),
+        (QpState::Rtr, QpState::Rts, Some(engine)) => engine.start_sending(qp, &change.attrs),
+        _ => Ok(()),
+    };
+    if ready.is_err() {
+        return to_errno(ready);
+    }
+    qp.commit(&change);
+    match (change.state, engine) {
+        (QpState::Err, Some(engine)) => engine.fail(qp),
+        (QpState::Err, None) => qp.flush(),
+        _ => {}
+    }
     if let (Some(planes), Some(engine)) = (dv.planes, engine) {
         engine.set_qp_planes(qp, planes);
     } else if let Some(planes) = dv.planes {
@@ -746,14 +763,20 @@ unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvCommand> {
     // SAFETY: `cmd` is `size` writable bytes; the helper checks the user buffer and copies
     // at most what the caller gave (a shorter command leaves the rest zero).
     let err = unsafe {
-        bindings::metaroce_glue_copy_from_udata(ptr::from_mut(&mut cmd).cast(), udata, size.min(inlen))
+        bindings::metaroce_glue_copy_from_udata(
+            ptr::from_mut(&mut cmd).cast(),
+            udata,
+            size.min(inlen),
+        )
     };
     if err != 0 {
         return Err(Error::from_errno(err));
     }
     // A newer provider's longer command: what we do not know must be zero.
     // SAFETY: per the contract.
-    if inlen > size && !unsafe { bindings::metaroce_glue_is_udata_cleared(udata, size, inlen - size) } {
+    if inlen > size
+        && !unsafe { bindings::metaroce_glue_is_udata_cleared(udata, size, inlen - size) }
+    {
         return Err(EOPNOTSUPP);
     }
     let known = bindings::metaroce_modify_qp_comp_mask_METAROCE_MODIFY_QP_PLANES;
@@ -775,7 +798,11 @@ unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvCommand> {
 /// # Safety
 ///
 /// `udata` must be null or the live udata of the current uverbs call.
-unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Arc<crate::datapath::Engine>>) -> Result {
+unsafe fn dv_respond(
+    udata: *mut bindings::ib_udata,
+    qp: &Qp,
+    engine: Option<&Arc<crate::datapath::Engine>>,
+) -> Result {
     if udata.is_null() {
         return Ok(());
     }
@@ -814,7 +841,9 @@ unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Ar
             };
             // Within the capacity reserved above: no allocation under the peer's lock.
             // SAFETY: `metaroce_path_info` has explicit padding fields only.
-            nomem = out.extend_from_slice(unsafe { c_bytes(&e) }, GFP_ATOMIC).is_err();
+            nomem = out
+                .extend_from_slice(unsafe { c_bytes(&e) }, GFP_ATOMIC)
+                .is_err();
             entries += 1;
         })
     });
@@ -839,7 +868,8 @@ unsafe fn dv_respond(udata: *mut bindings::ib_udata, qp: &Qp, engine: Option<&Ar
     }
     // SAFETY: `out` is at most `outlen` readable bytes (the fixed part and at most `room`
     // entries); the helper checks the user buffer.
-    let err = unsafe { bindings::metaroce_glue_copy_to_udata(udata, out.as_mut_ptr().cast(), out.len()) };
+    let err =
+        unsafe { bindings::metaroce_glue_copy_to_udata(udata, out.as_mut_ptr().cast(), out.len()) };
     if err != 0 {
         return Err(Error::from_errno(err));
     }

@@ -16,7 +16,6 @@ use kernel::{
     types::Opaque,
 };
 
-
 /// Monotonic time in nanoseconds.
 pub(crate) fn now_ns() -> u64 {
     // SAFETY: reads the clock.

@@ -8,7 +8,7 @@ import sys
 import traceback
 
 import pyverbs.enums as e
-from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.addr import GID, AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.mr import MR
@@ -94,6 +94,121 @@ def walk_states():
     assert qattr.sq_psn == 0x1234 and qattr.timeout == 14 and qattr.retry_cnt == 7
 
 
+def mr_keys_unpredictable():
+    # rkeys go on the wire: one MR's must not give away the next one's. MR keys end in a
+    # random byte (a counter gave key byte + 1 every time), and a slot used again gets a key
+    # other than its last.
+    pd = state["pd"]
+    mrs = [MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE) for _ in range(16)]
+    keys = [m.rkey for m in mrs]
+    assert len(set(keys)) == 16, [hex(k) for k in keys]
+    steps = sum(1 for a, b in zip(keys, keys[1:]) if (b & 0xff) == ((a + 1) & 0xff))
+    assert steps < 4, f"{steps} of 15 keys are the previous key byte + 1: {[hex(k) for k in keys]}"
+    old = mrs[5].rkey
+    mrs[5].close()
+    again = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    assert again.rkey != old, hex(old)
+    again.close()
+    for m in mrs:
+        m.close()
+
+
+def rtr_attrs(gid, sgid_index, dest_qp):
+    gr = GlobalRoute(dgid=gid, sgid_index=sgid_index, hop_limit=64)
+    attr = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=e.IBV_MTU_1024)
+    attr.dest_qp_num = dest_qp
+    attr.rq_psn = 0
+    attr.max_dest_rd_atomic = 1
+    attr.min_rnr_timer = 12
+    attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=1)
+    return attr, (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+                  | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+
+
+def failed_modify_changes_nothing():
+    # The data path is IPv4 only: INIT -> RTR toward an IPv6 GID (index 0, link-local) fails,
+    # and the QP must still be in INIT with its old attributes (it used to be left in RTR with
+    # no connection, its WQEs hanging); then RTR toward the IPv4 GID works.
+    cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+    qp = QP(state["pd"], QPInitAttr(qp_type=e.IBV_QPT_RC, scq=state["cq"], rcq=state["cq"], cap=cap))
+    attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+    attr.pkey_index = 0
+    attr.port_num = 1
+    attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
+    qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+    attr, mask = rtr_attrs(ctx.query_gid(1, 0), 0, 0x4242)
+    try:
+        qp.modify(attr, mask)
+        raise AssertionError("RTR toward an IPv6 GID was accepted")
+    except AssertionError:
+        raise
+    except Exception:  # noqa: BLE001 - the refusal is what we want
+        pass
+    qattr, _ = qp.query(e.IBV_QP_STATE | e.IBV_QP_DEST_QPN)
+    assert qattr.qp_state == e.IBV_QPS_INIT, f"state {qattr.qp_state} after a failed modify"
+    assert qattr.dest_qp_num != 0x4242, "the failed modify's attributes were kept"
+    attr, mask = rtr_attrs(ctx.query_gid(1, 1), 1, qp.qp_num)
+    qp.modify(attr, mask)
+    qattr, _ = qp.query(e.IBV_QP_STATE)
+    assert qattr.qp_state == e.IBV_QPS_RTR, qattr.qp_state
+    qp.close()
+
+
+def hw_counter(name):
+    with open(f"/sys/class/infiniband/{DEV}/ports/1/hw_counters/{name}") as f:
+        return int(f.read())
+
+
+def peers_connected():
+    with open(f"/sys/class/infiniband/{DEV}/peers") as f:
+        return sum(1 for line in f if line.startswith("peer "))
+
+
+def peers_are_bounded():
+    # Any local user names any address in modify_qp, and each peer device costs a connection:
+    # past max_peers, RTR toward a new address fails (ENOSPC), the QP stays in INIT, and
+    # peers_refused counts it. 10.77.0.50 and .51 answer nobody: verbs.sh gives them static
+    # neighbour entries so that the core resolves their MACs.
+    path = f"/sys/class/infiniband/{DEV}/max_peers"
+    with open(path) as f:
+        old = int(f.read())
+    have = peers_connected()
+    refused = hw_counter("peers_refused")
+    cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+    qps = []
+    try:
+        with open(path, "w") as f:
+            f.write(str(have + 1))
+        for k, addr in enumerate(("10.77.0.50", "10.77.0.51")):
+            qp = QP(state["pd"], QPInitAttr(qp_type=e.IBV_QPT_RC, scq=state["cq"], rcq=state["cq"],
+                                            cap=cap))
+            qps.append(qp)
+            attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+            attr.pkey_index = 0
+            attr.port_num = 1
+            qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+            attr, mask = rtr_attrs(GID(f"::ffff:{addr}"), 1, 0x100 + k)
+            if k == 0:
+                qp.modify(attr, mask)
+                continue
+            try:
+                qp.modify(attr, mask)
+                raise AssertionError(f"RTR toward a peer beyond max_peers ({have + 1}) was accepted")
+            except AssertionError:
+                raise
+            except Exception as ex:  # noqa: BLE001
+                assert getattr(ex, "error_code", None) in (None, 28), ex  # ENOSPC
+            qattr, _ = qp.query(e.IBV_QP_STATE)
+            assert qattr.qp_state == e.IBV_QPS_INIT, qattr.qp_state
+        assert peers_connected() == have + 1, peers_connected()
+        assert hw_counter("peers_refused") == refused + 1, hw_counter("peers_refused")
+    finally:
+        with open(path, "w") as f:
+            f.write(str(old))
+        for qp in qps:
+            qp.close()
+
+
 def bad_transition_fails():
     # RTS -> INIT is not a legal transition.
     try:
@@ -153,6 +268,12 @@ check("create an RC QP (qpn >= 256)", create_qp)
 check("a QP beyond the device's max_qp_wr is refused", too_big_qp_fails)
 check("QP RESET -> INIT -> RTR -> RTS, query_qp reads the attributes back", walk_states)
 check("an illegal transition (RTS -> INIT) is refused", bad_transition_fails)
+check("MR keys end in a random byte: 16 in a row do not count up, a reused slot gets a new key",
+      mr_keys_unpredictable)
+check("a failed INIT -> RTR (IPv6 GID) leaves the QP in INIT with its old attributes",
+      failed_modify_changes_nothing)
+check("peer devices are bounded by max_peers: one more is refused (ENOSPC, counted), its QP stays in INIT",
+      peers_are_bounded)
 check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_error)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)
