@@ -226,6 +226,12 @@ counters! {
     /// `peers_refused`: QPs refused a connection (`modify_qp` to RTR failing with `ENOSPC`)
     /// because the device already had `max_peers` peer devices.
     PeersRefused => c"peers_refused",
+    /// `hello_unproven`: HELLOs that did not prove their sender (their `conn_id` was not our id
+    /// for that peer): they change nothing; they are answered, at most every 10 ms per peer.
+    HelloUnproven => c"hello_unproven",
+    /// `peer_restarts`: peers whose connection to us was made again (a proven HELLO with a new
+    /// connection id): our connection's paths restarted their sequence numbers.
+    PeerRestarts => c"peer_restarts",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default

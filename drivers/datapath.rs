@@ -38,8 +38,8 @@
 //!   ([`crate::sys::bhlock`]), so that softirq may take it too; nothing under one sleeps or
 //!   allocates (what a peer's state needs to grow is allocated before it is locked:
 //!   `Engine::lock_with_room`). Lock order: a peer's, then the QP table's, then a QP's, then
-//!   the MR table's (held across a copy to or from the MR: see `Verbs::with_mr`); the planes'
-//!   and the rate allocator's are taken under a peer's, and nothing under them.
+//!   the MR table's (held across a copy to or from the MR: see `Verbs::with_mr`); the planes',
+//!   the peer list's and the rate allocator's are taken under a peer's, and nothing under them.
 
 use crate::{
     counters::{Counter, Counters, COUNTED_PATHS, PATH_COUNTERS},
@@ -360,6 +360,9 @@ struct PeerInner {
     buf: KVec<u8>,
     /// What of the connection's counters the device counters already hold.
     reported: Reported,
+    /// Taken off the device's peer list with its last QP (`Engine::detach`): no QP may
+    /// attach to it any more (`Engine::attach` makes a new peer instead).
+    removed: bool,
 }
 
 /// A stream's QP and the data path's state for it.
@@ -646,7 +649,9 @@ impl Engine {
 
     /// A peer at `addr` with a connection of `paths()` paths and no streams. Process context.
     fn new_peer(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
-        let mut cfg = Config::new(0, 0);
+        // Our id for the peer: random and nonzero; the peer's is learned from its HELLO.
+        let local_id = (work::random_u64() as u32).max(1);
+        let mut cfg = Config::new(local_id, 0);
         cfg.mtu = self.mtu;
         cfg.num_paths = self.paths();
         cfg.seed = work::random_u64() | 1;
@@ -667,7 +672,7 @@ impl Engine {
         buf.extend_with(TX_BUF, 0u8, GFP_KERNEL)?;
         Arc::pin_init(
             pin_init!(Peer {
-                planes: planes::PeerPlanes::new(addr),
+                planes: planes::PeerPlanes::new(addr, local_id),
                 inner <- new_spinlock_bh!(PeerInner {
                     conn,
                     qps: KVVec::new(),
@@ -675,6 +680,7 @@ impl Engine {
                     feed: KVVec::new(),
                     buf,
                     reported: Reported::default(),
+                    removed: false,
                 }, "metaroce_peer"),
                 pending: AtomicU8::new(0),
                 takes_pending: AtomicBool::new(false),
@@ -759,8 +765,8 @@ impl Engine {
 
     /// Sets the paths of the connections made from now on: `MIN_PATHS..=MAX_PATHS`, else
     /// `EINVAL`. A connection is made when the first QP toward a peer device connects and
-    /// kept for the device's life (the peer's connection continues its sequence numbers), with
-    /// the paths it was made with: the setting applies to peers not connected yet.
+    /// kept until its last QP goes, with the paths it was made with: the setting applies to
+    /// connections made from now on.
     pub(crate) fn set_paths(&self, n: u32) -> Result {
         let n = u16::try_from(n).map_err(|_| EINVAL)?;
         if !(MIN_PATHS..=crate::device::MAX_PATHS as u16).contains(&n) {
@@ -814,40 +820,76 @@ impl Engine {
             };
             (dest, cfg)
         };
-        let peer = self.peer_or_new(dest)?;
-        // Room first (for the QP's slot, its place on the feed queue, its stream), so that
-        // nothing can fail once the stream is open.
-        let mut p = Self::lock_with_room(&peer)?;
+        loop {
+            let peer = self.peer_or_new(dest)?;
+            // Room first (for the QP's slot, its place on the feed queue, its stream), so that
+            // nothing can fail once the stream is open.
+            let mut p = Self::lock_with_room(&peer)?;
+            if p.removed {
+                // Its last QP went since we found it: the next lookup makes a new peer.
+                continue;
+            }
+            let stream = match Self::open_slot(&mut p, cfg) {
+                Ok(s) => s,
+                Err(e) => {
+                    // A peer made for this QP alone goes with the failure.
+                    let unused = self.unlist_if_unused(&peer, &mut p);
+                    drop(p);
+                    drop(unused);
+                    return Err(e);
+                }
+            };
+            if let Some(slot) = p.qps.get_mut(usize::from(stream.0)) {
+                *slot = QpSlot {
+                    qp: Some(qp.clone()),
+                    queued: false,
+                };
+            }
+            p.attached += 1;
+            {
+                let mut inner = qp.inner.lock();
+                // A new stream counts its WQEs from zero.
+                if let Some(store) = inner.inline.as_mut() {
+                    store.clear();
+                }
+                inner.binding = Some(Binding {
+                    peer: peer.clone(),
+                    stream,
+                });
+            }
+            p.queue_feed(stream);
+            self.run(&peer, &mut p);
+            return Ok(());
+        }
+    }
+
+    /// Opens a stream for `cfg` on a peer locked with room (`lock_with_room`), with its QP
+    /// slot.
+    fn open_slot(p: &mut PeerInner, cfg: StreamConfig) -> Result<StreamId> {
         let stream = p.conn.open_stream(cfg).map_err(|_| ENOSPC)?;
         let i = usize::from(stream.0);
         while p.qps.len() <= i {
-            // Within the room reserved above: cannot fail, and does not allocate.
+            // Within the room reserved: cannot fail, and does not allocate.
             if p.qps.push(QpSlot::default(), GFP_ATOMIC).is_err() {
                 p.conn.close_stream(stream);
                 return Err(ENOMEM);
             }
         }
-        if let Some(slot) = p.qps.get_mut(i) {
-            *slot = QpSlot {
-                qp: Some(qp.clone()),
-                queued: false,
-            };
+        Ok(stream)
+    }
+
+    /// A peer with no QP left is taken off the device's list (marked `removed`, so that no QP
+    /// attaches to it any more) and returned, to be dropped once unlocked: its connection
+    /// goes with its last reference. The peer finds it gone (its packets are dropped) and
+    /// learns of our next connection, with a new id, from its HELLO.
+    fn unlist_if_unused(&self, peer: &Arc<Peer>, p: &mut PeerInner) -> Option<Arc<Peer>> {
+        if p.attached != 0 || p.removed {
+            return None;
         }
-        p.attached += 1;
-        {
-            let mut inner = qp.inner.lock();
-            // A new stream counts its WQEs from zero.
-            if let Some(store) = inner.inline.as_mut() {
-                store.clear();
-            }
-            inner.binding = Some(Binding {
-                peer: peer.clone(),
-                stream,
-            });
-        }
-        p.queue_feed(stream);
-        self.run(&peer, &mut p);
-        Ok(())
+        p.removed = true;
+        let mut peers = self.peers.lock();
+        let i = peers.iter().position(|q| Arc::ptr_eq(q, peer))?;
+        Some(peers.remove(i).ok()?)
     }
 
     /// The QP moved to the error state: the transport flushes what it holds.
@@ -915,8 +957,8 @@ impl Engine {
     }
 
     /// The QP is being destroyed: close its stream; nothing completes for it afterwards.
-    /// When it was the connection's last, the stream storage is freed (the connection keeps
-    /// its paths, whose sequence numbers the peer's connection continues from).
+    /// When it was the connection's last, the peer goes, and its connection with it (a later
+    /// QP makes a new one, with a new id, and the peer's restarts its paths on learning it).
     pub(crate) fn detach(&self, qp: &Qp) {
         let binding = qp.inner.lock().binding.take();
         if let Some(b) = binding {
@@ -937,9 +979,12 @@ impl Engine {
                     core::mem::replace(&mut p.feed, KVVec::new()),
                 ));
             }
+            // The last QP takes the peer's connection with it.
+            let unused = self.unlist_if_unused(&b.peer, &mut p);
             drop(p);
             drop(storage);
             drop(gone);
+            drop(unused);
         }
     }
 

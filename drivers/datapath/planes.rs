@@ -11,6 +11,10 @@
 //! - HELLO goes out on plane 0 (or, while plane 0 is down, the first plane that can reach the
 //!   peer) when a connection is created, whenever the local plane set changes, and every 100 ms
 //!   until the peer's own HELLO arrives, as long as the peer has QPs.
+//! - HELLO carries the connection ids (`docs/wire-format.md`, HELLO): each end's, random, for
+//!   the other; only a HELLO that carries ours proves its sender and may change what we know
+//!   of the peer (its id, plane addresses, paths); the connection sends nothing until the
+//!   peer's id is known. Others are answered (rate-limited) and counted, and change nothing.
 //! - Lock order: a peer's lock, then the planes' lock. Nothing is taken under the latter.
 
 use super::{Conn, Engine, Peer, MAX_DATAGRAM};
@@ -20,7 +24,8 @@ use crate::{
     net::{IpAddr, RxHandler},
     sys::{netdev::NetDev, udp::PlaneSocket, udp::UDP_PORT},
     transport::wire::{
-        BaseHeader, Ext, Flags, HelloEntry, Opcode, Packet, PlaneAddr, DEFAULT_PEER_PATHS,
+        BaseHeader, Ext, Flags, HelloEntry, HelloHeader, Opcode, Packet, PlaneAddr,
+        DEFAULT_PEER_PATHS, HELLO_HEADER_LEN,
     },
 };
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -30,6 +35,8 @@ use kernel::{prelude::*, sync::Arc};
 pub(crate) const MAX_PLANES: usize = crate::device::MAX_PLANES as usize;
 /// HELLO is repeated this often until the peer's arrives.
 const HELLO_INTERVAL_NS: u64 = 100_000_000;
+/// An unproven HELLO is answered, and prompts our own, at most this often per peer.
+const HELLO_ANSWER_NS: u64 = 10_000_000;
 /// UDP source port of HELLO (any value would do: it is not on a path).
 const HELLO_SRC_PORT: u16 = UDP_PORT;
 
@@ -48,6 +55,12 @@ pub(crate) struct PeerPlanes {
     /// The peer's IPv4 address on each plane, in network byte order as a `u32`; 0: unknown.
     /// Plane 0's is the address the QPs named.
     addrs: [AtomicU32; MAX_PLANES],
+    /// Our connection id for the peer (what its packets carry): random, nonzero, fixed.
+    local_id: u32,
+    /// The peer's connection id for us, from its last proven HELLO; 0: not known yet.
+    remote_id: AtomicU32,
+    /// When we last answered an unproven HELLO (0: never).
+    answered_ns: AtomicU64,
     /// The peer's epoch, from its last HELLO (0 before).
     epoch: AtomicU32,
     /// The peer's HELLO arrived since ours last changed.
@@ -59,9 +72,12 @@ pub(crate) struct PeerPlanes {
 }
 
 impl PeerPlanes {
-    pub(super) fn new(plane0: [u8; 4]) -> Self {
+    pub(super) fn new(plane0: [u8; 4], local_id: u32) -> Self {
         let planes = PeerPlanes {
             addrs: [const { AtomicU32::new(0) }; MAX_PLANES],
+            local_id,
+            remote_id: AtomicU32::new(0),
+            answered_ns: AtomicU64::new(0),
             epoch: AtomicU32::new(0),
             heard: AtomicBool::new(false),
             hello_sent_ns: AtomicU64::new(0),
@@ -77,6 +93,12 @@ impl PeerPlanes {
         a != 0 && self.addrs.iter().any(|x| x.load(Ordering::Relaxed) == a)
     }
 
+    /// The peer's connection id for us, once a proven HELLO said it.
+    fn remote_id(&self) -> Option<u32> {
+        let id = self.remote_id.load(Ordering::Relaxed);
+        (id != 0).then_some(id)
+    }
+
     /// The peer's address on `plane`, if known.
     fn addr(&self, plane: usize) -> Option<[u8; 4]> {
         let a = self.addrs.get(plane)?.load(Ordering::Relaxed);
@@ -85,7 +107,7 @@ impl PeerPlanes {
 }
 
 /// A datagram of our own making (HELLO): base header, HELLO header, one entry per plane.
-const HELLO_MAX: usize = 32 + 8 + 20 * MAX_PLANES;
+const HELLO_MAX: usize = 32 + HELLO_HEADER_LEN + 20 * MAX_PLANES;
 const _: () = assert!(HELLO_MAX <= MAX_DATAGRAM);
 
 impl Engine {
@@ -202,7 +224,8 @@ impl Engine {
     }
 
     /// Spreads `conn` (the connection to `peer`) over the local planes and lets a plane carry
-    /// packets only while it exists here, its link is up and the peer's address on it is known.
+    /// packets only while it exists here, its link is up and the peer's address on it is known,
+    /// and none before the peer's connection id is (its packets would be dropped).
     pub(super) fn apply_planes(&self, peer: &Peer, conn: &mut Conn) {
         let mut up = [false; MAX_PLANES];
         let mut count = 1;
@@ -216,8 +239,9 @@ impl Engine {
             }
         }
         conn.set_planes(count as u8);
+        let known = peer.planes.remote_id().is_some();
         for (k, u) in up.iter().enumerate() {
-            conn.set_plane_up(k as u8, *u && peer.planes.addr(k).is_some());
+            conn.set_plane_up(k as u8, known && *u && peer.planes.addr(k).is_some());
         }
     }
 
@@ -277,8 +301,9 @@ impl Engine {
     }
 
     /// Sends our HELLO to `peer`, whose connection has `paths` paths: on plane 0, or while
-    /// that cannot reach the peer, on the first plane that can.
-    fn send_hello(&self, peer: &Peer, paths: usize, reply: bool, now: u64) {
+    /// that cannot reach the peer, on the first plane that can. `echo`: the base header's
+    /// `conn_id`, the peer's id as we know it or as the HELLO we answer gave it (0: none).
+    fn send_hello(&self, peer: &Peer, paths: usize, reply: bool, echo: u32, now: u64) {
         let planes = self.planes.lock();
         let mtu = u16::try_from(self.mtu).unwrap_or(u16::MAX);
         let mut entries = [HelloEntry {
@@ -306,8 +331,7 @@ impl Engine {
             flags: Flags::default(),
             dst_qp: 0,
             src_qp: 0,
-            // Every connection of this driver has id 0 at both ends (`Config::new(0, 0)`).
-            conn_id: 0,
+            conn_id: echo,
             path_id: 0,
             plane: 0,
             psn: 0,
@@ -315,14 +339,15 @@ impl Engine {
             timestamp: now as u32,
         };
         let mut buf = [0u8; HELLO_MAX];
-        let Ok(len) = Packet::emit_hello(
-            &mut buf,
-            base,
+        let hello = HelloHeader {
             reply,
-            self.epoch,
-            u16::try_from(paths).unwrap_or(u16::MAX),
-            entries.get(..n).unwrap_or(&[]),
-        ) else {
+            plane_count: 0,
+            paths: u16::try_from(paths).unwrap_or(u16::MAX),
+            epoch: self.epoch,
+            conn_id: peer.planes.local_id,
+        };
+        let Ok(len) = Packet::emit_hello(&mut buf, base, hello, entries.get(..n).unwrap_or(&[]))
+        else {
             return;
         };
         let target = planes.iter().enumerate().find_map(|(k, lp)| match lp {
@@ -347,13 +372,35 @@ impl Engine {
         if last != 0 && now.saturating_sub(last) < HELLO_INTERVAL_NS {
             return Some(last + HELLO_INTERVAL_NS);
         }
-        self.send_hello(peer, paths, true, now);
+        self.send_hello(peer, paths, true, pp.remote_id().unwrap_or(0), now);
         pp.hello_sent_ns.store(now.max(1), Ordering::Relaxed);
         Some(now + HELLO_INTERVAL_NS)
     }
 
-    /// A HELLO from `peer` (the connection `conn`) arrived: its planes are recorded and used;
-    /// answered if it asks.
+    /// Whether the stamp `at` (0: never) is at least `HELLO_ANSWER_NS` old; if so, it is set
+    /// to `now`.
+    fn answer_due(at: &AtomicU64, now: u64) -> bool {
+        let last = at.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < HELLO_ANSWER_NS {
+            return false;
+        }
+        at.store(now.max(1), Ordering::Relaxed);
+        true
+    }
+
+    /// Whether `addr` is an address of a peer device other than `peer`.
+    fn belongs_to_another(&self, peer: &Peer, addr: [u8; 4]) -> bool {
+        self.peers
+            .lock()
+            .iter()
+            .any(|q| !core::ptr::eq::<Peer>(&**q, peer) && q.planes.has(addr))
+    }
+
+    /// A HELLO from `peer`'s address (the connection `conn`) arrived. Proven (it carries our
+    /// id for the peer): the peer's id, planes and paths are recorded and used, and it is
+    /// answered if it asks. Not proven: nothing changes; it is answered with a HELLO that
+    /// proves us to its sender, and prompts our own when it names an id we do not know, both
+    /// at most every `HELLO_ANSWER_NS`.
     pub(super) fn on_hello(&self, peer: &Peer, conn: &mut Conn, data: &[u8], now: u64) {
         let Ok(view) = Packet::parse(data) else {
             self.counters.inc(Counter::RxMalformed);
@@ -362,16 +409,29 @@ impl Engine {
         let Ext::Hello(h) = view.header.ext else {
             return;
         };
+        let pp = &peer.planes;
+        if view.header.base.conn_id != pp.local_id {
+            self.counters.inc(Counter::HelloUnproven);
+            if h.reply && Self::answer_due(&pp.answered_ns, now) {
+                self.send_hello(peer, conn.path_count(), false, h.conn_id, now);
+            }
+            if pp.remote_id() != Some(h.conn_id) && Self::answer_due(&pp.hello_sent_ns, now) {
+                self.send_hello(peer, conn.path_count(), true, pp.remote_id().unwrap_or(0), now);
+            }
+            return;
+        }
         let mut addrs = [0u32; MAX_PLANES];
         let mut theirs_mtu = 0;
         for e in view.hello_entries() {
             theirs_mtu = theirs_mtu.max(e.mtu);
-            // IPv6 planes are not used by this data path yet.
+            // IPv6 planes are not used by this data path yet; an address of another peer
+            // device is not this one's to claim.
             if let (PlaneAddr::V4(a), Some(slot)) = (e.addr, addrs.get_mut(usize::from(e.plane))) {
-                *slot = u32::from_ne_bytes(a);
+                if !self.belongs_to_another(peer, a) {
+                    *slot = u32::from_ne_bytes(a);
+                }
             }
         }
-        let pp = &peer.planes;
         // Both ends derive the payload MTU from their links' (`device::payload_mtu`); with
         // different ones each rejects the other's full-size packets (not at its MTU's
         // offsets), and QPs fail with retries exceeded. Said, as it cannot be mended here.
@@ -391,6 +451,14 @@ impl Engine {
             slot.store(*a, Ordering::Relaxed);
         }
         pp.epoch.store(h.epoch, Ordering::Relaxed);
+        let old = pp.remote_id.swap(h.conn_id, Ordering::Relaxed);
+        conn.set_remote_conn_id(h.conn_id);
+        if old != 0 && old != h.conn_id {
+            // The peer's connection to us is a new one (its device was created again, or it
+            // freed its connection with its last QP): its PSN spaces start afresh, so ours do.
+            conn.restart_paths(now);
+            self.counters.inc(Counter::PeerRestarts);
+        }
         pp.heard.store(true, Ordering::Relaxed);
         self.apply_planes(peer, conn);
         // We send on as many paths as both connections have.
@@ -401,7 +469,7 @@ impl Engine {
         };
         conn.set_send_paths(usize::from(theirs));
         if h.reply {
-            self.send_hello(peer, conn.path_count(), false, now);
+            self.send_hello(peer, conn.path_count(), false, h.conn_id, now);
         }
     }
 
@@ -445,7 +513,7 @@ impl Engine {
                     spurious += path.stats.spurious;
                 }
             }
-            let _ = writeln!(
+            let _ = write!(
                 w,
                 "peer {a}.{b}.{c}.{d} qps {} paths {}/{} in {} out {} dropped_in {} retx {} \
                  timeouts {} reordered {reordered} spurious {spurious} acks {}/{} cwnd {} \
@@ -465,6 +533,15 @@ impl Engine {
                 cc.grant().rate_mbps,
                 conn.grant_out().rate_mbps,
             );
+            // Whether the peer proved itself (its connection id known; the ids themselves are
+            // not shown: the file is world-readable) and its addresses on its planes.
+            let _ = write!(w, " proven {}", u8::from(peer.planes.remote_id().is_some()));
+            for k in 0..MAX_PLANES {
+                if let Some([a, b, c, d]) = peer.planes.addr(k) {
+                    let _ = write!(w, " plane{k} {a}.{b}.{c}.{d}");
+                }
+            }
+            let _ = writeln!(w);
             for i in 0..conn.path_count() {
                 let Some(path) = conn.path(i) else { continue };
                 if path.state == crate::transport::connection::path::PathState::Active

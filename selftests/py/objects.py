@@ -202,6 +202,11 @@ def peers_are_bounded():
             assert qattr.qp_state == e.IBV_QPS_INIT, qattr.qp_state
         assert peers_connected() == have + 1, peers_connected()
         assert hw_counter("peers_refused") == refused + 1, hw_counter("peers_refused")
+        for qp in qps:
+            qp.close()
+        qps = []
+        # The peer went with its last QP (the refused one never made one).
+        assert peers_connected() == have, f"{peers_connected()} peers, wanted {have}"
     finally:
         with open(path, "w") as f:
             f.write(str(old))
@@ -272,8 +277,8 @@ check("MR keys end in a random byte: 16 in a row do not count up, a reused slot 
       mr_keys_unpredictable)
 check("a failed INIT -> RTR (IPv6 GID) leaves the QP in INIT with its old attributes",
       failed_modify_changes_nothing)
-check("peer devices are bounded by max_peers: one more is refused (ENOSPC, counted), its QP stays in INIT",
-      peers_are_bounded)
+check("peer devices are bounded by max_peers: one more is refused (ENOSPC, counted), its QP stays "
+      "in INIT; a peer goes with its last QP", peers_are_bounded)
 check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_error)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)

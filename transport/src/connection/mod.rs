@@ -318,9 +318,8 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     /// (`Config::path_burst`).
     burst_path: usize,
     burst_left: u8,
-    /// The last pick of `pick_path` (its planes mask, path and the weights' total; each
-    /// path's weight in `Path::pick_weight`), which `commit_path` charges.
-    last_pick: Option<(u32, usize, i32)>,
+    /// The last pick of `pick_path`, which `commit_path` charges.
+    last_pick: Pick,
     /// The stream whose turn it is, and the data packets its turn has left
     /// (`Config::stream_quantum`).
     turn_stream: usize,
@@ -397,7 +396,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             delivered_at: 0,
             burst_path: 0,
             burst_left: 0,
-            last_pick: None,
+            last_pick: Pick::NONE,
             turn_stream: 0,
             turn_left: 0,
             planes_up: u32::MAX,
@@ -452,7 +451,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.delivered_at = 0;
         self.burst_path = 0;
         self.burst_left = 0;
-        self.last_pick = None;
+        self.last_pick = Pick::NONE;
         self.turn_stream = 0;
         self.turn_left = 0;
         self.planes_up = u32::MAX;
@@ -497,6 +496,30 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Sets the peer's connection id (what every packet sent from now on carries in
+    /// `conn_id`), once the caller has learned it (the driver: from a HELLO that proved it).
+    pub fn set_remote_conn_id(&mut self, id: u32) {
+        self.cfg.remote_conn_id = id;
+    }
+
+    /// The peer's connection to us is a new one (its device was created again, or it freed
+    /// its connection and made another, with a new id): its PSN spaces start from
+    /// `initial_psn`, so every path's do too, in both directions. What was in flight is
+    /// resent as new packets (the streams keep their messages; the responder deduplicates
+    /// by placement), and streams whose QP the peer no longer has are answered with NAKs.
+    pub fn restart_paths(&mut self, now: u64) {
+        let stall = self.cfg.stall_timeout;
+        let path_cfg = self.cfg.path;
+        let (paths, streams, sched) = (self.paths.as_mut(), &mut self.streams, &mut self.sched);
+        for p in paths.iter_mut().take(self.num_paths) {
+            p.inflight
+                .on_timeout(|item, outcome, _| resolve(streams, sched, stall, now, item, outcome));
+            p.restart_psns(&path_cfg);
+        }
+        self.ack_now = false;
+        self.ack_armed = false;
     }
 
     /// Connection-wide counters.
@@ -799,6 +822,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             }
         };
         let b = view.header.base;
+        // HELLO and DATAGRAM are the device's (HELLO is how connection ids are learned).
+        if matches!(view.header.ext, Ext::Hello(_) | Ext::Datagram(_)) {
+            return Err(RecvError::DeviceLevel);
+        }
         if b.conn_id != self.cfg.local_conn_id {
             self.stats.dropped_in += 1;
             return Err(RecvError::WrongConnection);
@@ -1301,7 +1328,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// path is charged): with the weights the pick found, or, if the last pick was made
     /// with another mask, by spraying again.
     fn commit_path(&mut self, now: u64, mask: u32) {
-        let Some((picked_mask, i, total)) = self.last_pick.take() else {
+        let Some((picked_mask, i, total)) =
+            core::mem::replace(&mut self.last_pick, Pick::NONE).get()
+        else {
             self.spray(now, true, mask);
             return;
         };
@@ -1362,7 +1391,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// changes (the credits are only read). Only paths on the planes in `mask` take part.
     fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
         // A pick that finds no path leaves nothing to charge.
-        self.last_pick = None;
+        self.last_pick = Pick::NONE;
         let n = self.send_paths;
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
@@ -1429,10 +1458,15 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             if let Some(p) = paths.get_mut(i) {
                 p.credit = p.credit.saturating_sub(total);
             }
-            self.last_pick = None;
+            self.last_pick = Pick::NONE;
             self.charge_burst(i);
         } else {
-            self.last_pick = Some((mask, i, total));
+            self.last_pick = Pick {
+                valid: true,
+                mask,
+                path: i,
+                total,
+            };
         }
         Some(i)
     }
@@ -2038,6 +2072,32 @@ fn s_room(s: Option<&mut Stream>) -> bool {
             true
         }
         _ => false,
+    }
+}
+
+/// A path pick not charged yet: its planes mask, path and the weights' total (each path's
+/// weight in `Path::pick_weight`). Plain fields, not an `Option` of a tuple: a connection is
+/// built from all-zero bytes (transport/README.md), which must be a valid value of every field,
+/// and here all-zero is "no pick".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Pick {
+    valid: bool,
+    mask: u32,
+    path: usize,
+    total: i32,
+}
+
+impl Pick {
+    const NONE: Pick = Pick {
+        valid: false,
+        mask: 0,
+        path: 0,
+        total: 0,
+    };
+
+    /// The pick, if there is one.
+    fn get(self) -> Option<(u32, usize, i32)> {
+        self.valid.then_some((self.mask, self.path, self.total))
     }
 }
 

@@ -245,6 +245,20 @@ impl Path {
         self.stats = PathStats::default();
     }
 
+    /// Starts both PSN spaces again from `initial_psn` (the peer's connection is a new one);
+    /// the caller has resolved what was in flight (`InFlight::on_timeout`). Window, RTT,
+    /// health and statistics are the route's and stay.
+    pub fn restart_psns(&mut self, cfg: &PathConfig) {
+        self.inflight.reset(cfg.initial_psn);
+        self.inflight.set_reorder_floor(cfg.min_reorder_window);
+        self.recv = PsnWindow::new(cfg.initial_psn);
+        self.recv_pending = false;
+        self.ack_repeats = 0;
+        self.timer_start = 0;
+        self.probe_armed = false;
+        self.need_probe = false;
+    }
+
     /// The path may carry new data (Active or Probing).
     pub fn usable(&self) -> bool {
         matches!(self.state, PathState::Active | PathState::Probing)

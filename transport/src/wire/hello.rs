@@ -13,7 +13,7 @@ use super::{EmitError, ParseError};
 /// Planes a device may have (plane numbers are below this).
 pub const MAX_PLANES: usize = 16;
 /// Length of the HELLO extension header.
-pub const HELLO_HEADER_LEN: usize = 8;
+pub const HELLO_HEADER_LEN: usize = 12;
 /// Paths every device has at least: what a peer may be sent on before its HELLO says
 /// how many it has (or when it says 0).
 pub const DEFAULT_PEER_PATHS: u16 = 8;
@@ -34,6 +34,11 @@ pub struct HelloHeader {
     /// The sender device's incarnation: random, nonzero, fixed for the device's life; a new
     /// value from a known peer means the peer restarted.
     pub epoch: u32,
+    /// The sender's connection id for the receiver: random, nonzero, what the receiver puts
+    /// in the base header's `conn_id` of every packet to the sender. A HELLO whose own base
+    /// `conn_id` is the receiver's id proves that its sender heard the receiver's HELLO: only
+    /// such a HELLO may change what the receiver knows of the sender.
+    pub conn_id: u32,
 }
 
 const FLAG_REPLY: u8 = 1;
@@ -50,22 +55,28 @@ impl HelloHeader {
         }
         let paths = r.u16()?;
         let epoch = r.u32()?;
+        let conn_id = r.u32()?;
+        if conn_id == 0 {
+            return Err(ParseError::BadField);
+        }
         Ok(HelloHeader {
             reply: flags & FLAG_REPLY != 0,
             plane_count,
             paths,
             epoch,
+            conn_id,
         })
     }
 
     pub(crate) fn emit(&self, w: &mut Writer<'_>) -> Result<(), EmitError> {
-        if usize::from(self.plane_count) > MAX_PLANES {
+        if usize::from(self.plane_count) > MAX_PLANES || self.conn_id == 0 {
             return Err(EmitError::Inconsistent);
         }
         w.u8(if self.reply { FLAG_REPLY } else { 0 })?;
         w.u8(self.plane_count)?;
         w.u16(self.paths)?;
-        w.u32(self.epoch)
+        w.u32(self.epoch)?;
+        w.u32(self.conn_id)
     }
 }
 

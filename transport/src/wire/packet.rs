@@ -276,15 +276,14 @@ fn check_data(offset: u32, total: u32, payload_len: u32, rest: &[u8]) -> Result<
 }
 
 impl Packet {
-    /// Writes a HELLO carrying `entries` (planes strictly increasing) and the sender's path
-    /// count `paths` into `buf`; returns its length. `base` gives the connection id and
-    /// timestamp; its opcode, flags, QPs, path, PSN and MSN are set here.
+    /// Writes a HELLO with the header `hello` (its `plane_count` is set here) carrying
+    /// `entries` (planes strictly increasing) into `buf`; returns its length. `base` gives
+    /// the connection id and timestamp; its opcode, flags, QPs, path, PSN and MSN are set
+    /// here.
     pub fn emit_hello(
         buf: &mut [u8],
         base: BaseHeader,
-        reply: bool,
-        epoch: u32,
-        paths: u16,
+        hello: HelloHeader,
         entries: &[HelloEntry],
     ) -> Result<usize, EmitError> {
         let plane_count = u8::try_from(entries.len()).map_err(|_| EmitError::Inconsistent)?;
@@ -307,10 +306,8 @@ impl Packet {
                 ..base
             },
             ext: Ext::Hello(HelloHeader {
-                reply,
                 plane_count,
-                paths,
-                epoch,
+                ..hello
             }),
         };
         let hl = h.emit(buf)?;

@@ -541,15 +541,14 @@ fn hello_entries() -> Vec<HelloEntry> {
 fn hello_roundtrip() {
     let entries = hello_entries();
     let mut buf = [0u8; 256];
-    let n = Packet::emit_hello(
-        &mut buf,
-        base(Opcode::Hello),
-        true,
-        0x1234_5678,
-        24,
-        &entries,
-    )
-    .expect("emit");
+    let hello = HelloHeader {
+        reply: true,
+        plane_count: 0,
+        paths: 24,
+        epoch: 0x1234_5678,
+        conn_id: 0x0bad_cafe,
+    };
+    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), hello, &entries).expect("emit");
     assert_eq!(n, BASE_HEADER_LEN + HELLO_HEADER_LEN + 2 * HELLO_ENTRY_LEN);
     let p = Packet::parse(&buf[..n]).expect("parse");
     assert_eq!(p.header.base.opcode, Opcode::Hello);
@@ -562,17 +561,29 @@ fn hello_roundtrip() {
             plane_count: 2,
             paths: 24,
             epoch: 0x1234_5678,
+            conn_id: 0x0bad_cafe,
         })
     );
     assert_eq!(p.hello_entries().collect::<Vec<_>>(), entries);
     assert!(!Opcode::Hello.is_sequenced());
 }
 
+/// A HELLO header of `paths` paths, epoch 1, connection id 7.
+fn hello_header(paths: u16) -> HelloHeader {
+    HelloHeader {
+        reply: false,
+        plane_count: 0,
+        paths,
+        epoch: 1,
+        conn_id: 7,
+    }
+}
+
 #[test]
 fn hello_rejects_bad_entries() {
     let entries = hello_entries();
     let mut buf = [0u8; 256];
-    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, 8, &entries).unwrap();
+    let n = Packet::emit_hello(&mut buf, base(Opcode::Hello), hello_header(8), &entries).unwrap();
     let hdr = BASE_HEADER_LEN + HELLO_HEADER_LEN;
     let mutate = |at: usize, v: u8| {
         let mut b = buf[..n].to_vec();
@@ -594,6 +605,13 @@ fn hello_rejects_bad_entries() {
     assert_eq!(p.hello_entries().next().map(|e| e.mtu), Some(512));
     // The path count is any value (0: the default).
     assert!(mutate(BASE_HEADER_LEN + 2, 1).is_none());
+    // The sender's connection id is never 0 (bytes 8-11 of the HELLO header).
+    let mut b = buf[..n].to_vec();
+    b[BASE_HEADER_LEN + 8..BASE_HEADER_LEN + 12].fill(0);
+    assert_eq!(Packet::parse(&b).err(), Some(ParseError::BadField));
+    let mut zero = hello_header(8);
+    zero.conn_id = 0;
+    assert!(Packet::emit_hello(&mut [0u8; 256], base(Opcode::Hello), zero, &entries).is_err());
     assert_eq!(mutate(hdr + 1, 5), Some(ParseError::BadField));
     assert_eq!(mutate(hdr, 16), Some(ParseError::BadField));
     assert_eq!(mutate(hdr + HELLO_ENTRY_LEN, 0), Some(ParseError::BadField));
@@ -613,7 +631,7 @@ fn hello_rejects_bad_entries() {
     // Emitting out of order or too many is refused.
     let mut rev = entries.clone();
     rev.reverse();
-    assert!(Packet::emit_hello(&mut buf, base(Opcode::Hello), false, 1, 8, &rev).is_err());
+    assert!(Packet::emit_hello(&mut buf, base(Opcode::Hello), hello_header(8), &rev).is_err());
     let many: Vec<_> = (0..17u8)
         .map(|plane| HelloEntry {
             plane: plane.min(15),
@@ -621,7 +639,13 @@ fn hello_rejects_bad_entries() {
             mtu: 0,
         })
         .collect();
-    assert!(Packet::emit_hello(&mut [0u8; 1024], base(Opcode::Hello), false, 1, 8, &many).is_err());
+    assert!(Packet::emit_hello(
+        &mut [0u8; 1024],
+        base(Opcode::Hello),
+        hello_header(8),
+        &many
+    )
+    .is_err());
 }
 
 fn datagram_base(opcode: Opcode) -> BaseHeader {

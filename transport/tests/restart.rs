@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: GPL-2.0
+//! A peer whose connection is a new one: its device was created again (or it freed its
+//! connection with its last QP and made another), with a new connection id and its PSN
+//! spaces from the start. The driver learns the new id from the peer's proven HELLO and calls
+//! `set_remote_conn_id` and `restart_paths`; the connection then carries new QP pairs again.
+
+mod sim;
+
+use metaroce_transport::stream::WrOpcode;
+use sim::*;
+
+/// 256 writes of 16 KiB (16 packets each): 4,096 packets, 256 per path.
+fn writes() -> Vec<Msg> {
+    vec![
+        Msg {
+            op: WrOpcode::RdmaWrite,
+            len: 16 << 10,
+        };
+        256
+    ]
+}
+
+/// Runs the writes `rounds` times on the default pair; every round must complete.
+fn traffic(sim: &mut Sim, rounds: usize) {
+    for _ in 0..rounds {
+        // run_workload counts the completions of its pair from the start of the lists.
+        sim.ep[0].send_cqes.clear();
+        sim.ep[1].recv_cqes.clear();
+        let deadline = sim.now + 5_000_000_000;
+        let r = run_workload(sim, &writes(), deadline);
+        assert!(r.completed, "round did not complete: {r:?}");
+    }
+}
+
+/// Endpoint B made again: a connection with id 300 (A is 100), no streams, and a new QP pair
+/// (0x33 on A, 0x44 on B) as the default pair. With `restart`, A takes the new id and
+/// restarts its paths, as the driver does on the proven HELLO.
+fn b_made_again(sim: &mut Sim, restart: bool) {
+    let mut b = zeroed_conn();
+    b.reset(config(300, 100, 0xbb)).expect("config");
+    sim.ep[1].conn = b;
+    sim.ep[0].conn.set_remote_conn_id(300);
+    if restart {
+        let now = sim.now;
+        sim.ep[0].conn.restart_paths(now);
+    }
+    let (a, b) = sim.open_pair(0x33, 0x44);
+    sim.ep[0].stream = a;
+    sim.ep[1].stream = b;
+}
+
+#[test]
+fn a_peer_made_again_gets_fresh_paths() {
+    let mut sim = Sim::new(LinkConfig::clean(), 7);
+    // Every path's PSNs far from their start (5 x 256 per path).
+    traffic(&mut sim, 5);
+    b_made_again(&mut sim, true);
+    traffic(&mut sim, 2);
+}
