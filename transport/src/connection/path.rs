@@ -69,6 +69,10 @@ pub struct PathStats {
     pub received: u64,
     /// Duplicate or below-window arrivals.
     pub duplicates: u64,
+    /// Arrivals dropped unseen because their PSN was more than
+    /// [`RECV_WINDOW`](super::sack::RECV_WINDOW) beyond the path's cumulative PSN: a
+    /// conforming peer never sends one, so they are forged (off-path injection) or corrupt.
+    pub out_of_window: u64,
     /// ECN CE marks the peer echoed for packets we sent.
     pub ecn_ce: u64,
     /// UDP source port changes (after timeouts).
@@ -519,10 +523,26 @@ impl Path {
         lost + timed_out
     }
 
-    /// Receive side: a sequenced packet arrived on this path.
+    /// Receive side: whether a sequenced packet with `psn` may be looked at at all (its PSN
+    /// is in the receive window, [`PsnWindow::in_window`]); one that is not is counted
+    /// (`out_of_window`) and must be dropped before anything else sees it.
+    pub fn check_window(&mut self, psn: u32) -> bool {
+        let ok = self.recv.in_window(psn);
+        if !ok {
+            self.stats.out_of_window += 1;
+        }
+        ok
+    }
+
+    /// Receive side: a sequenced packet arrived on this path (its PSN passed
+    /// [`Path::check_window`]; one out of the window changes nothing here either).
     pub fn on_receive(&mut self, now: u64, psn: u32, ts: u32, ecn_ce: bool) -> bool {
+        let recorded = self.recv.record(psn);
+        if recorded == super::sack::Recorded::OutOfWindow {
+            return false;
+        }
         self.last_rx = now;
-        let new = self.recv.record(psn) == super::sack::Recorded::New;
+        let new = recorded == super::sack::Recorded::New;
         if new {
             self.stats.received += 1;
         } else {
