@@ -1740,15 +1740,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             .iter()
             .take(self.send_paths)
             .position(|p| {
-                p.need_probe && p.inflight.has_room() && plane_bit(p.plane) & self.planes_up != 0
+                p.need_probe && p.can_probe() && plane_bit(p.plane) & self.planes_up != 0
             })?;
         let mut base = self.control_base(i, Opcode::Probe, now);
         base.flags = Flags(Flags::ACK_REQ);
         let p = self.paths.as_mut().get_mut(i)?;
-        let item = SentItem {
-            kind: ItemKind::Probe,
-            ..SentItem::default()
-        };
         // Write first, then claim the PSN: nothing is consumed if the buffer is too small.
         let h = Header {
             base,
@@ -1757,7 +1753,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         if buf.len() < h.len() {
             return None;
         }
-        let psn = p.on_send(now, item, false)?;
+        let psn = p.on_send_probe(now)?;
         p.need_probe = false;
         p.stats.probes += 1;
         let h = Header {

@@ -18,7 +18,9 @@ use super::super::wire::{seq_diff, PathAck, SACK_BITS, SACK_WORDS};
 /// 256 below it. So a path's next PSN is at most 2 x 256 + 1 beyond the last cumulative PSN
 /// its peer reported, and a receiver's cumulative PSN is never below that report. What is
 /// left (two more windows) absorbs the new PSNs of a timeout or two (a tail loss, a route
-/// change) before the peer reports again.
+/// change) before the peer reports again. Only a path that stays unanswered through many
+/// timeouts gets further; it then takes no new PSN and probes with an earlier one
+/// ([`InFlight::window_limited`](super::retransmit::InFlight::window_limited)).
 pub const RECV_WINDOW: u32 = 4 * SACK_BITS as u32;
 
 type Bits = [u64; SACK_WORDS];
