@@ -964,3 +964,118 @@ fn streams_take_turns_of_a_quantum_of_packets() {
         );
     }
 }
+
+/// A WRITE (valid header, open QP, valid rkey and address, the next MSN) whose PSN is 2^20
+/// beyond path 0's window, as an off-path attacker would spoof one: dropped unseen and
+/// counted. Before the receive window was bounded it slid path 0's window to just below
+/// it (the real packets "below window") and placed its data.
+#[test]
+fn a_forged_packet_far_beyond_the_window_is_dropped_and_counted() {
+    use metaroce_transport::connection::sack::RECV_WINDOW;
+    use metaroce_transport::connection::RecvError;
+    use metaroce_transport::wire::{BaseHeader, Ext, Flags, Header, Opcode, WriteExt};
+    let mut sim = Sim::new(LinkConfig::clean(), 21);
+    // Real traffic first, so path 0 has history.
+    let data = pattern(21, 20_000);
+    sim.ep[0].mem.fill(1, A_BUF, &data);
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 20_000)).remote(B_BUF, 2),
+    );
+    assert!(sim.run_until(sim.now + 10_000_000, |s| s.ep[0].send_cqes.len() == 1));
+    let b = &sim.ep[1].conn;
+    let (window, last_rx) = (b.path(0).unwrap().recv, b.path(0).unwrap().last_rx);
+    let path_stats = *b.path_stats(0).unwrap();
+    let cum = window.cum();
+    assert_ne!(cum, 0, "path 0 carried the first WRITE");
+    let forge = |psn: u32, opcode: Opcode, ext: Ext, payload: &[u8]| {
+        let header = Header {
+            base: BaseHeader {
+                opcode,
+                flags: Flags(Flags::FIRST | Flags::LAST | Flags::ACK_REQ),
+                dst_qp: 0x22,
+                src_qp: 0x11,
+                conn_id: 200,
+                path_id: 0,
+                plane: 0,
+                psn,
+                msn: 1,
+                timestamp: 0,
+            },
+            ext,
+        };
+        let mut buf = vec![0u8; header.len()];
+        header.emit(&mut buf).unwrap();
+        buf.extend_from_slice(payload);
+        buf
+    };
+    let evil = [0xee; 64];
+    let write = Ext::Write(WriteExt {
+        va: B_BUF + 50_000,
+        rkey: 2,
+        rsn: 0,
+        offset: 0,
+        total_len: 64,
+        payload_len: 64,
+        imm: None,
+    });
+    let packets = [
+        forge(cum.wrapping_add(1 << 20), Opcode::RdmaWrite, write, &evil),
+        forge(
+            cum.wrapping_add(RECV_WINDOW + 1),
+            Opcode::RdmaWrite,
+            write,
+            &evil,
+        ),
+        forge(cum.wrapping_add(1 << 20), Opcode::Probe, Ext::Probe, &[]),
+    ];
+    let (now, out_before) = (sim.now, sim.ep[1].conn.stats().packets_out);
+    for p in &packets {
+        let ep = &mut sim.ep[1];
+        assert_eq!(
+            ep.conn.handle_packet(now, p, false, &mut ep.mem),
+            Err(RecvError::OutOfWindow)
+        );
+    }
+    let ep = &mut sim.ep[1];
+    assert_eq!(ep.conn.stats().out_of_window_psn, 3);
+    let p = ep.conn.path(0).unwrap();
+    assert_eq!(p.stats.out_of_window, 3);
+    assert_eq!((p.recv, p.last_rx), (window, last_rx), "window unchanged");
+    let mut others = p.stats;
+    others.out_of_window = path_stats.out_of_window;
+    assert_eq!(others, path_stats, "no other path counter moved");
+    assert!(
+        ep.conn
+            .poll_transmit(now, &mut [0u8; 2048], &mut ep.mem)
+            .is_none(),
+        "no ACK"
+    );
+    assert_eq!(ep.conn.stats().packets_out, out_before);
+    assert_eq!(
+        ep.mem.bytes(2, B_BUF + 50_000, 64),
+        &[0u8; 64][..],
+        "not placed"
+    );
+    // The real message 1 to the same place completes normally, byte-exact.
+    post(
+        &mut sim,
+        SendWqe::new(2, WrOpcode::RdmaWrite, sge(1, A_BUF, 8_000)).remote(B_BUF + 50_000, 2),
+    );
+    assert!(sim.run_until(sim.now + 10_000_000, |s| s.ep[0].send_cqes.len() == 2));
+    assert!(sim.ep[0]
+        .send_cqes
+        .iter()
+        .all(|c| c.status == CqStatus::Success));
+    assert_eq!(
+        sim.ep[1].mem.bytes(2, B_BUF + 50_000, 8_000),
+        &data[..8_000]
+    );
+    assert_eq!(sim.retransmits(), 0);
+    // Path 0 at B received exactly what A sent on it.
+    assert_eq!(
+        sim.ep[1].conn.path(0).unwrap().recv.cum(),
+        sim.ep[0].conn.path(0).unwrap().inflight.next_psn()
+    );
+    assert_eq!(sim.ep[1].conn.stats().out_of_window_psn, 3);
+}

@@ -457,6 +457,12 @@ fn readmit(seed: u64) -> Readmit {
     run(&mut sim, &writes(200, 16384));
     // Wait until past the outage and the paths' next background probes.
     sim.run_until(15_000_000, |_| false);
+    second_transfer(&mut sim)
+}
+
+/// After an outage of plane 1 (odd paths): a second transfer, and what it shows of the
+/// plane's paths.
+fn second_transfer(sim: &mut Sim) -> Readmit {
     let plane1 = |sim: &Sim| -> u64 {
         let c = &sim.ep[0].conn;
         (1..c.path_count())
@@ -464,18 +470,18 @@ fn readmit(seed: u64) -> Readmit {
             .map(|p| c.path_stats(p).unwrap().sent)
             .sum()
     };
-    let (before_all, before_p1) = (path_sum(&sim, |s| s.sent), plane1(&sim));
+    let (before_all, before_p1) = (path_sum(sim, |s| s.sent), plane1(sim));
     for ep in sim.ep.iter_mut() {
         ep.send_cqes.clear();
         ep.recv_cqes.clear();
     }
-    run(&mut sim, &writes(200, 16384));
+    run(sim, &writes(200, 16384));
     let c = &sim.ep[0].conn;
     Readmit {
-        failures: path_sum(&sim, |s| s.failures),
-        readmissions: path_sum(&sim, |s| s.readmissions),
-        plane1_after_permille: (plane1(&sim) - before_p1) * 1000
-            / (path_sum(&sim, |s| s.sent) - before_all),
+        failures: path_sum(sim, |s| s.failures),
+        readmissions: path_sum(sim, |s| s.readmissions),
+        plane1_after_permille: (plane1(sim) - before_p1) * 1000
+            / (path_sum(sim, |s| s.sent) - before_all),
         all_usable: (0..c.path_count()).all(|p| c.path(p).unwrap().usable()),
     }
 }
@@ -497,6 +503,101 @@ fn a_failed_plane_that_comes_back_is_readmitted() {
             r.plane1_after_permille >= 450,
             "plane 1 takes its half again: {}",
             r.plane1_after_permille
+        );
+    }
+}
+
+/// Plane 1 blackholed for 0.6 s, with RTOs capped at 200 us: each of its paths sends about
+/// 3,000 probes into the void, far more PSNs than the receive window (`RECV_WINDOW`) holds
+/// beyond what the peer last acknowledged. They must still be re-admitted when it comes back,
+/// and a second transfer must use them.
+struct LongCut {
+    /// Fewest probes a plane-1 path sent during the outage.
+    min_probes: u64,
+    /// Of all those probes, the ones that repeated an earlier PSN (path at the window limit).
+    limit_probes: u64,
+    /// Largest distance, at the end of the outage, from a plane-1 path's next PSN at the
+    /// sender to the receiver's cumulative PSN of that path.
+    max_ahead: u32,
+    readmit: Readmit,
+    /// Out-of-window drops at the receiver (none: the sender never runs past the window).
+    out_of_window: u64,
+}
+
+fn long_cut(seed: u64) -> LongCut {
+    const CUT_END: u64 = 600_000_000;
+    let mut f = fabric();
+    f.cut_plane(1, 200_000, CUT_END);
+    let mut sim = Sim::with_fabric(f, nic(), 32, seed, |c| c.path.max_rto = 200_000);
+    run(&mut sim, &writes(200, 16384));
+    sim.run_until(CUT_END - 1, |_| false);
+    let plane1: Vec<usize> = (1..32).step_by(2).collect();
+    let (a, b) = (&sim.ep[0].conn, &sim.ep[1].conn);
+    let min_probes = plane1
+        .iter()
+        .map(|&p| a.path_stats(p).unwrap().probes)
+        .min()
+        .unwrap();
+    let limit_probes = plane1
+        .iter()
+        .map(|&p| a.path_stats(p).unwrap().limit_probes)
+        .sum();
+    let max_ahead = plane1
+        .iter()
+        .map(|&p| {
+            let next = a.path(p).unwrap().inflight.next_psn();
+            next.wrapping_sub(b.path(p).unwrap().recv.cum())
+        })
+        .max()
+        .unwrap();
+    // Past the outage and the paths' next probes.
+    sim.run_until(CUT_END + 5_000_000, |_| false);
+    let readmit = second_transfer(&mut sim);
+    let out_of_window = sim
+        .ep
+        .iter()
+        .map(|e| e.conn.stats().out_of_window_psn)
+        .sum();
+    LongCut {
+        min_probes,
+        limit_probes,
+        max_ahead,
+        readmit,
+        out_of_window,
+    }
+}
+
+#[test]
+fn a_plane_blackholed_for_thousands_of_probes_is_readmitted() {
+    use metaroce_transport::connection::sack::RECV_WINDOW;
+    for seed in [13, 14] {
+        let r = long_cut(seed);
+        eprintln!(
+            "long cut, seed {seed}: >= {} probes per plane-1 path ({} at the window limit in all), next PSN up to {} beyond the receiver's cum; {} failures, {} re-admissions; plane 1 carried {:.1}% afterwards",
+            r.min_probes,
+            r.limit_probes,
+            r.max_ahead,
+            r.readmit.failures,
+            r.readmit.readmissions,
+            r.readmit.plane1_after_permille as f64 / 10.0
+        );
+        assert!(
+            r.min_probes > 2 * u64::from(RECV_WINDOW),
+            "{}",
+            r.min_probes
+        );
+        assert!(r.max_ahead <= RECV_WINDOW + 1, "{}", r.max_ahead);
+        assert!(r.limit_probes > 0);
+        assert_eq!(r.out_of_window, 0);
+        assert!(
+            r.readmit.readmissions >= 16,
+            "all 16 paths of plane 1 re-admitted"
+        );
+        assert!(r.readmit.all_usable);
+        assert!(
+            r.readmit.plane1_after_permille >= 450,
+            "plane 1 takes its half again: {}",
+            r.readmit.plane1_after_permille
         );
     }
 }

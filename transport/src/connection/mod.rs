@@ -150,6 +150,9 @@ pub enum RecvError {
     UnknownPath,
     /// Destination QP is not an open stream.
     UnknownStream,
+    /// The PSN is more than [`sack::RECV_WINDOW`] beyond its path's cumulative PSN: no
+    /// conforming peer sends one (it is forged, or corrupt), so it was dropped unseen.
+    OutOfWindow,
     /// A device-level packet (HELLO, DATAGRAM): the caller's to handle, not the connection's.
     DeviceLevel,
 }
@@ -198,8 +201,14 @@ pub struct ConnStats {
     pub packets_out: u64,
     /// Datagrams rejected by the parser.
     pub parse_errors: u64,
-    /// Datagrams dropped for another reason (connection id, path, QP, no room to track).
+    /// Datagrams dropped for another reason (connection id, path, QP, no room to track, PSN
+    /// out of window).
     pub dropped_in: u64,
+    /// Of those, sequenced packets whose PSN was more than [`sack::RECV_WINDOW`] beyond their
+    /// path's cumulative PSN (all paths; per path in [`PathStats::out_of_window`]). A
+    /// conforming peer sends none: a count here means forged (off-path injection) or corrupt
+    /// packets.
+    pub out_of_window_psn: u64,
     /// Data-bearing packets sent (requests and responses).
     pub data_packets_out: u64,
     /// Of those, retransmissions.
@@ -918,6 +927,19 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         if pi >= self.num_paths {
             self.stats.dropped_in += 1;
             return Err(RecvError::UnknownPath);
+        }
+        // First of all: a PSN beyond the path's receive window is no peer's, and dropped
+        // before anything sees it, so a spoofed packet cannot slide the window past the real
+        // ones, place data, elicit an ACK or touch the path's state.
+        if self
+            .paths
+            .as_mut()
+            .get_mut(pi)
+            .is_some_and(|p| !p.check_window(b.psn))
+        {
+            self.stats.out_of_window_psn += 1;
+            self.stats.dropped_in += 1;
+            return Err(RecvError::OutOfWindow);
         }
         let mtu = self.cfg.mtu;
         let verdict = if let Ext::Probe = view.header.ext {
@@ -1752,15 +1774,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             .iter()
             .take(self.send_paths)
             .position(|p| {
-                p.need_probe && p.inflight.has_room() && plane_bit(p.plane) & self.planes_up != 0
+                p.need_probe && p.can_probe() && plane_bit(p.plane) & self.planes_up != 0
             })?;
         let mut base = self.control_base(i, Opcode::Probe, now);
         base.flags = Flags(Flags::ACK_REQ);
         let p = self.paths.as_mut().get_mut(i)?;
-        let item = SentItem {
-            kind: ItemKind::Probe,
-            ..SentItem::default()
-        };
         // Write first, then claim the PSN: nothing is consumed if the buffer is too small.
         let h = Header {
             base,
@@ -1769,7 +1787,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         if buf.len() < h.len() {
             return None;
         }
-        let psn = p.on_send(now, item, false)?;
+        let psn = p.on_send_probe(now)?;
         p.need_probe = false;
         p.stats.probes += 1;
         let h = Header {

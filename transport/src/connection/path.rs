@@ -16,7 +16,7 @@
 use super::super::congestion::Window;
 use super::super::rng::XorShift;
 use super::super::wire::PathAck;
-use super::retransmit::{AckSummary, InFlight, Outcome, SentItem};
+use super::retransmit::{AckSummary, InFlight, ItemKind, Outcome, SentItem};
 use super::rtt::RttEstimator;
 use super::sack::PsnWindow;
 
@@ -65,10 +65,18 @@ pub struct PathStats {
     pub timeouts: u64,
     /// Probes sent.
     pub probes: u64,
+    /// Of those, probes that repeated an earlier PSN because the path had run
+    /// [`RECV_WINDOW`](super::sack::RECV_WINDOW) beyond what its peer acknowledged (a path
+    /// dead for that many timeouts).
+    pub limit_probes: u64,
     /// Packets received on the path (first arrivals).
     pub received: u64,
     /// Duplicate or below-window arrivals.
     pub duplicates: u64,
+    /// Arrivals dropped unseen because their PSN was more than
+    /// [`RECV_WINDOW`](super::sack::RECV_WINDOW) beyond the path's cumulative PSN: a
+    /// conforming peer never sends one, so they are forged (off-path injection) or corrupt.
+    pub out_of_window: u64,
     /// ECN CE marks the peer echoed for packets we sent.
     pub ecn_ce: u64,
     /// UDP source port changes (after timeouts).
@@ -137,6 +145,11 @@ pub struct Path {
     consecutive_rtos: u8,
     /// A probe should be sent on this path.
     pub need_probe: bool,
+    /// A probe that repeated an earlier PSN (the path at its window limit) is unanswered:
+    /// its PSN and timestamp.
+    limit_probe: bool,
+    limit_probe_psn: u32,
+    limit_probe_ts: u32,
     /// Recent loss rate, 0..=65535 (EWMA over resolved packets).
     loss_rate: u16,
     /// Recent ECN CE rate, 0..=65535 (EWMA over acknowledged packets).
@@ -191,6 +204,9 @@ impl Path {
             backoff: 0,
             consecutive_rtos: 0,
             need_probe: false,
+            limit_probe: false,
+            limit_probe_psn: 0,
+            limit_probe_ts: 0,
             loss_rate: 0,
             ecn_rate: 0,
             news_at: 0,
@@ -228,6 +244,9 @@ impl Path {
         self.backoff = 0;
         self.consecutive_rtos = 0;
         self.need_probe = false;
+        self.limit_probe = false;
+        self.limit_probe_psn = 0;
+        self.limit_probe_ts = 0;
         self.loss_rate = 0;
         self.ecn_rate = 0;
         self.news_at = 0;
@@ -387,6 +406,35 @@ impl Path {
         Some(psn)
     }
 
+    /// Whether a probe may go out now: with a new PSN, or, at the window limit, repeating
+    /// an earlier one ([`Path::on_send_probe`]).
+    pub fn can_probe(&self) -> bool {
+        self.inflight.has_room() || self.inflight.window_limited()
+    }
+
+    /// Records a probe sent now and returns its PSN: a new one, or, while the path is
+    /// window-limited ([`InFlight::window_limited`]: dead through so many timeouts that a
+    /// new PSN might be beyond the receiver's window), [`InFlight::limit_probe_psn`] again.
+    /// That one is not in the in-flight table (the probe timer alone runs it), and an ACK
+    /// that acknowledges it answers the probe.
+    pub fn on_send_probe(&mut self, now: u64) -> Option<u32> {
+        if !self.inflight.window_limited() {
+            let item = SentItem {
+                kind: ItemKind::Probe,
+                ..SentItem::default()
+            };
+            return self.on_send(now, item, false);
+        }
+        let psn = self.inflight.limit_probe_psn();
+        self.limit_probe = true;
+        self.limit_probe_psn = psn;
+        // As the probe's header carries it (the wire carries the clock modulo 2^32).
+        self.limit_probe_ts = now as u32;
+        self.stats.sent += 1;
+        self.stats.limit_probes += 1;
+        Some(psn)
+    }
+
     /// Applies this path's entry of an ACK; `report` gets every resolved packet.
     pub fn on_ack(
         &mut self,
@@ -394,15 +442,25 @@ impl Path {
         ack: &PathAck,
         report: impl FnMut(SentItem, Outcome, u64),
     ) -> AckSummary {
+        // A probe that repeated an earlier PSN acknowledges no packet of the table: the ACK
+        // that covers its PSN answers it.
+        let limit_answered = self.limit_probe && ack.acks(self.limit_probe_psn);
+        if limit_answered {
+            self.limit_probe = false;
+        }
         let sum = self.inflight.on_ack(now, self.rtt.srtt(), ack, report);
         self.stats.acked += u64::from(sum.acked);
         self.stats.lost += u64::from(sum.lost);
         self.stats.reordered += u64::from(sum.reordered);
         self.stats.spurious += u64::from(sum.spurious);
-        if sum.acked > 0 {
-            let sample = (now as u32).wrapping_sub(ack.echo_ts);
-            self.rtt.sample(u64::from(sample));
-            self.rtt_at = now;
+        if sum.acked > 0 || limit_answered {
+            // The echoed timestamp is the latest first arrival's: a repeated PSN the receiver
+            // already had is no arrival, and then there is no sample.
+            if sum.acked > 0 || ack.echo_ts == self.limit_probe_ts {
+                let sample = (now as u32).wrapping_sub(ack.echo_ts);
+                self.rtt.sample(u64::from(sample));
+                self.rtt_at = now;
+            }
             self.timer_start = now;
             self.probe_armed = false;
             self.need_probe = false;
@@ -533,10 +591,26 @@ impl Path {
         lost + timed_out
     }
 
-    /// Receive side: a sequenced packet arrived on this path.
+    /// Receive side: whether a sequenced packet with `psn` may be looked at at all (its PSN
+    /// is in the receive window, [`PsnWindow::in_window`]); one that is not is counted
+    /// (`out_of_window`) and must be dropped before anything else sees it.
+    pub fn check_window(&mut self, psn: u32) -> bool {
+        let ok = self.recv.in_window(psn);
+        if !ok {
+            self.stats.out_of_window += 1;
+        }
+        ok
+    }
+
+    /// Receive side: a sequenced packet arrived on this path (its PSN passed
+    /// [`Path::check_window`]; one out of the window changes nothing here either).
     pub fn on_receive(&mut self, now: u64, psn: u32, ts: u32, ecn_ce: bool) -> bool {
+        let recorded = self.recv.record(psn);
+        if recorded == super::sack::Recorded::OutOfWindow {
+            return false;
+        }
         self.last_rx = now;
-        let new = self.recv.record(psn) == super::sack::Recorded::New;
+        let new = recorded == super::sack::Recorded::New;
         if new {
             self.stats.received += 1;
         } else {
@@ -809,5 +883,79 @@ mod tests {
         };
         p.on_ack(1_000_000, &ack, |_, _, _| {});
         assert_eq!(p.cc.cwnd(), 2);
+    }
+
+    /// Sends a data packet, then lets every timer fire with nothing answered: a probe per
+    /// timeout, as a blackholed path does. Returns the probes' PSNs and the time of the last.
+    fn blackholed(p: &mut Path, rng: &mut XorShift, timeouts: usize) -> (std::vec::Vec<u32>, u64) {
+        let mut t = 1_000;
+        p.on_send(t, SentItem::default(), false);
+        let mut psns = std::vec::Vec::new();
+        for _ in 0..timeouts {
+            t = p.deadline().unwrap();
+            p.on_timer(t, rng, |_, _, _| {});
+            if p.need_probe {
+                assert!(p.can_probe());
+                psns.push(p.on_send_probe(t).unwrap());
+                p.need_probe = false;
+            }
+        }
+        (psns, t)
+    }
+
+    #[test]
+    fn a_path_dead_past_the_window_probes_with_an_earlier_psn_and_comes_back() {
+        use super::super::sack::{Recorded, RECV_WINDOW};
+        let mut rng = XorShift::new(7);
+        let mut p = Path::new(0, 0, &cfg(), &mut rng);
+        let (psns, t) = blackholed(&mut p, &mut rng, 3_000);
+        assert_eq!(p.state, PathState::Failed);
+        // The data packet and RECV_WINDOW probes took new PSNs; the rest repeat one.
+        let next = p.inflight.next_psn();
+        assert_eq!(next, RECV_WINDOW + 1);
+        let r = next - 257;
+        assert_eq!(
+            p.stats.limit_probes,
+            psns.len() as u64 - u64::from(RECV_WINDOW)
+        );
+        assert!(psns.iter().skip(RECV_WINDOW as usize).all(|&q| q == r));
+        // A receiver that heard nothing takes every one of them.
+        let mut rx = PsnWindow::new(0);
+        assert!(psns.iter().all(|&q| rx.in_window(q)));
+        // The route comes back: the last probe arrives, new, and slides the window.
+        assert_eq!(rx.record(r), Recorded::New);
+        let ack = rx.to_ack(0, 0, t as u32, 0);
+        let s = p.on_ack(t + 30_000, &ack, |_, _, _| {});
+        assert_eq!(s.acked, 0, "no packet of the table");
+        assert_eq!(p.state, PathState::Probing);
+        assert_eq!(p.stats.readmissions, 1);
+        assert_eq!(p.rtt.srtt(), 30_000, "the probe's own arrival: a sample");
+        assert_eq!(p.deadline(), None);
+        assert!(p.has_window(FULL_HEALTH));
+        let psn = p.on_send(t + 40_000, SentItem::default(), false).unwrap();
+        assert_eq!(psn, next);
+        assert!(rx.in_window(psn));
+    }
+
+    #[test]
+    fn a_path_whose_acks_were_lost_is_answered_by_a_duplicate() {
+        let mut rng = XorShift::new(8);
+        let mut p = Path::new(0, 0, &cfg(), &mut rng);
+        let (psns, t) = blackholed(&mut p, &mut rng, 2_000);
+        assert!(p.stats.limit_probes > 0);
+        // The receiver had everything (only its ACKs were lost): the repeated PSN is a
+        // duplicate, and the echoed timestamp is an older packet's.
+        let mut rx = PsnWindow::new(0);
+        rx.record(0);
+        for &q in &psns {
+            rx.record(q);
+        }
+        assert_eq!(rx.cum(), p.inflight.next_psn());
+        let ack = rx.to_ack(0, 0, 5, 0);
+        p.on_ack(t + 30_000, &ack, |_, _, _| {});
+        assert_eq!(p.state, PathState::Probing);
+        assert!(!p.rtt.has_sample(), "no sample from a stale timestamp");
+        assert_eq!(p.inflight.peer_cum(), p.inflight.next_psn());
+        assert!(p.has_window(FULL_HEALTH));
     }
 }

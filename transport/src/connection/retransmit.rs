@@ -15,8 +15,15 @@
 //! What an ACK does not resolve, the path's timers do ([`super::path`]): the reordering
 //! timer for packets inside the window, a tail-loss probe, then a retransmission timeout that
 //! declares every unresolved packet lost.
+//!
+//! A path never takes a PSN more than [`RECV_WINDOW`] beyond the last cumulative PSN its peer
+//! reported: the receiver drops anything further. Only timeouts can bring a path there (they
+//! resolve packets nobody acknowledged, so every timeout lets up to 256 more PSNs go out, and
+//! a path that stays dead sends a probe with a new PSN at every one); at that limit its
+//! probes repeat an earlier PSN ([`InFlight::limit_probe_psn`]).
 
 use super::super::wire::{seq_lt, PathAck, SACK_BITS};
+use super::sack::RECV_WINDOW;
 
 /// What a packet carried, so an ACK or a loss can be reported to its owner.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,11 +134,16 @@ pub struct AckSummary {
 /// is halved.
 const REORDER_DECAY_ACKS: u32 = 1024;
 
-/// In-flight table of one path: PSNs `[una, next)`, at most 256 of them.
+/// In-flight table of one path: PSNs `[una, next)`, at most 256 of them, and no more than
+/// [`RECV_WINDOW`] beyond the peer's last reported cumulative PSN.
 #[derive(Clone, Debug)]
 pub struct InFlight {
     una: u32,
     next: u32,
+    /// The highest cumulative PSN the peer reported for the path (at most `next`): the
+    /// receiver's is never below it, so every PSN up to `peer_cum + RECV_WINDOW` is in its
+    /// window.
+    peer_cum: u32,
     unresolved: u32,
     /// Highest PSN acknowledged so far (valid when `has_high`).
     high: u32,
@@ -157,6 +169,7 @@ impl InFlight {
         InFlight {
             una: initial_psn,
             next: initial_psn,
+            peer_cum: initial_psn,
             unresolved: 0,
             high: initial_psn,
             has_high: false,
@@ -185,6 +198,7 @@ impl InFlight {
     pub fn reset(&mut self, initial_psn: u32) {
         self.una = initial_psn;
         self.next = initial_psn;
+        self.peer_cum = initial_psn;
         self.unresolved = 0;
         self.high = initial_psn;
         self.has_high = false;
@@ -212,9 +226,34 @@ impl InFlight {
         self.next
     }
 
-    /// Room for another PSN: the span `[una, next]` must stay within the SACK bitmap.
+    /// The highest cumulative PSN the peer reported for this path.
+    pub fn peer_cum(&self) -> u32 {
+        self.peer_cum
+    }
+
+    /// Room for another PSN: the span `[una, next]` must stay within the SACK bitmap, and
+    /// `next` within the receiver's window ([`InFlight::window_limited`]).
     pub fn has_room(&self) -> bool {
-        (self.next.wrapping_sub(self.una) as usize) < SACK_BITS
+        (self.next.wrapping_sub(self.una) as usize) < SACK_BITS && !self.window_limited()
+    }
+
+    /// `next` is more than [`RECV_WINDOW`] beyond the peer's last reported cumulative PSN:
+    /// the receiver might drop it, so the path takes no new PSN until the peer reports
+    /// progress. Until a timeout `next` stays within 2 x 256 + 1 of it (see [`RECV_WINDOW`]):
+    /// only a path whose packets go unanswered through many timeouts gets here.
+    pub fn window_limited(&self) -> bool {
+        self.next.wrapping_sub(self.peer_cum) > RECV_WINDOW
+    }
+
+    /// The PSN a probe repeats while the path is [`InFlight::window_limited`]: `next - 257`.
+    /// It is in the receiver's window (`RECV_WINDOW - 256` beyond `peer_cum`) and below every
+    /// PSN this table still looks at (the 256 before `next`), so an ACK for it resolves no
+    /// packet of the table. A receiver that already has it answers a duplicate; one that
+    /// never saw it slides its window to 256 below it, to just below the PSNs the table
+    /// tracks (all it skips was given up by timeouts): either way its ACK reports a
+    /// cumulative PSN at most 2 x 256 + 1 below `next`, and the path has room again.
+    pub fn limit_probe_psn(&self) -> u32 {
+        self.next.wrapping_sub(SACK_BITS as u32 + 1)
     }
 
     /// The reordering window for a path whose smoothed RTT is `srtt`: a quarter of it, or
@@ -259,6 +298,10 @@ impl InFlight {
         mut report: impl FnMut(SentItem, Outcome, u64),
     ) -> AckSummary {
         let mut sum = AckSummary::default();
+        // The peer's cumulative PSN only grows; one beyond what was sent is not the peer's.
+        if seq_lt(self.peer_cum, ack.cum_psn) && !seq_lt(self.next, ack.cum_psn) {
+            self.peer_cum = ack.cum_psn;
+        }
         let prev_high = self.has_high.then_some(self.high);
         // Every PSN whose slot may still be meaningful: those from `una` on, and, after a
         // timeout, the last 256 sent (slots of PSNs below `una` can only be Lost ones kept to
@@ -630,5 +673,91 @@ mod tests {
         let v = run(&mut f, &ack(500, &[600]));
         assert_eq!(v, std::vec![(0, Outcome::Acked)]);
         assert_eq!(f.next_psn(), 11);
+    }
+
+    /// A path whose packets nobody answers: one PSN per timeout (a probe), as a blackholed
+    /// path sends.
+    fn dead_path_round(f: &mut InFlight) -> Option<u32> {
+        let psn = f.push(0, item(0));
+        f.on_timeout(|_, _, _| {});
+        psn
+    }
+
+    #[test]
+    fn a_dead_path_stops_at_the_receive_window_until_the_peer_reports() {
+        let mut f = InFlight::new(u32::MAX - 100); // wraps
+        let mut sent = 0;
+        while let Some(psn) = dead_path_round(&mut f) {
+            assert_eq!(psn.wrapping_sub(f.peer_cum()), sent);
+            sent += 1;
+        }
+        // PSNs peer_cum ..= peer_cum + RECV_WINDOW went out, no further.
+        assert_eq!(sent, RECV_WINDOW + 1);
+        assert!(f.window_limited() && !f.has_room());
+        let next = f.next_psn();
+        let r = f.limit_probe_psn();
+        assert_eq!(r, next.wrapping_sub(257));
+        assert_eq!(
+            r.wrapping_sub(f.peer_cum()),
+            RECV_WINDOW - 256,
+            "in the window"
+        );
+        // An ACK from beyond what was sent, or an older one, changes nothing.
+        run(&mut f, &ack(next.wrapping_add(1), &[]));
+        run(&mut f, &ack(u32::MAX - 200, &[]));
+        assert_eq!(f.peer_cum(), u32::MAX - 100);
+        assert!(f.window_limited());
+        // A receiver that never saw the repeated PSN slides to 256 below it: room again,
+        // and the ACK resolves nothing of the table (it is all below it).
+        let v = run(&mut f, &ack(r.wrapping_sub(256), &[r]));
+        assert!(v.is_empty());
+        assert_eq!(f.peer_cum(), next.wrapping_sub(513));
+        assert!(f.has_room());
+        let more = (0..)
+            .take_while(|_| dead_path_round(&mut f).is_some())
+            .count();
+        assert_eq!(more, RECV_WINDOW as usize - 512);
+    }
+
+    /// With ACKs and no timeouts a path's next PSN stays within 2 x 256 + 1 of the peer's
+    /// reported cumulative PSN (the margin `RECV_WINDOW` is chosen from), under random and
+    /// burst loss, with the holes given up by the reordering rule and slid over by the
+    /// receiver.
+    #[test]
+    fn without_timeouts_a_path_stays_within_two_windows_of_the_peer() {
+        use super::super::super::rng::XorShift;
+        use super::super::sack::PsnWindow;
+        let start = u32::MAX - 5_000;
+        let (mut f, mut rx) = (InFlight::new(start), PsnWindow::new(start));
+        let mut rng = XorShift::new(9);
+        let (rtt, mut t) = (10_000u64, 0u64);
+        let (mut ahead, mut reported_ahead, mut delivered) = (0, 0, 0u32);
+        for round in 0..3_000u32 {
+            // Every 50th round all of it is lost; otherwise one packet in four.
+            let burst = round % 50 == 49;
+            for _ in 0..64 {
+                if !f.has_room() {
+                    break;
+                }
+                assert!(!f.window_limited());
+                let psn = f.push(t, item(0)).unwrap();
+                assert!(rx.in_window(psn));
+                ahead = ahead.max(f.next_psn().wrapping_sub(rx.cum()));
+                reported_ahead = reported_ahead.max(f.next_psn().wrapping_sub(f.peer_cum()));
+                if !burst && !rng.next_u64().is_multiple_of(4) {
+                    rx.record(psn);
+                    delivered += 1;
+                }
+                t += 100;
+            }
+            t += rtt;
+            f.on_ack(t, rtt, &rx.to_ack(0, 0, 0, 0), |_, _, _| {});
+            if f.loss_deadline(rtt).is_some_and(|d| d <= t) {
+                f.detect_lost(t, rtt, |_, _, _| {});
+            }
+        }
+        assert!(delivered > 100_000, "{delivered}");
+        assert!(reported_ahead <= 2 * 256 + 1, "{reported_ahead}");
+        assert!(ahead <= reported_ahead, "{ahead}");
     }
 }

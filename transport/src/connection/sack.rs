@@ -8,6 +8,21 @@
 
 use super::super::wire::{seq_diff, PathAck, SACK_BITS, SACK_WORDS};
 
+/// How far beyond a path's cumulative PSN a receiver accepts a PSN: one more than
+/// `RECV_WINDOW` beyond is dropped unseen ([`PsnWindow::record`]), so a spoofed packet cannot
+/// slide the window over the real ones.
+///
+/// 4 x 256, so that no conforming sender reaches it. A sender keeps at most 256 unresolved
+/// packets per path, and until a retransmission timeout resolves a packet only when it or a
+/// later one was acknowledged; an ACK that acknowledges a PSN has a cumulative PSN at most
+/// 256 below it. So a path's next PSN is at most 2 x 256 + 1 beyond the last cumulative PSN
+/// its peer reported, and a receiver's cumulative PSN is never below that report. What is
+/// left (two more windows) absorbs the new PSNs of a timeout or two (a tail loss, a route
+/// change) before the peer reports again. Only a path that stays unanswered through many
+/// timeouts gets further; it then takes no new PSN and probes with an earlier one
+/// ([`InFlight::window_limited`](super::retransmit::InFlight::window_limited)).
+pub const RECV_WINDOW: u32 = 4 * SACK_BITS as u32;
+
 type Bits = [u64; SACK_WORDS];
 
 fn bit(bits: &Bits, i: usize) -> bool {
@@ -70,6 +85,8 @@ pub enum Recorded {
     New,
     /// Seen before, or below the window.
     Duplicate,
+    /// More than [`RECV_WINDOW`] beyond the cumulative PSN: not recorded.
+    OutOfWindow,
 }
 
 /// Receiver side of one path's PSN space.
@@ -100,15 +117,25 @@ impl PsnWindow {
         self.bits
     }
 
+    /// Whether `psn` may be recorded: at most [`RECV_WINDOW`] beyond the cumulative PSN
+    /// (anything before it is a duplicate).
+    pub fn in_window(&self, psn: u32) -> bool {
+        seq_diff(psn, self.cum) <= RECV_WINDOW as i32
+    }
+
     /// Records the arrival of `psn`. A PSN more than 256 beyond the cumulative PSN slides the
     /// window forward (the sender never has more than 256 unresolved PSNs on a path, so the
-    /// PSNs skipped were already given up by it).
+    /// PSNs skipped were already given up by it); one more than [`RECV_WINDOW`] beyond changes
+    /// nothing (no sender goes that far: such a packet is forged).
     pub fn record(&mut self, psn: u32) -> Recorded {
         let d = seq_diff(psn, self.cum);
         if d < 0 {
             return Recorded::Duplicate;
         }
-        let d = d as u32 as usize; // 0..2^31
+        if !self.in_window(psn) {
+            return Recorded::OutOfWindow;
+        }
+        let d = d as u32 as usize; // 0..=RECV_WINDOW
         if d == 0 {
             self.cum = self.cum.wrapping_add(1);
             self.advance();
@@ -346,11 +373,63 @@ mod tests {
         assert_eq!(w.record(357), Recorded::New);
         assert_eq!(w.cum(), 101);
         assert!(w.contains(356) && w.contains(357) && !w.contains(101) && w.contains(100));
-        // A far jump clears everything below it.
-        w.record(101 + 10_000);
-        assert_eq!(w.cum(), 101 + 10_000 - 256);
-        assert!(w.contains(101 + 10_000));
-        assert!(!w.contains(101 + 10_000 - 1));
+        // A far jump (within the window) clears everything below it.
+        w.record(101 + 1_000);
+        assert_eq!(w.cum(), 101 + 1_000 - 256);
+        assert!(w.contains(101 + 1_000));
+        assert!(!w.contains(101 + 1_000 - 1));
+    }
+
+    /// A window with some history: cum 1000, 1002 and 1256 received beyond it.
+    fn busy_window() -> PsnWindow {
+        let mut w = PsnWindow::new(990);
+        for p in (990..1000).chain([1002, 1256]) {
+            assert_eq!(w.record(p), Recorded::New);
+        }
+        assert_eq!(w.cum(), 1000);
+        w
+    }
+
+    #[test]
+    fn a_psn_beyond_the_window_changes_nothing() {
+        let mut w = busy_window();
+        let before = w;
+        for d in [RECV_WINDOW + 1, RECV_WINDOW + 2, 1 << 20, (1 << 31) - 1] {
+            let psn = w.cum().wrapping_add(d);
+            assert!(!w.in_window(psn), "{d}");
+            assert_eq!(w.record(psn), Recorded::OutOfWindow, "{d}");
+            assert_eq!(w, before, "{d}: cum and bitmap unchanged");
+            assert!(!w.contains(psn));
+        }
+        // The real traffic goes on as if nothing had come.
+        assert_eq!(w.record(1000), Recorded::New);
+        assert_eq!(w.record(1001), Recorded::New);
+        assert_eq!(w.cum(), 1003);
+    }
+
+    #[test]
+    fn a_psn_at_the_window_bound_is_accepted() {
+        let mut w = busy_window();
+        let psn = 1000 + RECV_WINDOW;
+        assert!(w.in_window(psn));
+        assert_eq!(w.record(psn), Recorded::New);
+        // It slid the window: it is on the bitmap's last bit.
+        assert_eq!(w.cum(), psn - 256);
+        assert!(w.contains(psn) && !w.contains(psn - 1) && w.contains(1256));
+        assert_eq!(w.record(psn), Recorded::Duplicate);
+        // Below the window is a duplicate, however far.
+        assert_eq!(w.record(psn.wrapping_sub(1 << 30)), Recorded::Duplicate);
+    }
+
+    #[test]
+    fn the_window_bound_wraps_around_u32() {
+        let start = u32::MAX - 10;
+        let mut w = PsnWindow::new(start);
+        let last = start.wrapping_add(RECV_WINDOW);
+        assert_eq!(w.record(last.wrapping_add(1)), Recorded::OutOfWindow);
+        assert_eq!(w, PsnWindow::new(start));
+        assert_eq!(w.record(last), Recorded::New);
+        assert_eq!(w.cum(), last.wrapping_sub(256));
     }
 
     #[test]
