@@ -232,6 +232,9 @@ counters! {
     /// `peer_restarts`: peers whose connection to us was made again (a proven HELLO with a new
     /// connection id): our connection's paths restarted their sequence numbers.
     PeerRestarts => c"peer_restarts",
+    /// `rx_out_of_window`: packets of a connection whose PSN lay beyond their path's receive
+    /// window (more than 1024 past what it has received): dropped, never acknowledged.
+    RxOutOfWindow => c"rx_out_of_window",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default

@@ -1329,6 +1329,7 @@ impl Engine {
                 Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
                     self.counters.inc(Counter::RxNoConnection);
                 }
+                Err(RecvError::OutOfWindow) => self.counters.inc(Counter::RxOutOfWindow),
                 // Malformed for the transport: dropped (its own stats count it).
                 Err(_) => {}
             }

@@ -6,7 +6,7 @@
 
 mod sim;
 
-use metaroce_transport::stream::WrOpcode;
+use metaroce_transport::stream::{CqStatus, SendWqe, WrOpcode};
 use sim::*;
 
 /// 256 writes of 16 KiB (16 packets each): 4,096 packets, 256 per path.
@@ -56,4 +56,23 @@ fn a_peer_made_again_gets_fresh_paths() {
     traffic(&mut sim, 5);
     b_made_again(&mut sim, true);
     traffic(&mut sim, 2);
+}
+
+/// Why the restart: without it A's paths go on from PSNs the new connection's receive windows
+/// are far behind (more than `RECV_WINDOW`): they drop every packet of A's, and A's message
+/// fails with its retries exhausted.
+#[test]
+fn without_a_restart_the_peer_made_again_drops_everything() {
+    let mut sim = Sim::new(LinkConfig::clean(), 9);
+    traffic(&mut sim, 5);
+    b_made_again(&mut sim, false);
+    sim.ep[0].send_cqes.clear();
+    let wqe = SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, 0x100000, 4096)).remote(0x200000, 2);
+    let (now, a) = (sim.now, sim.ep[0].stream);
+    sim.ep[0].conn.post_send(now, a, wqe).expect("post");
+    let deadline = sim.now + 500_000_000;
+    sim.run_until(deadline, |s| !s.ep[0].send_cqes.is_empty());
+    let status = sim.ep[0].send_cqes.first().map(|c| c.status);
+    assert!(status.is_some_and(|s| s != CqStatus::Success), "{status:?}");
+    assert!(sim.ep[1].conn.stats().out_of_window_psn > 0);
 }
