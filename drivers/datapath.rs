@@ -70,6 +70,7 @@ use kernel::{
 };
 
 mod datagrams;
+mod peers;
 mod planes;
 
 pub(crate) use datagrams::is_datagram;
@@ -222,7 +223,7 @@ pub(crate) struct Engine {
     plane_counters: [Arc<Counters>; MAX_PLANES],
     /// Grown outside the lock (`Engine::peer_or_new`).
     #[pin]
-    peers: SpinLockBh<KVec<Arc<Peer>>>,
+    peers: SpinLockBh<peers::PeerTable>,
     #[pin]
     rxq: SpinLockIrq<RxQueue>,
     /// The receive threads, one per CPU (bulk receive runs, GSI datagrams), and the alarm;
@@ -537,7 +538,7 @@ impl Engine {
         // Nothing kicks the threads any more; stop them (this waits for runs in progress).
         let thread = self.rx_thread.lock().take();
         drop(thread);
-        let peers = core::mem::replace(&mut *self.peers.lock(), KVec::new());
+        let peers = self.peers.lock().take();
         drop(peers);
     }
 
@@ -586,11 +587,7 @@ impl Engine {
 
     /// The peer with address `addr` on any plane.
     fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
-        self.peers
-            .lock()
-            .iter()
-            .find(|p| p.planes.has(addr))
-            .cloned()
+        self.peers.lock().find(addr).cloned()
     }
 
     /// The `i`th peer: walks the peers without allocating (softirq).
@@ -606,13 +603,13 @@ impl Engine {
             self.counters.inc(Counter::PeersRefused);
             return Err(ENOSPC);
         }
-        // Made unlocked (nothing allocates under the list's lock); a peer another thread
+        // Made unlocked (nothing allocates under the table's lock); a peer another thread
         // added meanwhile wins.
         let peer = self.new_peer(addr)?;
-        let mut room = KVec::new();
+        let mut room = peers::Room::new();
         loop {
             let mut peers = self.peers.lock();
-            if let Some(p) = peers.iter().find(|p| p.planes.has(addr)) {
+            if let Some(p) = peers.find(addr) {
                 let p = p.clone();
                 drop(peers);
                 return Ok(p);
@@ -622,24 +619,21 @@ impl Engine {
                 self.counters.inc(Counter::PeersRefused);
                 return Err(ENOSPC);
             }
-            if peers.len() < peers.capacity() {
-                // Within the capacity: no allocation.
-                peers.push(peer.clone(), GFP_ATOMIC)?;
-                break;
-            }
-            if room.capacity() > peers.len() {
-                room.clear();
-                for p in peers.drain_all() {
-                    // Within `room`'s capacity: no allocation.
-                    room.push(p, GFP_ATOMIC)?;
+            room = peers.grow(room);
+            match peers.room_wanted() {
+                None => {
+                    // There is room now: cannot fail.
+                    if peers.push(peer.clone(), addr).is_err() {
+                        return Err(ENOMEM);
+                    }
+                    break;
                 }
-                room.push(peer.clone(), GFP_ATOMIC)?;
-                room = core::mem::replace(&mut *peers, room);
-                break;
+                Some((list, index)) => {
+                    drop(peers);
+                    drop(room);
+                    room = peers::Room::with_capacity(list, index)?;
+                }
             }
-            let want = peers.len().saturating_mul(2).max(4);
-            drop(peers);
-            room = KVec::with_capacity(want, GFP_KERNEL)?;
         }
         drop(room);
         // Its paths go over our planes; only plane 0 reaches the peer until its HELLO arrives.
@@ -887,9 +881,8 @@ impl Engine {
             return None;
         }
         p.removed = true;
-        let mut peers = self.peers.lock();
-        let i = peers.iter().position(|q| Arc::ptr_eq(q, peer))?;
-        Some(peers.remove(i).ok()?)
+        let addrs = peer.planes.addrs();
+        self.peers.lock().remove(peer, &addrs)
     }
 
     /// The QP moved to the error state: the transport flushes what it holds.

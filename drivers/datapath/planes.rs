@@ -87,6 +87,11 @@ impl PeerPlanes {
         planes
     }
 
+    /// The peer's addresses, by plane (0: unknown).
+    pub(super) fn addrs(&self) -> [u32; MAX_PLANES] {
+        core::array::from_fn(|k| self.addrs.get(k).map_or(0, |a| a.load(Ordering::Relaxed)))
+    }
+
     /// Whether `addr` is the peer's address on one of its planes.
     pub(super) fn has(&self, addr: [u8; 4]) -> bool {
         let a = u32::from_ne_bytes(addr);
@@ -392,8 +397,8 @@ impl Engine {
     fn belongs_to_another(&self, peer: &Peer, addr: [u8; 4]) -> bool {
         self.peers
             .lock()
-            .iter()
-            .any(|q| !core::ptr::eq::<Peer>(&**q, peer) && q.planes.has(addr))
+            .find(addr)
+            .is_some_and(|q| !core::ptr::eq::<Peer>(&**q, peer))
     }
 
     /// A HELLO from `peer`'s address (the connection `conn`) arrived. Proven (it carries our
@@ -416,7 +421,13 @@ impl Engine {
                 self.send_hello(peer, conn.path_count(), false, h.conn_id, now);
             }
             if pp.remote_id() != Some(h.conn_id) && Self::answer_due(&pp.hello_sent_ns, now) {
-                self.send_hello(peer, conn.path_count(), true, pp.remote_id().unwrap_or(0), now);
+                self.send_hello(
+                    peer,
+                    conn.path_count(),
+                    true,
+                    pp.remote_id().unwrap_or(0),
+                    now,
+                );
             }
             return;
         }
@@ -446,9 +457,14 @@ impl Engine {
                 );
             }
         }
-        // Plane 0 stays the address the QPs named: that is how the peer was found.
+        // Plane 0 stays the address the QPs named: that is how the peer was found. The
+        // others are indexed, so that the peer's datagrams from them find it.
+        let plane0 = pp.addr(0).unwrap_or([0; 4]);
         for (slot, a) in pp.addrs.iter().zip(addrs.iter()).skip(1) {
-            slot.store(*a, Ordering::Relaxed);
+            let old = slot.swap(*a, Ordering::Relaxed);
+            if old != *a {
+                self.peers.lock().readdress(peer, plane0, old, *a);
+            }
         }
         pp.epoch.store(h.epoch, Ordering::Relaxed);
         let old = pp.remote_id.swap(h.conn_id, Ordering::Relaxed);
