@@ -185,6 +185,9 @@ const LOSSY_RUN_RATE: u16 = 0;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
 const RX_ENTRIES: usize = 1024;
+/// How long a burst's datagrams may wait for a last one that does not come (see
+/// `Engine::receive`).
+const RX_FLUSH_NS: u64 = 1_000_000;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
 /// Datagrams queued beyond this many arrive marked CE (see `Engine::receive`).
@@ -502,7 +505,7 @@ impl Engine {
                 epoch: Engine::new_epoch(),
                 counters: own_counters,
                 plane_counters,
-                peers <- new_spinlock_bh!(KVec::new(), "metaroce_peers"),
+                peers <- new_spinlock_bh!(peers::PeerTable::new(), "metaroce_peers"),
                 rxq <- new_spinlock_irq!(rxq, "metaroce_rxq"),
                 rx_thread <- new_spinlock_irq!(None, "metaroce_rx_thread"),
                 alloc <- new_spinlock_bh!(
@@ -554,15 +557,26 @@ impl Engine {
         // would: the senders' windows shrink before our queue adds delay that fires their
         // retransmission timers (with 7 senders into one receiver, its 1,024 entries took
         // tens of milliseconds to drain under emulation, and paths failed).
-        let pushed = {
+        let (pushed, first) = {
             let mut q = self.rxq.lock();
+            let first = q.len() == 0;
             let ce = ce || q.len() >= RX_MARK;
-            q.push(RxItem { src, ce, buf })
+            (q.push(RxItem { src, ce, buf }), first)
         };
         if pushed.is_err() {
             self.counters.inc(Counter::RxNoMem);
         }
         if more {
+            // `more` is a hint (the stack's list of a GSO packet's datagrams): the next one
+            // may still be dropped before it reaches us (a bad checksum, a filter). The alarm
+            // then processes what the burst left queued (`process_timers`), armed once per
+            // burst, on its first datagram.
+            if first {
+                let now = work::now_ns();
+                if let Some(t) = &*self.rx_thread.lock() {
+                    t.arm(now.saturating_add(RX_FLUSH_NS), now);
+                }
+            }
             return;
         }
         if self.rx_spread.load(Ordering::Relaxed) {
@@ -1477,8 +1491,7 @@ impl Engine {
             self.release(peer, p);
         }
         // A burst whose last datagram never came in (dropped by the UDP layer) is still
-        // queued: a safety net, the transport's timers keep the alarm going while packets
-        // are in flight.
+        // queued: `receive` armed the alarm for it.
         if self.rx_queued() > 0 {
             self.kick_rx();
         }

@@ -774,9 +774,9 @@ unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvCommand> {
     }
     // A newer provider's longer command: what we do not know must be zero.
     // SAFETY: per the contract.
-    if inlen > size
-        && !unsafe { bindings::metaroce_glue_is_udata_cleared(udata, size, inlen - size) }
-    {
+    let cleared = inlen <= size
+        || unsafe { bindings::metaroce_glue_is_udata_cleared(udata, size, inlen - size) };
+    if !cleared {
         return Err(EOPNOTSUPP);
     }
     let known = bindings::metaroce_modify_qp_comp_mask_METAROCE_MODIFY_QP_PLANES;
