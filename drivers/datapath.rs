@@ -261,6 +261,8 @@ pub(crate) struct Engine {
 
 /// `max_peers` of a new device.
 const DEFAULT_MAX_PEERS: u32 = 1024;
+/// How long a peer with no QP left keeps its connection (see `Engine::reap_idle`).
+const PEER_LINGER_NS: u64 = 10_000_000_000;
 /// The most `max_peers` may be set to.
 const MAX_MAX_PEERS: u32 = 1 << 16;
 
@@ -364,9 +366,11 @@ struct PeerInner {
     buf: KVec<u8>,
     /// What of the connection's counters the device counters already hold.
     reported: Reported,
-    /// Taken off the device's peer list with its last QP (`Engine::detach`): no QP may
-    /// attach to it any more (`Engine::attach` makes a new peer instead).
+    /// Taken off the device's peer list (`Engine::reap_idle`): no QP may attach to it any
+    /// more (`Engine::attach` makes a new peer instead).
     removed: bool,
+    /// When its last QP went (0: it has QPs, or never had one yet).
+    idle_since: u64,
 }
 
 /// A stream's QP and the data path's state for it.
@@ -613,6 +617,7 @@ impl Engine {
         if let Some(p) = self.peer(addr) {
             return Ok(p);
         }
+        self.reap_idle(true);
         if self.peers.lock().len() >= self.max_peers() as usize {
             self.counters.inc(Counter::PeersRefused);
             return Err(ENOSPC);
@@ -689,6 +694,7 @@ impl Engine {
                     buf,
                     reported: Reported::default(),
                     removed: false,
+                    idle_since: 0,
                 }, "metaroce_peer"),
                 pending: AtomicU8::new(0),
                 takes_pending: AtomicBool::new(false),
@@ -854,6 +860,7 @@ impl Engine {
                 };
             }
             p.attached += 1;
+            p.idle_since = 0;
             {
                 let mut inner = qp.inner.lock();
                 // A new stream counts its WQEs from zero.
@@ -897,6 +904,47 @@ impl Engine {
         p.removed = true;
         let addrs = peer.planes.addrs();
         self.peers.lock().remove(peer, &addrs)
+    }
+
+    /// Takes off the list the peers that have had no QP for `PEER_LINGER_NS`, and with
+    /// `room`, when the table is full, the one idle longest as well. A peer lingers after its
+    /// last QP so that what its peer still sends to a QP just destroyed is answered (a NAK
+    /// "remote operational error", not silence) and QPs made again soon reuse the connection.
+    /// Process context.
+    fn reap_idle(&self, room: bool) {
+        let now = work::now_ns();
+        let full = room && self.peers.lock().len() >= self.max_peers() as usize;
+        for peer in self.peer_list().iter() {
+            let mut p = peer.inner.lock();
+            if p.attached != 0 || p.idle_since == 0 {
+                continue;
+            }
+            if now.saturating_sub(p.idle_since) < PEER_LINGER_NS {
+                continue;
+            }
+            let gone = self.unlist_if_unused(peer, &mut p);
+            drop(p);
+            drop(gone);
+        }
+        if full && self.peers.lock().len() >= self.max_peers() as usize {
+            // The longest idle (a peer that never had a QP counts as idle from its start).
+            let mut oldest: Option<(u64, Arc<Peer>)> = None;
+            for peer in self.peer_list().iter() {
+                let p = peer.inner.lock();
+                if p.attached == 0
+                    && p.idle_since != 0
+                    && oldest.as_ref().is_none_or(|(t, _)| p.idle_since < *t)
+                {
+                    oldest = Some((p.idle_since, peer.clone()));
+                }
+            }
+            if let Some((_, peer)) = oldest {
+                let mut p = peer.inner.lock();
+                let gone = self.unlist_if_unused(&peer, &mut p);
+                drop(p);
+                drop(gone);
+            }
+        }
     }
 
     /// The QP moved to the error state: the transport flushes what it holds.
@@ -964,8 +1012,9 @@ impl Engine {
     }
 
     /// The QP is being destroyed: close its stream; nothing completes for it afterwards.
-    /// When it was the connection's last, the peer goes, and its connection with it (a later
-    /// QP makes a new one, with a new id, and the peer's restarts its paths on learning it).
+    /// When it was the connection's last, the peer lingers idle, then goes with its connection
+    /// (`reap_idle`; a later QP makes a new one, with a new id, and the peer's connection
+    /// restarts its paths on learning it).
     pub(crate) fn detach(&self, qp: &Qp) {
         let binding = qp.inner.lock().binding.take();
         if let Some(b) = binding {
@@ -986,12 +1035,14 @@ impl Engine {
                     core::mem::replace(&mut p.feed, KVVec::new()),
                 ));
             }
-            // The last QP takes the peer's connection with it.
-            let unused = self.unlist_if_unused(&b.peer, &mut p);
+            if p.attached == 0 {
+                p.idle_since = work::now_ns().max(1);
+            }
             drop(p);
             drop(storage);
             drop(gone);
-            drop(unused);
+            // Process context: peers idle for long go now.
+            self.reap_idle(false);
         }
     }
 

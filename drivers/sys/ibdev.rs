@@ -70,6 +70,7 @@ fn device_ops() -> bindings::ib_device_ops {
         get_hw_stats: Some(super::stats::get_hw_stats),
         alloc_ucontext: Some(alloc_ucontext),
         dealloc_ucontext: Some(dealloc_ucontext),
+        disassociate_ucontext: Some(disassociate_ucontext),
         alloc_pd: Some(alloc_pd),
         dealloc_pd: Some(dealloc_pd),
         size_ib_ucontext: size_of::<MetaUcontext>(),
@@ -393,6 +394,18 @@ unsafe extern "C" fn alloc_ucontext(
 ///
 /// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
 unsafe extern "C" fn dealloc_ucontext(_uctx: *mut bindings::ib_ucontext) {}
+
+/// The device is going (its netdev removed, `rdma link delete`, `rmmod`) while a process still
+/// has it open: the core has destroyed every object of the context (each through its destroy
+/// op) and zapped its ring mappings, which drops their entries (`ring::mmap_free`), so nothing
+/// of ours is left in it. With this op the core does not wait for the process to close the
+/// device (the netdev's removal used to block in `unregister_netdevice` until it did) and
+/// does not pin the module for it: later calls of the process fail with `EIO`.
+///
+/// # Safety
+///
+/// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
+unsafe extern "C" fn disassociate_ucontext(_uctx: *mut bindings::ib_ucontext) {}
 
 /// # Safety
 ///

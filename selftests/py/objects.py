@@ -164,11 +164,23 @@ def peers_connected():
         return sum(1 for line in f if line.startswith("peer "))
 
 
+def peer_listed(addr):
+    with open(f"/sys/class/infiniband/{DEV}/peers") as f:
+        return any(line.startswith(f"peer {addr} ") for line in f)
+
+
+def v4_gid(addr):
+    """The IPv4-mapped GID of addr, as pyverbs' GID() parses it (8 groups of 4 hex digits)."""
+    a, b, c, d = (int(x) for x in addr.split("."))
+    return GID(f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}")
+
+
 def peers_are_bounded():
     # Any local user names any address in modify_qp, and each peer device costs a connection:
     # past max_peers, RTR toward a new address fails (ENOSPC), the QP stays in INIT, and
-    # peers_refused counts it. 10.77.0.50 and .51 answer nobody: verbs.sh gives them static
-    # neighbour entries so that the core resolves their MACs.
+    # peers_refused counts it. A peer whose last QP went lingers (10 s), but a full table gives
+    # it up for a new one. 10.77.0.50-.52 answer nobody: verbs.sh gives them static neighbour
+    # entries so that the core resolves their MACs.
     path = f"/sys/class/infiniband/{DEV}/max_peers"
     with open(path) as f:
         old = int(f.read())
@@ -176,37 +188,43 @@ def peers_are_bounded():
     refused = hw_counter("peers_refused")
     cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
     qps = []
+
+    def connect(addr, dest_qp):
+        qp = QP(state["pd"], QPInitAttr(qp_type=e.IBV_QPT_RC, scq=state["cq"], rcq=state["cq"],
+                                        cap=cap))
+        qps.append(qp)
+        attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+        attr.pkey_index = 0
+        attr.port_num = 1
+        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+        attr, mask = rtr_attrs(v4_gid(addr), 1, dest_qp)
+        qp.modify(attr, mask)
+        return qp
+
     try:
         with open(path, "w") as f:
             f.write(str(have + 1))
-        for k, addr in enumerate(("10.77.0.50", "10.77.0.51")):
-            qp = QP(state["pd"], QPInitAttr(qp_type=e.IBV_QPT_RC, scq=state["cq"], rcq=state["cq"],
-                                            cap=cap))
-            qps.append(qp)
-            attr = QPAttr(qp_state=e.IBV_QPS_INIT)
-            attr.pkey_index = 0
-            attr.port_num = 1
-            qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-            attr, mask = rtr_attrs(GID(f"::ffff:{addr}"), 1, 0x100 + k)
-            if k == 0:
-                qp.modify(attr, mask)
-                continue
-            try:
-                qp.modify(attr, mask)
-                raise AssertionError(f"RTR toward a peer beyond max_peers ({have + 1}) was accepted")
-            except AssertionError:
-                raise
-            except Exception as ex:  # noqa: BLE001
-                assert getattr(ex, "error_code", None) in (None, 28), ex  # ENOSPC
-            qattr, _ = qp.query(e.IBV_QP_STATE)
-            assert qattr.qp_state == e.IBV_QPS_INIT, qattr.qp_state
+        connect("10.77.0.50", 0x100)
+        try:
+            connect("10.77.0.51", 0x101)
+            raise AssertionError(f"RTR toward a peer beyond max_peers ({have + 1}) was accepted")
+        except AssertionError:
+            raise
+        except Exception as ex:  # noqa: BLE001
+            assert getattr(ex, "error_code", None) in (None, 28), ex  # ENOSPC
+        qattr, _ = qps[-1].query(e.IBV_QP_STATE)
+        assert qattr.qp_state == e.IBV_QPS_INIT, qattr.qp_state
         assert peers_connected() == have + 1, peers_connected()
         assert hw_counter("peers_refused") == refused + 1, hw_counter("peers_refused")
         for qp in qps:
             qp.close()
-        qps = []
-        # The peer went with its last QP (the refused one never made one).
-        assert peers_connected() == have, f"{peers_connected()} peers, wanted {have}"
+        qps.clear()
+        # Idle, 10.77.0.50 lingers; a new peer takes its place in the full table.
+        assert peer_listed("10.77.0.50"), "the idle peer went at once"
+        connect("10.77.0.52", 0x102)
+        assert peer_listed("10.77.0.52") and not peer_listed("10.77.0.50"), \
+            "the idle peer was not given up for a new one"
+        assert peers_connected() == have + 1, peers_connected()
     finally:
         with open(path, "w") as f:
             f.write(str(old))
@@ -278,7 +296,7 @@ check("MR keys end in a random byte: 16 in a row do not count up, a reused slot 
 check("a failed INIT -> RTR (IPv6 GID) leaves the QP in INIT with its old attributes",
       failed_modify_changes_nothing)
 check("peer devices are bounded by max_peers: one more is refused (ENOSPC, counted), its QP stays "
-      "in INIT; a peer goes with its last QP", peers_are_bounded)
+      "in INIT; an idle peer lingers, and gives its place to a new one", peers_are_bounded)
 check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_error)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)

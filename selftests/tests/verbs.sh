@@ -6,7 +6,7 @@ dmesg_mark
 modprobe metaroce
 setup_pair metaroce mroce
 # Addresses nobody answers, for the max_peers check: their MACs resolve from these.
-for a in 50 51; do
+for a in 50 51 52; do
 	$IP -n ns1 neigh replace 10.77.0.$a lladdr 02:00:00:00:00:$a dev veth1 nud permanent
 done
 timeout 120 python3 "$(dirname "$0")/../py/objects.py" mroce1 >"$TAP_DIR/objects.out" 2>&1

@@ -22,6 +22,10 @@ enum State {
     Done(CqStatus),
 }
 
+/// Completion timeouts that count one retry while the connection delivers and the message's
+/// paths are still recovering its packets (`Requester::on_timer`).
+const SLOW_TIMEOUTS: u8 = 4;
+
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     state: State,
@@ -42,6 +46,9 @@ struct Entry {
     rnr_until: u64,
     /// The current attempt is a resend after a completion timeout.
     poke: bool,
+    /// Completion timeouts passed while its paths were still recovering its packets on a
+    /// connection that delivers (see `Requester::on_timer`), since the last retry counted.
+    slow: u8,
 }
 
 impl Entry {
@@ -61,6 +68,7 @@ impl Entry {
             rnr_retries: 0,
             rnr_until: 0,
             poke: false,
+            slow: 0,
         }
     }
 }
@@ -608,6 +616,18 @@ impl Requester {
                         // then the message counts retries, sent or not.)
                         return false;
                     }
+                    if delivering && !e.out.complete(e.n_segs) {
+                        // All sent, not all acknowledged, while the connection delivers: its
+                        // paths are resending what they lost (under congestion, after
+                        // backed-off timeouts), which is slowness, not the peer's silence. A
+                        // retry counts every `SLOW_TIMEOUTS` such timeouts, so that a message
+                        // the peer never takes still fails, later.
+                        e.slow = e.slow.saturating_add(1);
+                        if e.slow < SLOW_TIMEOUTS {
+                            return false;
+                        }
+                    }
+                    e.slow = 0;
                     if e.out.complete(e.n_segs) {
                         // Resend the whole message as a new attempt: whatever was lost (a NAK,
                         // an ACK, data the responder discarded), the responder answers it

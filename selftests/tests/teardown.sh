@@ -1,0 +1,101 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# Teardown under traffic, as hot-unplug and crashes do it: the netdev removed, both ends killed
+# with SIGKILL, `rdma link delete`, and `rmmod`, each while ib_write_bw runs between the two
+# namespaces. The devices go at once (the core disassociates the processes' contexts: their
+# later calls fail), the processes can be killed at once, nothing is left behind (`rdma
+# resource`: no QP or MR, the `peers` file: no QP), and the kernel log stays clean.
+source "$(dirname "$0")/../lib.sh"
+dmesg_mark
+modprobe metaroce
+
+# bw_start: ib_write_bw for up to 60 s, server in ns2 on mroce2, client in ns1 on mroce1, in
+# the background ($SRV, $CLI); returns once data flows.
+bw_start() {
+	$IP netns exec ns2 ib_write_bw -d mroce2 -x 1 -D 60 -s 65536 >"$TAP_DIR/td-srv.log" 2>&1 &
+	SRV=$!
+	wait_for 20 sh -c "$IP netns exec ns2 ss -ltnH | grep -q ':18515 '"
+	$IP netns exec ns1 ib_write_bw -d mroce1 -x 1 -D 60 -s 65536 $NS2_ADDR >"$TAP_DIR/td-cli.log" 2>&1 &
+	CLI=$!
+	wait_for 20 sh -c "[ \$(cat /sys/class/infiniband/mroce1/ports/1/hw_counters/tx_packets 2>/dev/null || echo 0) -gt 2000 ]"
+}
+# gone SECS PID...: every PID has exited within SECS seconds (SIGKILL for those that did not).
+gone() {
+	local secs="$1" p left
+	shift
+	wait_for "$secs" sh -c "for p in $*; do kill -0 \$p 2>/dev/null && exit 1; done; exit 0"
+	left=$?
+	for p in "$@"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+	return $left
+}
+# no_device NAME...: none of the devices is registered any more.
+no_device() {
+	local d
+	for d in "$@"; do $RDMA link show 2>/dev/null | grep -q "link $d/" && return 1; done
+	return 0
+}
+# nothing_left DEV: no RC QP and no MR of DEV in `rdma resource`, no QP on a connection in its
+# peers file (a connection lingers idle for a while after its last QP).
+nothing_left() {
+	local qps mrs peers
+	qps=$($RDMA resource show qp link "$1/1" 2>/dev/null | grep -c 'type RC')
+	mrs=$($RDMA resource show mr 2>/dev/null | grep -c "dev $1 ")
+	peers=$(grep -c '^peer .* qps [1-9]' "/sys/class/infiniband/$1/peers")
+	[ "$qps" = 0 ] && [ "$mrs" = 0 ] && [ "$peers" = 0 ] ||
+		{ echo "$1: $qps RC QPs, $mrs MRs, $peers peers left"; return 1; }
+}
+
+# --- The netdev goes (veth1 and its peer veth2 with it).
+setup_pair metaroce mroce
+bw_start
+t0=$SECONDS
+$IP -n ns1 link del veth1
+check "the netdev's removal under traffic removes mroce1 and mroce2 at once (within 10 s)" \
+	wait_for 10 no_device mroce1 mroce2
+echo "# devices gone after $((SECONDS - t0)) s"
+# They busy-poll their CQs (in memory the device no longer fills) until a verb fails: they
+# need not notice, but killing them must work at once (nothing of theirs hangs in the kernel).
+kill -9 $CLI $SRV 2>/dev/null
+check "both ib_write_bw ends go at once when killed" gone 10 $CLI $SRV
+teardown_pair
+
+# --- Both ends killed (SIGKILL) mid-transfer: their objects are destroyed with their files.
+setup_pair metaroce mroce
+bw_start
+kill -9 $CLI $SRV
+wait $CLI $SRV 2>/dev/null
+check "after SIGKILL of both ends nothing is left on mroce1 (QPs, MRs, the connection)" \
+	wait_for 10 nothing_left mroce1
+check "nor on mroce2" wait_for 10 nothing_left mroce2
+check "a new transfer works after the kill" sh -c "
+	$IP netns exec ns2 timeout 60 ibv_rc_pingpong -d mroce2 -g 1 -n 50 -s 4096 -c >/dev/null 2>&1 &
+	sleep 1
+	$IP netns exec ns1 timeout 60 ibv_rc_pingpong -d mroce1 -g 1 -n 50 -s 4096 -c $NS2_ADDR"
+
+# --- rdma link delete of one end mid-transfer: it goes at once; the other end's QP fails.
+bw_start
+$IP netns exec ns1 $RDMA link delete mroce1
+check "rdma link delete mroce1 under traffic: gone within 10 s" wait_for 10 no_device mroce1
+check "both ib_write_bw ends end within 20 s (mroce2's QP fails: its peer is gone)" gone 20 $CLI $SRV
+check "nothing is left on mroce2" wait_for 10 nothing_left mroce2
+teardown_pair
+
+# --- rmmod mid-transfer: the module goes with its devices; the processes' contexts are
+# disassociated, so they do not pin it.
+setup_pair metaroce mroce
+bw_start
+check "rmmod metaroce under traffic succeeds within 30 s" timeout 30 rmmod metaroce
+check "mroce1 and mroce2 are gone" no_device mroce1 mroce2
+kill -9 $CLI $SRV 2>/dev/null
+check "both ib_write_bw ends go at once when killed" gone 10 $CLI $SRV
+teardown_pair
+check "modprobe metaroce again" modprobe metaroce
+setup_pair metaroce mroce
+check "a transfer works on the devices made again" sh -c "
+	$IP netns exec ns2 timeout 60 ibv_rc_pingpong -d mroce2 -g 1 -n 50 -s 4096 -c >/dev/null 2>&1 &
+	sleep 1
+	$IP netns exec ns1 timeout 60 ibv_rc_pingpong -d mroce1 -g 1 -n 50 -s 4096 -c $NS2_ADDR"
+teardown_pair
+check "rmmod metaroce" rmmod metaroce
+check_no_output "kernel log clean (no oops, WARN, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+suite_end
