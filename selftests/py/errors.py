@@ -707,9 +707,10 @@ class Client:
               self.counter_check(c_access, c_rnr, [("mroce2", "nak_sent_rnr", 2),
                                                    ("mroce1", "nak_rcvd_rnr", 2),
                                                    ("mroce1", "rnr_retries", 2)]))
-        check("counters: retries exceeded are counted (retry_exceeded, timeouts)",
-              self.counter_check(c_rnr, c_retry, [("mroce1", "retry_exceeded", 2),
-                                                  ("mroce1", "timeouts", 2)]))
+        # (Path timeouts need not happen: toward an address that never answered HELLO the
+        # connection sends nothing, and a QP may exhaust its retries before a path times out.)
+        check("counters: retries exceeded are counted (retry_exceeded)",
+              self.counter_check(c_rnr, c_retry, [("mroce1", "retry_exceeded", 2)]))
         check("counters: requests for no QP are counted (rx_no_connection, nak_sent_remote_op,"
               " nak_rcvd_remote_op)",
               self.counter_check(c_retry, c_remop, [("mroce2", "rx_no_connection", 2),
