@@ -34,6 +34,7 @@ use super::wire::{
     Opcode, Packet, ParseError, ReadReqExt, SendExt, WriteExt, MAX_HEADER_LEN, PATH_ACK_LEN,
     STREAM_ACK_LEN,
 };
+use super::zero::{zero_valid, ZeroValid};
 use path::{Path, PathConfig, PathState, PathStats};
 use retransmit::{ItemKind, Outcome, SentItem};
 use streams::{Sched, ACK, EVENT, FREE, TIMER, WORK};
@@ -88,6 +89,10 @@ pub struct Config {
     /// Congestion control (connection window, pacing; `docs/congestion.md`).
     pub cc: CcConfig,
 }
+zero_valid!(struct Config {
+    local_conn_id, remote_conn_id, num_paths, planes, mtu, path_burst, lossy_path_burst,
+    lossy_run_rate, stream_quantum, path, ack_every, stall_timeout, seed, cc,
+});
 
 impl Config {
     /// Defaults for a data-centre fabric: 32 paths, 4 KiB MTU, RTO 200 us .. 100 ms.
@@ -236,6 +241,11 @@ pub struct ConnStats {
     /// RNR NAKs received, all streams.
     pub rnr_naks_in: u64,
 }
+zero_valid!(struct ConnStats {
+    packets_in, packets_out, parse_errors, dropped_in, out_of_window_psn, data_packets_out,
+    retransmits, acks_out, acks_in, naks_out, naks_in, naks_out_by_code, naks_in_by_code,
+    naks_dropped, probes_out, timeouts, duplicates, rnr_naks_in,
+});
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PendingNak {
@@ -247,6 +257,7 @@ struct PendingNak {
     code: u8,
     value: u32,
 }
+zero_valid!(struct PendingNak { dst_qp, src_qp, msn, code, value });
 
 const NAK_QUEUE: usize = 32;
 /// Bound of a path's round-robin credit: a path left out for long (no window) must not hoard
@@ -350,6 +361,14 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     paths: P,
     streams: S,
 }
+
+// The caller's storage must be `ZeroValid` too: `Paths<N>` and `[Stream; N]` are.
+zero_valid!(struct Connection<P: PathSlots, S: StreamSlots> {
+    cfg, rng, num_paths, send_paths, sched, naks, nak_head, nak_len, ack_now, ack_armed, ack_at,
+    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, burst_path, burst_left, last_pick,
+    turn_stream, turn_left, planes_up, stats, cc, rx_packets, rx_bytes, rx_marked, rx_slot, grant,
+    paths, streams,
+});
 
 impl<const PATHS: usize, const N: usize> Connection<Paths<PATHS>, [Stream; N]> {
     /// A connection configured with `cfg`, with room for `PATHS` paths and `N` streams. It is
@@ -2104,6 +2123,7 @@ struct Pick {
     path: usize,
     total: i32,
 }
+zero_valid!(struct Pick { valid, mask, path, total });
 
 impl Pick {
     const NONE: Pick = Pick {
