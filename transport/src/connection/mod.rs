@@ -439,12 +439,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     }
 
     /// Re-initialises this connection in place with `cfg`, as [`Connection::new`] would, but
-    /// without building a whole connection on the stack. Every type the connection stores is
-    /// plain data whose all-zero bit pattern is a valid value (integers, bools, arrays,
-    /// `#[repr(u8)]` enums whose variant 0 is the empty state, no `Option` fields, no
-    /// references), so a caller can allocate a zeroed connection and call this: how the
-    /// kernel, with its small stacks, makes one. The stream storage must be valid as all-zero
-    /// too (a `[Stream; N]` is); every stream in it is closed.
+    /// without building a whole connection on the stack. A connection is
+    /// [`ZeroValid`] where its storage is (checked field by field
+    /// down to the primitives), so a caller can allocate a zeroed connection and call this:
+    /// how the kernel, with its small stacks, makes one. Every stream in the storage is
+    /// closed.
     pub fn reset(&mut self, cfg: Config) -> Result<(), ConfigError> {
         let num_paths = Self::check(&cfg, self.paths.as_ref().len())?;
         self.cfg = cfg;
@@ -2114,8 +2113,8 @@ fn s_room(s: Option<&mut Stream>) -> bool {
 
 /// A path pick not charged yet: its planes mask, path and the weights' total (each path's
 /// weight in `Path::pick_weight`). Plain fields, not an `Option` of a tuple: a connection is
-/// built from all-zero bytes (transport/README.md), which must be a valid value of every field,
-/// and here all-zero is "no pick".
+/// built from all-zero bytes (`ZeroValid`), which must be a valid value of every field, and
+/// here all-zero is "no pick".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Pick {
     valid: bool,

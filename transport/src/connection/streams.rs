@@ -23,7 +23,8 @@ use super::super::zero::{zero_valid, ZeroValid};
 
 /// Storage for a connection's streams: slot `i` holds the stream with id `i`.
 ///
-/// Every slot must start out closed (as [`Stream::closed`] or all-zero bytes). Slots are
+/// Every slot must start out closed (as [`Stream::closed`] or all-zero bytes; storage that is
+/// zero-allocated should be [`ZeroValid`]). Slots are
 /// never moved between indices; storage may grow but only the connection's
 /// [`super::Connection::release_streams`] lets it shrink.
 pub trait StreamSlots {

@@ -311,8 +311,8 @@ pub enum PostError {
 
 /// One stream slot of a connection.
 ///
-/// Like every type the connection stores, its all-zero bit pattern is a valid (closed) value;
-/// see [`super::connection::Connection::reset`].
+/// Like every type the connection stores, its all-zero bit pattern is a valid (closed) value
+/// ([`ZeroValid`]); see [`super::connection::Connection::reset`].
 #[derive(Clone, Debug)]
 pub struct Stream {
     /// QP numbers and retry settings.

@@ -8,8 +8,9 @@
 /// backs it (see `ZeroValid`):
 ///
 /// - `zero_valid!(struct Name { a, b, c })`: a struct, every field listed. The check
-///   destructures a `&Name` without `..` (a field added or left out breaks the build) and
-///   requires each field's type to be `ZeroValid`.
+///   destructures a `&Name` without `..` (a field added or left out breaks the build, with
+///   "pattern requires `..` due to inaccessible fields") and requires each field's type to be
+///   `ZeroValid`.
 /// - `zero_valid!(struct Name<P: Bound, ..> { a, b, c })`: the same for a generic struct (one
 ///   bound per parameter, as in its definition), implemented where each parameter is also
 ///   `ZeroValid`.
