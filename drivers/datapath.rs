@@ -57,6 +57,7 @@ use crate::{
         memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge},
         stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
         wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
+        zero::{zero_valid, ZeroValid},
     },
     verbs::{self, Cqe, Qp, QpAttrs, QpState, RecvWqe, SendWqe, Verbs},
 };
@@ -117,6 +118,8 @@ pub(crate) struct PeerStreams {
     /// put in through the connection's shared view of its storage (under the peer's lock).
     spare: Cell<Option<Chunk>>,
 }
+// No chunks when all-zero (`Option<KVBox<_>>`: see `crate::sys`).
+zero_valid!(struct PeerStreams { chunks, count, spare });
 
 impl PeerStreams {
     /// Whether the next chunk is still to be allocated.

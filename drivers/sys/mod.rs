@@ -27,6 +27,8 @@ pub(crate) mod umem;
 mod verbs;
 pub(crate) mod work;
 
+use crate::transport::zero::ZeroValid;
+
 pub(crate) use kverbs::KernelBuf;
 pub(crate) use registration::Registration;
 pub(crate) use verbs::CqNotifier;
@@ -149,24 +151,56 @@ unsafe impl<T: pin_init::Zeroable + Send> Send for ZeroedSlice<T> {}
 // SAFETY: as above.
 unsafe impl<T: pin_init::Zeroable + Sync> Sync for ZeroedSlice<T> {}
 
-// SAFETY: a null pointer and length 0: the empty slice, which owns nothing.
+// A null pointer and length 0: the empty slice (see `as_ref`), which owns nothing. Both fields
+// named, as the transport's `zero_valid!` does (a raw pointer is not `ZeroValid`: its type is
+// pinned instead).
+impl<T: pin_init::Zeroable> ZeroValid for ZeroedSlice<T> {}
+const _: () = {
+    #[allow(dead_code)]
+    fn check<T: pin_init::Zeroable>(slice: &ZeroedSlice<T>) {
+        fn field<U: ZeroValid>(_: &U) {}
+        let ZeroedSlice { ptr, len } = slice;
+        let _: &*mut T = ptr;
+        field(len);
+    }
+};
+
+// The kernel's `Box` is a `repr(transparent)` non-null pointer, so an `Option` of one is `None`
+// when all-zero: what `pin_init` asserts with `ZeroableOption`, which this bound requires.
+impl<T> ZeroValid for Option<kernel::alloc::KVBox<T>> where
+    Option<kernel::alloc::KVBox<T>>: pin_init::Zeroable
+{
+}
+
+/// Builds only for a `T` that is the transport's `ZeroValid`: all-zero bytes checked valid by
+/// the compiler, field by field, down to the primitives (see `crate::transport::zero`).
+const fn zero_valid<T: ZeroValid>() {}
+
+// SAFETY: `ZeroValid`, checked below: a null pointer and length 0 are the empty slice, which
+// owns nothing.
 unsafe impl<T: pin_init::Zeroable> pin_init::Zeroable for ZeroedSlice<T> {}
+const _: () = zero_valid::<ZeroedSlice<crate::transport::connection::path::Path>>();
 
-// SAFETY: every type a path stores is valid as all-zero bytes (see the connection's below).
+// SAFETY: `ZeroValid`, checked below: the transport checks it field by field (every field
+// named, each of a `ZeroValid` type: integers, bools, arrays, and `#[repr(u8)]` enums whose
+// variant 0 is asserted or written `= 0`), so all-zero bytes are a valid path, one `reset`
+// starts from.
 unsafe impl pin_init::Zeroable for crate::transport::connection::path::Path {}
+const _: () = zero_valid::<crate::transport::connection::path::Path>();
 
-// SAFETY: the transport core documents (transport/README.md) that every type a `Connection`
-// stores is valid as all-zero bytes: integers, bools, arrays, and `#[repr(u8)]` enums whose
-// variant 0 is the empty state; no references. Its stream storage, `PeerStreams`, holds a
-// count, an array of `Option<KVBox<_>>` and one more in a `Cell`, each `None` when all-zero
-// (the kernel's `Box` is `repr(transparent)` over `NonNull`, and implements
-// `ZeroableOption`; a `Cell` has its contents' layout); its path
-// table, a `ZeroedSlice`, is empty when all-zero.
+// SAFETY: `ZeroValid`, checked below: the transport checks its `Connection` field by field (as
+// a path's), and requires the same of its storage: the path table, a `ZeroedSlice` (empty
+// when all-zero, above), and the streams, `PeerStreams` (no chunks: every field named in
+// `datapath`, its `Option<KVBox<_>>`s `None` when all-zero, above, and a `Cell` is its
+// contents).
 unsafe impl pin_init::Zeroable for crate::datapath::Conn {}
+const _: () = zero_valid::<crate::datapath::Conn>();
 
-// SAFETY: as the connection's, a stream's types are all valid as all-zero bytes (a closed
-// stream, see `Connection::reset`); stream storage chunks are zero-allocated.
+// SAFETY: `ZeroValid`, checked below: the transport checks it field by field (as a path's);
+// all-zero bytes are a closed stream (see `Connection::reset`). Stream storage chunks are
+// zero-allocated.
 unsafe impl pin_init::Zeroable for crate::transport::stream::Stream {}
+const _: () = zero_valid::<crate::transport::stream::Stream>();
 
 /// The SGEs of a send WQE (the `data.sge` view of its union).
 pub(crate) fn send_wqe_sges(

@@ -17,3 +17,4 @@ pub mod memory;
 mod rng;
 pub mod stream;
 pub mod wire;
+pub mod zero;

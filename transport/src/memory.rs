@@ -5,6 +5,8 @@
 //! address itself. Remote accesses name (rkey, va); the implementation checks key, bounds and
 //! access rights and answers with an [`AccessError`], which the core turns into a NAK.
 
+use super::zero::{zero_valid, ZeroValid};
+
 /// A scatter/gather element: `len` bytes at `addr` in the region named by `lkey`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sge {
@@ -15,6 +17,7 @@ pub struct Sge {
     /// Local key of the region.
     pub lkey: u32,
 }
+zero_valid!(struct Sge { addr, len, lkey });
 
 /// Most SGEs one WQE may carry.
 pub const MAX_SGE: usize = 4;
@@ -25,6 +28,7 @@ pub struct SgList {
     sges: [Sge; MAX_SGE],
     count: u8,
 }
+zero_valid!(struct SgList { sges, count });
 
 impl SgList {
     /// A list of `sges`, or None if there are more than `MAX_SGE` or their total overflows u32.

@@ -1,10 +1,13 @@
 //! A small seeded PRNG (xorshift64*) for path entropy. Not cryptographic: the caller seeds it
 //! (the kernel from `get_random_u64`), tests with fixed seeds.
 
+use super::zero::{zero_valid, ZeroValid};
+
 #[derive(Clone, Debug)]
 pub struct XorShift {
     state: u64,
 }
+zero_valid!(struct XorShift { state });
 
 impl XorShift {
     pub fn new(seed: u64) -> Self {

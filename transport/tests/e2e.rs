@@ -478,8 +478,7 @@ fn two_hundred_fifty_six_paths() {
         [metaroce_transport::stream::Stream; 1],
     >;
     let mk = |l: u32, r: u32| -> Box<Big> {
-        // SAFETY: all-zero is a valid connection (see `Connection::reset`), reset before use.
-        let mut c: Box<Big> = unsafe { Box::new_zeroed().assume_init() };
+        let mut c = zeroed_box::<Big>();
         let mut cfg = sim::config(l, r, u64::from(l));
         cfg.num_paths = 256;
         cfg.planes = 4;

@@ -2,6 +2,8 @@
 //! capacity among the senders that are sending to it; every connection into the device
 //! reports to it and returns the grant to its sender in every ACK.
 
+use super::super::zero::{zero_valid, ZeroValid};
+
 /// What a receiver grants one sender, as carried in the ACK header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Grant {
@@ -10,6 +12,7 @@ pub struct Grant {
     /// The sender's share of the receiver's inbound capacity, in 1/65536 (0 = none given).
     pub share: u16,
 }
+zero_valid!(struct Grant { rate_mbps, share });
 
 /// A connection's registration with its device's allocator (plain data, zero = never seen).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -17,6 +20,7 @@ pub struct SenderSlot {
     /// The last epoch the sender was counted in (0 = never).
     epoch: u64,
 }
+zero_valid!(struct SenderSlot { epoch });
 
 /// Divides a receiver's inbound capacity equally among its active senders.
 ///

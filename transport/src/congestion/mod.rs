@@ -19,6 +19,7 @@ mod allocator;
 mod pacing;
 mod window;
 
+use super::zero::{zero_valid, ZeroValid};
 pub use allocator::{Grant, RateAllocator, SenderSlot, DEFAULT_EPOCH_NS, DEFAULT_TARGET_PERMILLE};
 pub use pacing::{Pacer, PACKET_OVERHEAD};
 pub use window::{Window, ALPHA_ONE, ALPHA_SHIFT};
@@ -48,6 +49,7 @@ pub struct CcConfig {
     /// longer burst, or pacing slows it below the rate.
     pub pacing_burst_ns: u64,
 }
+zero_valid!(struct CcConfig { ecn, receiver_rate, initial_window, max_window, pacing_burst_ns });
 
 impl CcConfig {
     /// Defaults: both signals on; 16 packets before the first ACK; at most 2048 in flight;
@@ -79,6 +81,7 @@ pub struct CcStats {
     /// CE marks echoed to us, all paths.
     pub ecn_ce: u64,
 }
+zero_valid!(struct CcStats { paced, window_limited, ecn_ce });
 
 /// The sender side of a connection's congestion control: the connection window, the pacer
 /// and the receiver's latest grant.
@@ -97,6 +100,7 @@ pub struct ConnCc {
     /// Counters.
     pub stats: CcStats,
 }
+zero_valid!(struct ConnCc { cfg, window, pacer, grant, base_rtt, packet_bytes, held, stats });
 
 impl ConnCc {
     /// The congestion state of a fresh connection with `paths` paths whose full data packets

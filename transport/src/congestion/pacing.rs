@@ -1,5 +1,7 @@
 //! Pacing: data packets leave no faster than a rate, with a bounded burst.
 
+use super::super::zero::{zero_valid, ZeroValid};
+
 /// Bytes a datagram costs on the wire beyond its UDP payload (Ethernet header and FCS, IPv4,
 /// UDP, rounded up), counted by the pacer so that a rate means link bandwidth.
 pub const PACKET_OVERHEAD: u32 = 50;
@@ -14,6 +16,7 @@ pub struct Pacer {
     next_send: u64,
     burst_ns: u64,
 }
+zero_valid!(struct Pacer { rate_mbps, next_send, burst_ns });
 
 impl Pacer {
     /// A pacer allowing bursts of `burst_ns` worth of packets, not pacing yet.

@@ -1,5 +1,7 @@
 //! A congestion window in packets with DCTCP-style ECN response (see `docs/congestion.md`).
 
+use super::super::zero::{zero_valid, ZeroValid};
+
 /// `alpha` is fixed-point with this many units for 1.0.
 pub const ALPHA_ONE: u32 = 1024;
 /// EWMA gain of `alpha`: g = 1 / 2^`ALPHA_SHIFT` = 1/16 (DCTCP's recommended gain).
@@ -32,6 +34,9 @@ pub struct Window {
     /// A mark was seen: `alpha` is being estimated (until then it stays 1).
     marked: bool,
 }
+zero_valid!(struct Window {
+    cwnd, acc, max, ssthresh, step, alpha, obs_acked, obs_marked, last_decrease, marked,
+});
 
 impl Window {
     /// A path window of `initial` packets that grows (+1 per RTT) to at most `max`, both

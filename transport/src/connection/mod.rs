@@ -34,6 +34,7 @@ use super::wire::{
     Opcode, Packet, ParseError, ReadReqExt, SendExt, WriteExt, MAX_HEADER_LEN, PATH_ACK_LEN,
     STREAM_ACK_LEN,
 };
+use super::zero::{zero_valid, ZeroValid};
 use path::{Path, PathConfig, PathState, PathStats};
 use retransmit::{ItemKind, Outcome, SentItem};
 use streams::{Sched, ACK, EVENT, FREE, TIMER, WORK};
@@ -88,6 +89,10 @@ pub struct Config {
     /// Congestion control (connection window, pacing; `docs/congestion.md`).
     pub cc: CcConfig,
 }
+zero_valid!(struct Config {
+    local_conn_id, remote_conn_id, num_paths, planes, mtu, path_burst, lossy_path_burst,
+    lossy_run_rate, stream_quantum, path, ack_every, stall_timeout, seed, cc,
+});
 
 impl Config {
     /// Defaults for a data-centre fabric: 32 paths, 4 KiB MTU, RTO 200 us .. 100 ms.
@@ -236,6 +241,11 @@ pub struct ConnStats {
     /// RNR NAKs received, all streams.
     pub rnr_naks_in: u64,
 }
+zero_valid!(struct ConnStats {
+    packets_in, packets_out, parse_errors, dropped_in, out_of_window_psn, data_packets_out,
+    retransmits, acks_out, acks_in, naks_out, naks_in, naks_out_by_code, naks_in_by_code,
+    naks_dropped, probes_out, timeouts, duplicates, rnr_naks_in,
+});
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PendingNak {
@@ -247,6 +257,7 @@ struct PendingNak {
     code: u8,
     value: u32,
 }
+zero_valid!(struct PendingNak { dst_qp, src_qp, msn, code, value });
 
 const NAK_QUEUE: usize = 32;
 /// Bound of a path's round-robin credit: a path left out for long (no window) must not hoard
@@ -351,6 +362,14 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     streams: S,
 }
 
+// The caller's storage must be `ZeroValid` too: `Paths<N>` and `[Stream; N]` are.
+zero_valid!(struct Connection<P: PathSlots, S: StreamSlots> {
+    cfg, rng, num_paths, send_paths, sched, naks, nak_head, nak_len, ack_now, ack_armed, ack_at,
+    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, burst_path, burst_left, last_pick,
+    turn_stream, turn_left, planes_up, stats, cc, rx_packets, rx_bytes, rx_marked, rx_slot, grant,
+    paths, streams,
+});
+
 impl<const PATHS: usize, const N: usize> Connection<Paths<PATHS>, [Stream; N]> {
     /// A connection configured with `cfg`, with room for `PATHS` paths and `N` streams. It is
     /// large (tens to hundreds of KiB, depending on `PATHS` and `N`): in the kernel,
@@ -420,12 +439,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     }
 
     /// Re-initialises this connection in place with `cfg`, as [`Connection::new`] would, but
-    /// without building a whole connection on the stack. Every type the connection stores is
-    /// plain data whose all-zero bit pattern is a valid value (integers, bools, arrays,
-    /// `#[repr(u8)]` enums whose variant 0 is the empty state, no `Option` fields, no
-    /// references), so a caller can allocate a zeroed connection and call this: how the
-    /// kernel, with its small stacks, makes one. The stream storage must be valid as all-zero
-    /// too (a `[Stream; N]` is); every stream in it is closed.
+    /// without building a whole connection on the stack. A connection is
+    /// [`ZeroValid`] where its storage is (checked field by field
+    /// down to the primitives), so a caller can allocate a zeroed connection and call this:
+    /// how the kernel, with its small stacks, makes one. Every stream in the storage is
+    /// closed.
     pub fn reset(&mut self, cfg: Config) -> Result<(), ConfigError> {
         let num_paths = Self::check(&cfg, self.paths.as_ref().len())?;
         self.cfg = cfg;
@@ -2095,8 +2113,8 @@ fn s_room(s: Option<&mut Stream>) -> bool {
 
 /// A path pick not charged yet: its planes mask, path and the weights' total (each path's
 /// weight in `Path::pick_weight`). Plain fields, not an `Option` of a tuple: a connection is
-/// built from all-zero bytes (transport/README.md), which must be a valid value of every field,
-/// and here all-zero is "no pick".
+/// built from all-zero bytes (`ZeroValid`), which must be a valid value of every field, and
+/// here all-zero is "no pick".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Pick {
     valid: bool,
@@ -2104,6 +2122,7 @@ struct Pick {
     path: usize,
     total: i32,
 }
+zero_valid!(struct Pick { valid, mask, path, total });
 
 impl Pick {
     const NONE: Pick = Pick {

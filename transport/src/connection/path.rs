@@ -16,6 +16,7 @@
 use super::super::congestion::Window;
 use super::super::rng::XorShift;
 use super::super::wire::PathAck;
+use super::super::zero::{zero_valid, ZeroValid};
 use super::retransmit::{AckSummary, InFlight, ItemKind, Outcome, SentItem};
 use super::rtt::RttEstimator;
 use super::sack::PsnWindow;
@@ -33,6 +34,8 @@ pub enum PathState {
     /// A Failed path whose probe was answered: carries data again, on probation.
     Probing,
 }
+// A fresh path is Active (`Path::reset`).
+zero_valid!(PathState::Active);
 
 /// Acknowledged packets a re-admitted path needs before it is Active again.
 const PROBATION: u16 = 16;
@@ -90,6 +93,10 @@ pub struct PathStats {
     /// Times a Failed path answered a probe and was re-admitted.
     pub readmissions: u64,
 }
+zero_valid!(struct PathStats {
+    sent, retransmitted, acked, lost, timeouts, probes, limit_probes, received, duplicates,
+    out_of_window, ecn_ce, entropy_changes, reordered, spurious, failures, readmissions,
+});
 
 /// Path tuning shared by all paths of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +121,10 @@ pub struct PathConfig {
     /// this much is never taken for loss, however short the RTT.
     pub min_reorder_window: u64,
 }
+zero_valid!(struct PathConfig {
+    initial_psn, initial_cwnd, max_cwnd, initial_rto, min_rto, max_rto, ack_delay, fail_after,
+    min_reorder_window,
+});
 
 #[derive(Clone, Debug)]
 /// One path of a connection, both directions.
@@ -183,6 +194,12 @@ pub struct Path {
     /// Counters.
     pub stats: PathStats,
 }
+zero_valid!(struct Path {
+    id, plane, sport, state, inflight, cc, cc_initial, rtt, ack_delay, fail_after, timer_start,
+    probe_armed, probe_at, backoff, consecutive_rtos, need_probe, limit_probe, limit_probe_psn,
+    limit_probe_ts, loss_rate, ecn_rate, news_at, rtt_at, health, probation, credit, pick_weight,
+    recv, recv_pending, ack_repeats, last_rx, last_ts, ecn_ce, stats,
+});
 
 impl Path {
     /// A fresh path with a random UDP source port.

@@ -23,6 +23,7 @@
 //! probes repeat an earlier PSN ([`InFlight::limit_probe_psn`]).
 
 use super::super::wire::{seq_lt, PathAck, SACK_BITS};
+use super::super::zero::{zero_valid, ZeroValid};
 use super::sack::RECV_WINDOW;
 
 /// What a packet carried, so an ACK or a loss can be reported to its owner.
@@ -52,6 +53,7 @@ pub enum ItemKind {
     /// A probe: carries nothing.
     Probe,
 }
+zero_valid!(ItemKind::Request);
 
 /// How a packet was resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +78,7 @@ enum SlotState {
     /// Declared lost by the reordering rule; an ACK for it later is a spurious loss.
     Lost,
 }
+zero_valid!(SlotState::Free);
 
 /// One PSN of the table; the [`SentItem`] fields are inlined (24 bytes instead of 32: 2 KiB
 /// less per path).
@@ -89,6 +92,7 @@ struct Slot {
     kind: ItemKind,
     state: SlotState,
 }
+zero_valid!(struct Slot { sent_at, msn, seg, stream, attempt, kind, state });
 
 impl Slot {
     fn new(now: u64, item: SentItem) -> Self {
@@ -162,6 +166,10 @@ pub struct InFlight {
     lost_behind_until: u32,
     slots: [Slot; SACK_BITS],
 }
+zero_valid!(struct InFlight {
+    una, next, peer_cum, unresolved, high, has_high, rack_rtt, reo_learned, acks_since_reorder,
+    reo_floor, lost_behind, lost_behind_until, slots,
+});
 
 impl InFlight {
     /// An empty table starting at `initial_psn`.

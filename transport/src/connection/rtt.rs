@@ -1,5 +1,7 @@
 //! Smoothed RTT and retransmission timeout, RFC 6298 style, in integer nanoseconds.
 
+use super::super::zero::{zero_valid, ZeroValid};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// RTT estimator of one path.
 pub struct RttEstimator {
@@ -12,6 +14,7 @@ pub struct RttEstimator {
     min_rtt: u64,
     has_sample: bool,
 }
+zero_valid!(struct RttEstimator { srtt, rttvar, rto, min_rto, max_rto, min_rtt, has_sample });
 
 /// Clock granularity term G of RFC 6298 (1 us).
 const GRANULARITY_NS: u64 = 1_000;

@@ -7,6 +7,7 @@
 //!   slides over messages of any length.
 
 use super::super::wire::{seq_diff, PathAck, SACK_BITS, SACK_WORDS};
+use super::super::zero::{zero_valid, ZeroValid};
 
 /// How far beyond a path's cumulative PSN a receiver accepts a PSN: one more than
 /// `RECV_WINDOW` beyond is dropped unseen ([`PsnWindow::record`]), so a spoofed packet cannot
@@ -97,6 +98,7 @@ pub struct PsnWindow {
     /// Bit i: PSN cum + 1 + i received.
     bits: Bits,
 }
+zero_valid!(struct PsnWindow { cum, bits });
 
 impl PsnWindow {
     /// An empty window expecting `initial_psn` first.
@@ -207,6 +209,7 @@ pub struct SegWindow {
     /// One past the highest segment ever sent (sender) / ever received (receiver).
     high: u32,
 }
+zero_valid!(struct SegWindow { base, done, inflight, high });
 
 impl SegWindow {
     /// Segments tracked beyond the first missing one.

@@ -19,10 +19,12 @@
 //! list is skipped when it comes up.
 
 use super::super::stream::Stream;
+use super::super::zero::{zero_valid, ZeroValid};
 
 /// Storage for a connection's streams: slot `i` holds the stream with id `i`.
 ///
-/// Every slot must start out closed (as [`Stream::closed`] or all-zero bytes). Slots are
+/// Every slot must start out closed (as [`Stream::closed`] or all-zero bytes; storage that is
+/// zero-allocated should be [`ZeroValid`]). Slots are
 /// never moved between indices; storage may grow but only the connection's
 /// [`super::Connection::release_streams`] lets it shrink.
 pub trait StreamSlots {
@@ -87,6 +89,7 @@ pub struct Links {
     /// Head of QP hash chain number <this slot's index> (index + 1).
     bucket: u32,
 }
+zero_valid!(struct Links { next, member, qp_next, bucket });
 
 #[derive(Clone, Copy, Debug, Default)]
 struct List {
@@ -95,6 +98,7 @@ struct List {
     tail: u32,
     len: u32,
 }
+zero_valid!(struct List { head, tail, len });
 
 /// The connection's side of the lists and the index. All-zero: no slots known yet.
 #[derive(Clone, Copy, Debug, Default)]
@@ -115,6 +119,9 @@ pub(crate) struct Sched {
     repeat_next: usize,
     repeat_rr: usize,
 }
+zero_valid!(struct Sched {
+    lists, known, bucket_bits, timer_hint, parked_stall, repeat, repeat_next, repeat_rr,
+});
 
 fn tag(i: usize) -> u32 {
     (i as u32).wrapping_add(1)

@@ -12,6 +12,7 @@ pub mod responder;
 
 use super::memory::SgList;
 use super::wire::NakCode;
+use super::zero::{zero_valid, ZeroValid};
 pub use requester::Requester;
 pub use responder::Responder;
 
@@ -75,6 +76,10 @@ pub struct StreamConfig {
     /// is set aside until one is usable again: it steers traffic, it never fails a stream.
     pub planes: u32,
 }
+zero_valid!(struct StreamConfig {
+    local_qp, remote_qp, retry_cnt, rnr_retry, rnr_timer_us, send_msn, recv_msn, ack_timeout, srq,
+    planes,
+});
 
 impl StreamConfig {
     /// A stream between QPs `local_qp` and `remote_qp` with the verbs defaults: retry_cnt 7,
@@ -115,6 +120,7 @@ pub enum WrOpcode {
     /// Atomic fetch and add.
     FetchAdd,
 }
+zero_valid!(WrOpcode::Send);
 
 impl WrOpcode {
     /// Consumes a receive WQE at the responder.
@@ -169,6 +175,9 @@ pub struct SendWqe {
     /// Set SOLICITED on the last packet.
     pub solicited: bool,
 }
+zero_valid!(struct SendWqe {
+    wr_id, opcode, local, remote_va, rkey, imm, compare, swap_add, signaled, solicited,
+});
 
 impl SendWqe {
     /// A signaled WQE with no remote part (set it with `remote`).
@@ -211,6 +220,7 @@ pub struct RecvWqe {
     /// Buffer the message lands in.
     pub local: SgList,
 }
+zero_valid!(struct RecvWqe { wr_id, local });
 
 /// Completion status, named after `ib_wc_status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -235,6 +245,7 @@ pub enum CqStatus {
     /// RNR retry count exceeded.
     RnrRetryExcErr,
 }
+zero_valid!(CqStatus::Success);
 
 impl CqStatus {
     pub(crate) fn from_nak(code: NakCode) -> CqStatus {
@@ -300,8 +311,8 @@ pub enum PostError {
 
 /// One stream slot of a connection.
 ///
-/// Like every type the connection stores, its all-zero bit pattern is a valid (closed) value;
-/// see [`super::connection::Connection::reset`].
+/// Like every type the connection stores, its all-zero bit pattern is a valid (closed) value
+/// ([`ZeroValid`]); see [`super::connection::Connection::reset`].
 #[derive(Clone, Debug)]
 pub struct Stream {
     /// QP numbers and retry settings.
@@ -329,6 +340,10 @@ pub struct Stream {
     /// `reset` keeps it).
     pub(crate) links: super::connection::streams::Links,
 }
+zero_valid!(struct Stream {
+    cfg, open, in_error, error_status, error_reported, req, resp, ack_dirty, sq_refused, parked,
+    links,
+});
 
 impl Stream {
     /// A closed (unused) slot.

@@ -11,6 +11,7 @@ use super::super::connection::retransmit::Outcome;
 use super::super::connection::sack::SegWindow;
 use super::super::memory::{AccessError, Memory, QpMem};
 use super::super::wire::{seq_diff, NakCode};
+use super::super::zero::{zero_valid, ZeroValid};
 use super::{
     CqStatus, Cqe, PostError, SendWqe, StreamId, WrOpcode, MAX_RD_ATOMIC, MSG_WINDOW, SQ_DEPTH,
 };
@@ -18,13 +19,18 @@ use super::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum State {
-    Pending,
+    Pending = 0,
     Done(CqStatus),
 }
 
 /// Completion timeouts that count one retry while the connection delivers and the message's
 /// paths are still recovering its packets (`Requester::on_timer`).
 const SLOW_TIMEOUTS: u8 = 4;
+
+// All-zero bytes are `Pending`, the variant written 0, which carries nothing (a `#[repr(u8)]`
+// enum is its tag byte, then the variant's fields). Only the entries from `head` to `tail`
+// are read, and `reset` writes every entry (`Entry::empty`).
+impl ZeroValid for State {}
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -50,6 +56,10 @@ struct Entry {
     /// connection that delivers (see `Requester::on_timer`), since the last retry counted.
     slow: u8,
 }
+zero_valid!(struct Entry {
+    state, wqe, opcode, rsn, len, n_segs, out, resp, resp_segs, attempt, retries, rnr_retries,
+    rnr_until, poke, slow,
+});
 
 impl Entry {
     fn empty() -> Self {
@@ -132,6 +142,7 @@ pub struct Requester {
     /// Counters.
     pub stats: RequesterStats,
 }
+zero_valid!(struct Requester { sq, head, tail, next_rsn, peer_completed, last_progress, stats });
 
 /// Requester counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -145,6 +156,7 @@ pub struct RequesterStats {
     /// Messages resent whole after a completion timeout.
     pub pokes: u64,
 }
+zero_valid!(struct RequesterStats { posted, completed, rnr_naks, pokes });
 
 /// Number of MTU-sized packets for `len` bytes (at least one).
 pub fn segments(len: u32, mtu: u32) -> u32 {

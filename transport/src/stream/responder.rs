@@ -9,6 +9,7 @@ use super::super::connection::retransmit::Outcome;
 use super::super::connection::sack::SegWindow;
 use super::super::memory::{Access, AccessError, AtomicOp, Memory, QpMem};
 use super::super::wire::{seq_diff, NakCode, Opcode};
+use super::super::zero::{zero_valid, ZeroValid};
 use super::requester::segments;
 use super::{
     CqOpcode, CqStatus, Cqe, PostError, RecvWqe, StreamId, MSG_WINDOW, RESP_DEPTH, RQ_DEPTH,
@@ -28,7 +29,7 @@ pub enum Verdict {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum SlotState {
-    Free,
+    Free = 0,
     /// Data arriving.
     Receiving,
     /// Complete; waiting for earlier messages.
@@ -36,6 +37,10 @@ enum SlotState {
     /// Failed with this NAK code.
     Failed(NakCode),
 }
+
+// All-zero bytes are `Free` (what `reset` gives), the variant written 0, which carries nothing
+// (a `#[repr(u8)]` enum is its tag byte, then the variant's fields).
+impl ZeroValid for SlotState {}
 
 #[derive(Clone, Copy, Debug)]
 struct Slot {
@@ -51,6 +56,9 @@ struct Slot {
     has_imm: bool,
     solicited: bool,
 }
+zero_valid!(struct Slot {
+    state, msn, opcode, total_len, n_segs, segs, rsn, imm, has_imm, solicited,
+});
 
 impl Slot {
     fn free() -> Self {
@@ -72,7 +80,7 @@ impl Slot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum RqState {
-    Posted,
+    Posted = 0,
     Done {
         status: CqStatus,
         byte_len: u32,
@@ -82,11 +90,17 @@ enum RqState {
     },
 }
 
+// All-zero bytes are `Posted` (what `reset` gives), the variant written 0, which carries
+// nothing (a `#[repr(u8)]` enum is its tag byte, then the variant's fields; `Done`'s are never
+// all-zero bytes, so its `Option` is not a concern).
+impl ZeroValid for RqState {}
+
 #[derive(Clone, Copy, Debug)]
 struct RqEntry {
     state: RqState,
     wqe: RecvWqe,
 }
+zero_valid!(struct RqEntry { state, wqe });
 
 /// A response being sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,13 +114,30 @@ pub enum ResponseKind {
         rkey: u32,
         /// Bytes.
         len: u32,
-    },
+    } = 0,
     /// Atomic response carrying the original value.
     Atomic {
         /// Value before the operation.
         orig: u64,
     },
 }
+
+// All-zero bytes are `Read { va: 0, rkey: 0, len: 0 }`: the variant written 0 (a `#[repr(u8)]`
+// enum is its tag byte, then the variant's fields), with the fields checked below. It carries
+// data, but a response slot's kind means nothing while the slot is not `used`, and a zeroed
+// slot is not (nor is any after `reset`).
+impl ZeroValid for ResponseKind {}
+const _: () = {
+    #[allow(dead_code)]
+    fn check(kind: &ResponseKind) {
+        fn field<T: ZeroValid>(_: &T) {}
+        if let ResponseKind::Read { va, rkey, len } = kind {
+            field(va);
+            field(rkey);
+            field(len);
+        }
+    }
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Response {
@@ -116,6 +147,7 @@ struct Response {
     n_segs: u32,
     segs: SegWindow,
 }
+zero_valid!(struct Response { used, msn, kind, n_segs, segs });
 
 /// A response packet the connection should send now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +176,7 @@ pub struct ResponderStats {
     /// Messages completed.
     pub completed: u64,
 }
+zero_valid!(struct ResponderStats { placed_bytes, duplicates, dropped, rnr_naks, completed });
 
 #[derive(Clone, Debug)]
 /// A stream's receive queue, message assembly and responses.
@@ -165,6 +198,9 @@ pub struct Responder {
     /// Counters.
     pub stats: ResponderStats,
 }
+zero_valid!(struct Responder {
+    rq, rq_head, rq_tail, slots, completed, resps, error_set, error_msn, error_code, stats,
+});
 
 impl Default for Responder {
     fn default() -> Self {

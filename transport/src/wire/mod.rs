@@ -10,6 +10,7 @@ mod bytes;
 mod hello;
 mod packet;
 
+use super::zero::{zero_valid, ZeroValid};
 pub use ack::{
     AckHeader, AckWriter, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN,
 };
@@ -68,6 +69,8 @@ pub enum Opcode {
     /// DATAGRAM with immediate data.
     DatagramWithImm = 0x15,
 }
+// A free responder slot holds Send (`responder::Slot::free`).
+zero_valid!(Opcode::Send);
 
 impl Opcode {
     /// The opcode for a wire value; unknown values are an error.

@@ -21,6 +21,7 @@ use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, 
 use metaroce_transport::stream::{
     CqStatus, Cqe, RecvWqe, SendWqe, Stream, StreamConfig, StreamId, WrOpcode,
 };
+use metaroce_transport::zero::ZeroValid;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -46,6 +47,25 @@ pub struct SimSlots {
     /// Slot accesses so far.
     pub visits: std::cell::Cell<u64>,
 }
+
+// No chunks: an `Option<Box<_>>` is `None` when all-zero (the null pointer, which std
+// guarantees), and a `Cell` is its contents. Every field is named, as `zero_valid!` does in the
+// transport; the box's type is pinned, since an `Option` is not `ZeroValid`.
+impl ZeroValid for SimSlots {}
+const _: () = {
+    #[allow(dead_code)]
+    fn check(slots: &SimSlots) {
+        fn field<T: ZeroValid + ?Sized>(_: &T) {}
+        let SimSlots {
+            chunks,
+            count,
+            visits,
+        } = slots;
+        let _: &[Option<Box<[Stream; CHUNK]>>; MAX_CHUNKS] = chunks;
+        field(count);
+        field(visits);
+    }
+};
 
 impl Default for SimSlots {
     fn default() -> Self {
@@ -79,8 +99,8 @@ impl StreamSlots for SimSlots {
         let Some(c) = self.chunks.get_mut(self.count) else {
             return false;
         };
-        // SAFETY: an all-zero `Stream` is a valid closed stream (see `Connection::reset`).
-        *c = Some(unsafe { Box::<[Stream; CHUNK]>::new_zeroed().assume_init() });
+        // All-zero: closed streams (see `Connection::reset`).
+        *c = Some(zeroed_box::<[Stream; CHUNK]>());
         self.count += 1;
         true
     }
@@ -840,12 +860,17 @@ impl Sim {
     }
 }
 
-/// A connection allocated zeroed on the heap, never on the stack.
+/// A connection allocated zeroed on the heap, never on the stack (reset it before use).
 pub fn zeroed_conn() -> Box<Conn> {
-    // SAFETY: `Connection::reset` documents that the all-zero bit pattern is a valid value of
-    // every type a connection stores (plain integers, bools, arrays and `#[repr(u8)]` enums
-    // whose variant 0 is the empty state); the connection is reset before use.
-    unsafe { Box::<Conn>::new_zeroed().assume_init() }
+    zeroed_box::<Conn>()
+}
+
+/// A `T` allocated zeroed on the heap, as the kernel allocates connections and streams.
+pub fn zeroed_box<T: ZeroValid>() -> Box<T> {
+    // SAFETY: `T: ZeroValid`: all-zero bytes are a valid `T`, which the compiler checked down
+    // to the primitives (each struct's implementation names every field and requires its type
+    // to be `ZeroValid`; each enum's asserts its variant 0; see `metaroce_transport::zero`).
+    unsafe { Box::<T>::new_zeroed().assume_init() }
 }
 
 pub fn sge(key: u32, addr: u64, len: u32) -> SgList {
