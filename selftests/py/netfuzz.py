@@ -521,11 +521,32 @@ class Fuzzer:
             out.append(b)
         return out
 
+    def huge(self):
+        """One datagram past 9000 bytes, up to the largest IPv4 takes (IP fragments): random,
+        or a valid DATAGRAM, SEND or WRITE header whose length fields say all of it."""
+        r = self.r
+        n = r.choice((9001, 16384, 32768, 65000, 65507))
+        b = bytearray(self.rand_bytes(n))
+        c = r.random()
+        if c < 0.25:
+            return b
+        if c < 0.5:
+            h = BASE.pack(1, DATAGRAM, FIRST | LAST, 1, 1, 0, 0, 0, 0, 0, 0, 0)
+            b[:44] = h + struct.pack(">IHHI", GSI_QKEY, 0xFFFF, 0, n - 44)
+        elif c < 0.75:
+            b[:48] = self.b.base(SEND, FIRST | LAST) + struct.pack(">IIII", 0, 0, n - 48, n - 48)
+        else:
+            b[:64] = self.b.base(WRITE, FIRST | LAST) + struct.pack(
+                ">QIIIIII", r.choice(self.b.ctx.vas), r.choice(self.b.ctx.rkeys), 0, 0, n - 64, n - 64, 0)
+        return b
+
     def batch(self, k):
         """(kind, datagrams): k datagrams of one length."""
         r = self.r
         self.built[r.randrange(self.BUILT)] = self.b.any()
         c = r.random()
+        if c < 0.002:
+            return "huge", [self.huge()]
         if c < 0.3:
             return "random", self.random_dgrams(k)
         t = self.template()
