@@ -409,18 +409,50 @@ class Builder:
         return k
 
 
+# Byte maps for bytes.translate: a random byte to a valid opcode, to an interesting byte, to
+# flags with only defined bits; and the checks of the base header, a bad byte to 1.
+TO_OPCODE = bytes(OPCODES[i % len(OPCODES)] for i in range(256))
+TO_I8 = bytes(I8[i % len(I8)] for i in range(256))
+TO_FLAGS = bytes(i & 0x1F for i in range(256))
+BAD_VERSION = bytes(0 if i == 1 else 1 for i in range(256))
+BAD_OPCODE = bytes(0 if OPCODE_OK[i] else 1 for i in range(256))
+BAD_NONZERO = bytes(0 if i == 0 else 1 for i in range(256))
+BAD_FLAGS_LOW = bytes(1 if i & 0xE0 else 0 for i in range(256))
+
+
+def count_base_bad(big, n, k):
+    """How many of the k datagrams of n bytes in `big` the device rejects at the base header
+    (device.rs `base_header_ok`: short, version, opcode, reserved flag bits, reserved byte),
+    column by column (every datagram's byte j is big[j::n]): no Python loop per datagram."""
+    if k == 0:
+        return 0
+    if n < 32:
+        return k
+    bad = 0
+    for j, table in ((0, BAD_VERSION), (1, BAD_OPCODE), (2, BAD_NONZERO), (3, BAD_FLAGS_LOW),
+                     (19, BAD_NONZERO)):
+        bad |= int.from_bytes(big[j::n].translate(table), "big")
+    return bad.bit_count() if hasattr(bad, "bit_count") else bin(bad).count("1")
+
+
 class Fuzzer:
-    # Built packets kept at hand (building one costs more than sending it): one is rebuilt
-    # per batch.
-    BUILT = 2048
+    """Makes batches of datagrams: k of one length n, as one buffer of k * n bytes (what a
+    UDP GSO send takes as is). Mutations work on columns (byte j of every datagram is
+    big[j::n]) with slices and bytes.translate, so that Python does little per datagram."""
+
+    # Built packets kept at hand (building one costs more than sending it many times).
+    BUILT = 1024
 
     def __init__(self, r, templates, builder):
         self.r, self.templates, self.b = r, templates, builder
-        self.pool = os.urandom(1 << 20)
+        self.pool = os.urandom(1 << 21)
         self.built = [builder.any() for _ in range(self.BUILT)]
 
     def rand_bytes(self, n):
-        o = self.r.randrange(len(self.pool) - n) if n < len(self.pool) else 0
+        r = self.r
+        if n > len(self.pool):
+            return os.urandom(n)
+        o = r.randrange(len(self.pool) - n + 1)
         return self.pool[o:o + n]
 
     def template(self):
@@ -429,97 +461,105 @@ class Fuzzer:
             return r.choice(self.templates)
         return r.choice(self.built)
 
-    # Each mutation makes `k` datagrams of one length from one template.
+    def flip_columns(self, big, n, k, hot, flips):
+        """`flips` bit flips in every datagram, each at a random column below `hot` (one
+        column and bit per flip and batch, a random subset of the datagrams per flip)."""
+        r = self.r
+        for _ in range(flips):
+            j = r.randrange(hot)
+            bit = 1 << r.randrange(8)
+            col = big[j::n]
+            # XOR the column with `bit` where a random byte is odd: about half the datagrams.
+            mask = self.rand_bytes(k).translate(bytes((bit if i & 1 else 0) for i in range(256)))
+            big[j::n] = (int.from_bytes(col, "big") ^ int.from_bytes(mask, "big")).to_bytes(k, "big")
+
     def flips(self, t, k):
-        r, n = self.r, len(t)
-        out = []
-        hot = min(n, 100)
-        for _ in range(k):
-            b = bytearray(t)
-            for _ in range(1 + r.getrandbits(2)):
-                i = r.randrange(hot) if r.random() < 0.75 or n == hot else r.randrange(n)
-                b[i] ^= 1 << r.getrandbits(3)
-            out.append(b)
-        return out
+        n = len(t)
+        big = bytearray(t * k)
+        hot = min(n, 100) if self.r.random() < 0.75 else n
+        self.flip_columns(big, n, k, hot, 1 + self.r.randrange(4))
+        return big
 
     def bytes_set(self, t, k):
         r, n = self.r, len(t)
-        out = []
-        for _ in range(k):
-            b = bytearray(t)
-            for _ in range(1 + r.getrandbits(1)):
-                b[r.randrange(min(n, 100))] = r.choice(I8)
-            out.append(b)
-        return out
+        big = bytearray(t * k)
+        for _ in range(1 + r.randrange(2)):
+            j = r.randrange(min(n, 100))
+            big[j::n] = self.rand_bytes(k).translate(TO_I8)
+        return big
 
     def fields(self, t, k):
-        """Fields of the headers set to extremes or moved a little (lengths, PSN, MSN, QPs,
-        counts); the rest of the packet untouched."""
+        """A header field set to extremes, moved a little or random, a different value in
+        each datagram (lengths, PSN, MSN, QPs, conn_id, path_id, counts)."""
         r, n = self.r, len(t)
         spots = [f for f in BASE_FIELDS + EXT_FIELDS.get(t[1], ()) if f[0] + f[1] <= n]
-        out = []
-        for _ in range(k):
-            b = bytearray(t)
-            for _ in range(1 + r.getrandbits(1)):
-                o, w = r.choice(spots)
-                old = int.from_bytes(b[o:o + w], "big")
-                c = r.random()
-                if c < 0.4:
-                    v = (old + r.choice((1, -1, 2, 255, 256, 257, 1344, -1344, 1 << 16, 1 << 31))) % (1 << 8 * w)
-                elif c < 0.8:
-                    v = r.choice(I8 if w == 1 else I16 if w == 2 else I32) % (1 << 8 * w)
-                else:
-                    v = r.getrandbits(8 * w)
-                b[o:o + w] = v.to_bytes(w, "big")
-            out.append(b)
-        return out
+        big = bytearray(t * k)
+        for _ in range(1 + r.randrange(2)):
+            o, w = r.choice(spots)
+            old = int.from_bytes(t[o:o + w], "big")
+            top = 1 << 8 * w
+            extremes = I8 if w == 1 else I16 if w == 2 else I32
+            c = r.random()
+            if c < 0.4:
+                deltas = (1, -1, 2, 255, 256, 257, 1344, -1344, 1 << 16, 1 << 31)
+                vals = [(old + r.choice(deltas)) % top for _ in range(k)]
+            elif c < 0.8:
+                vals = [r.choice(extremes) % top for _ in range(k)]
+            else:
+                vals = [r.getrandbits(8 * w) for _ in range(k)]
+            packed = b"".join(v.to_bytes(w, "big") for v in vals)
+            for j in range(w):
+                big[o + j::n] = packed[j::w]
+        return big
 
     def opcode(self, t, k):
-        out = []
-        for _ in range(k):
-            b = bytearray(t)
-            b[1] = self.r.choice(OPCODES)
-            out.append(b)
-        return out
+        n = len(t)
+        big = bytearray(t * k)
+        big[1::n] = self.rand_bytes(k).translate(TO_OPCODE)
+        return big
 
     def truncate(self, t, k):
         r = self.r
         n = r.randrange(len(t)) if len(t) else 0
         if r.random() < 0.5:
             n = min(n, r.randrange(64))
-        return [bytearray(t[:n]) for _ in range(k)], n
+        big = bytearray(t[:n] * k)
+        if n and r.random() < 0.5:
+            self.flip_columns(big, n, k, n, 1)
+        return big, n
 
     def extend(self, t, k):
         r = self.r
         extra = r.choice((1, 2, 3, 4, 8, 16, 20, 48, 100, r.randrange(1, 1400)))
-        zeros = r.random() < 0.5
-        return [bytearray(t) + (bytes(extra) if zeros else self.rand_bytes(extra)) for _ in range(k)]
+        n = len(t) + extra
+        big = bytearray((t + bytes(extra)) * k)
+        if r.random() < 0.5:
+            for i in range(k):
+                big[i * n + len(t):(i + 1) * n] = self.rand_bytes(extra)
+        return big, n
 
     def random_dgrams(self, k):
         """Plain random datagrams of one random length, 0 to 9000 bytes; a third start with a
-        valid base header's first bytes so that they get past it."""
+        valid base header's first bytes (conn_id 0 in half of them) so that they get past it."""
         r = self.r
         c = r.random()
         if c < 0.25:
             n = r.randrange(0, 64)
-        elif c < 0.7:
+        elif c < 0.8:
             n = r.randrange(0, GSO_MAX_V4 + 1)
         else:
             n = r.randrange(GSO_MAX_V4, 9001)
-        out = []
-        plausible = r.random() < 0.33
-        for _ in range(k):
-            b = bytearray(self.rand_bytes(n))
-            if plausible and n >= 32:
-                b[0] = 1
-                b[1] = r.choice(OPCODES)
-                b[2] = 0
-                b[3] &= 0x1F
-                b[19] = 0
-                if r.random() < 0.5:
-                    b[12:16] = bytes(4)
-            out.append(b)
-        return out
+        big = bytearray(self.rand_bytes(n * k))
+        if n >= 32 and r.random() < 0.33:
+            big[0::n] = b"\x01" * k
+            big[1::n] = self.rand_bytes(k).translate(TO_OPCODE)
+            big[2::n] = bytes(k)
+            big[3::n] = self.rand_bytes(k).translate(TO_FLAGS)
+            big[19::n] = bytes(k)
+            if r.random() < 0.5:
+                for j in range(12, 16):
+                    big[j::n] = bytes(k)
+        return big, n
 
     def huge(self):
         """One datagram past 9000 bytes, up to the largest IPv4 takes (IP fragments): random,
@@ -541,34 +581,40 @@ class Fuzzer:
         return b
 
     def batch(self, k):
-        """(kind, datagrams): k datagrams of one length."""
+        """(kind, buffer, n): k datagrams of n bytes in one buffer; n None for a list of
+        datagrams of any lengths."""
         r = self.r
-        self.built[r.randrange(self.BUILT)] = self.b.any()
+        if r.random() < 0.25:
+            self.built[r.randrange(self.BUILT)] = self.b.any()
         c = r.random()
         if c < 0.002:
-            return "huge", [self.huge()]
+            return "huge", [self.huge()], None
         if c < 0.3:
-            return "random", self.random_dgrams(k)
+            big, n = self.random_dgrams(k)
+            return "random", big, n
+        if c < 0.38:
+            # Built packets as they are (valid, or hostile values in valid places).
+            return "built", [r.choice(self.built) for _ in range(min(k, 8))], None
         t = self.template()
-        if c < 0.45:
-            return "built", [r.choice(self.built) for _ in range(k)]
         m = r.random()
         if m < 0.3:
-            return "flip", self.flips(t, k)
+            return "flip", self.flips(t, k), len(t)
         if m < 0.55:
-            return "field", self.fields(t, k)
+            return "field", self.fields(t, k), len(t)
         if m < 0.65:
-            return "byte", self.bytes_set(t, k)
+            return "byte", self.bytes_set(t, k), len(t)
         if m < 0.72:
-            return "opcode", self.opcode(t, k)
+            return "opcode", self.opcode(t, k), len(t)
         if m < 0.86:
-            return "truncate", self.truncate(t, k)[0]
-        return "extend", self.extend(t, k)
+            big, n = self.truncate(t, k)
+            return "truncate", big, n
+        big, n = self.extend(t, k)
+        return "extend", big, n
 
 
 def base_bad(b):
     """Whether the device rejects b at its base header (device.rs `base_header_ok`)."""
-    return len(b) < 32 or b[0] != 1 or not OPCODE_OK[b[1]] or b[2] & 0xE0 or b[19] != 0
+    return len(b) < 32 or b[0] != 1 or not OPCODE_OK[b[1]] or b[2] or b[3] & 0xE0 or b[19] != 0
 
 
 class Sender:
@@ -582,35 +628,8 @@ class Sender:
         self.gso = True
         self.errors = 0
 
-    def send(self, dgrams):
-        """Sends datagrams; returns how many went out."""
-        n = len(dgrams[0]) if dgrams else 0
-        if any(len(d) != n for d in dgrams):
-            by_len = {}
-            for d in dgrams:
-                by_len.setdefault(len(d), []).append(d)
-            return sum(self.send_run(v) for v in by_len.values())
-        return self.send_run(dgrams)
-
-    def send_run(self, dgrams):
-        """Sends datagrams of one length; returns how many went out."""
-        n = len(dgrams[0]) if dgrams else 0
-        if self.gso and len(dgrams) > 1 and 0 < n <= self.gso_max:
-            per = max(1, min(GSO_SEGS, GSO_BYTES // n))
-            sent = 0
-            for i in range(0, len(dgrams), per):
-                part = dgrams[i:i + per]
-                try:
-                    self.sock.sendmsg([b"".join(part)],
-                                      [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", n))], 0, self.dst)
-                    sent += len(part)
-                except OSError as e:
-                    if e.errno in (22, 5, 95, 97):  # EINVAL, EIO, EOPNOTSUPP: no GSO here
-                        self.gso = False
-                        return sent + self.send_run(dgrams[i:])
-                    self.errors += 1
-                    time.sleep(0.001)
-            return sent
+    def send_list(self, dgrams):
+        """Sends datagrams of any lengths one by one; returns how many went out."""
         sent = 0
         for d in dgrams:
             try:
@@ -620,6 +639,28 @@ class Sender:
                 self.errors += 1
                 time.sleep(0.001)
         return sent
+
+    def send_big(self, big, n, k):
+        """Sends the k datagrams of n bytes in `big`: with UDP GSO, up to 64 a sendmsg, if
+        they fit a frame; else one by one. Returns how many went out."""
+        view = memoryview(big)
+        if self.gso and k > 1 and 0 < n <= self.gso_max:
+            per = max(1, min(GSO_SEGS, GSO_BYTES // n))
+            cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", n))]
+            sent = 0
+            for i in range(0, k, per):
+                m = min(per, k - i)
+                try:
+                    self.sock.sendmsg([view[i * n:(i + m) * n]], cmsg, 0, self.dst)
+                    sent += m
+                except OSError as e:
+                    if e.errno in (22, 5, 95, 97):  # EINVAL, EIO, EOPNOTSUPP: no GSO here
+                        self.gso = False
+                        return sent + self.send_big(view[i * n:], n, k - i)
+                    self.errors += 1
+                    time.sleep(0.001)
+            return sent
+        return self.send_list([view[i * n:(i + 1) * n] for i in range(k)])
 
 
 def main():
@@ -638,7 +679,7 @@ def main():
     caught = read_pcap(args.pcap) if args.pcap else []
     templates = [p for s, p in caught if not args.peer or s == args.peer]
     ctx = Context(templates)
-    # Few templates of the bulk kind (WRITE data) and many ACKs: keep a variety.
+    # Many WRITE data packets and ACKs, few of the rest: keep a variety, at most 64 of a kind.
     by_op = {}
     for t in templates:
         by_op.setdefault((t[1], len(t) > 200), []).append(t)
@@ -653,26 +694,34 @@ def main():
 
     keep = open(args.keep, "w") if args.keep else None
     kept = {}
-    by_kind, bad, total, errors = {}, 0, 0, 0
-    start = time.monotonic()
+    by_kind, bad, total = {}, 0, 0
+    t0, start = os.times(), time.monotonic()
     while total < args.count:
-        k = min(args.count - total, r.choice((1, 2, 8, 32, 64, 64)))
-        kind, dgrams = fz.batch(k)
+        k = min(args.count - total, r.choice((1, 8, 64, 64, 64, 64)))
+        kind, big, n = fz.batch(k)
         c = r.random()
         s = stranger if stranger and c < 0.08 else v6 if v6 and c < 0.12 else main_s
-        sent = s.send(dgrams)
+        if n is None:
+            sent = s.send_list(big)
+            nbad = sum(1 for d in big if base_bad(d))
+            k = len(big)
+        else:
+            sent = s.send_big(big, n, k)
+            nbad = count_base_bad(big, n, k)
         total += sent
         by_kind[kind] = by_kind.get(kind, 0) + sent
-        nbad = sum(1 for d in dgrams if base_bad(d))
-        bad += nbad if sent == len(dgrams) else nbad * sent // max(1, len(dgrams))
+        bad += nbad if sent == k else nbad * sent // max(1, k)
         if keep and kept.get(kind, 0) < 20:
             kept[kind] = kept.get(kind, 0) + 1
-            keep.write(f"{kind} {dgrams[0].hex()}\n")
+            first = big[0] if n is None else big[:n]
+            keep.write(f"{kind} {bytes(first).hex()}\n")
     elapsed = time.monotonic() - start
+    t1 = os.times()
     errors = main_s.errors + (stranger.errors if stranger else 0) + (v6.errors if v6 else 0)
     kinds = " ".join(f"{k}={v}" for k, v in sorted(by_kind.items()))
     print(f"sent {total} in {elapsed:.1f} s ({total / max(elapsed, 1e-9):.0f}/s) base_bad {bad} "
-          f"templates {len(templates)} gso {int(main_s.gso)} send_errors {errors} {kinds}")
+          f"templates {len(templates)} gso {int(main_s.gso)} send_errors {errors} "
+          f"cpu_user {t1.user - t0.user:.1f} cpu_sys {t1.system - t0.system:.1f} {kinds}")
     return 0
 
 

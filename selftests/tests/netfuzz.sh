@@ -119,6 +119,7 @@ traffic=$!
 sleep 2
 
 half=$((NETFUZZ_COUNT / 2))
+cpu_before=$(head -n 1 /proc/stat)
 start=$EPOCHREALTIME
 $IP netns exec ns1 nice -n 5 timeout 900 python3 "$PY" --dst $NS2_ADDR --dst6 fd77::2 \
 	--stranger $STRANGER1 --count "$half" --seed "$NETFUZZ_SEED" --pcap "$pcap" --peer $NS1_ADDR \
@@ -132,6 +133,7 @@ rc1=0 rc2=0
 wait "$fz1" || rc1=$?
 wait "$fz2" || rc2=$?
 end=$EPOCHREALTIME
+cpu_after=$(head -n 1 /proc/stat)
 touch "$done_flag"
 wait "$traffic"
 
@@ -139,6 +141,13 @@ out1=$(tail -n 1 "$TAP_DIR/netfuzz-1.out")
 out2=$(tail -n 1 "$TAP_DIR/netfuzz-2.out")
 echo "# ns1 -> mroce2: $out1"
 echo "# ns2 -> mroce1: $out2"
+# Where the guest's CPUs went meanwhile (user includes nice: the fuzzers run at nice 5).
+awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN {
+	split(a, A, " "); split(b, B, " ")
+	for (i = 2; i <= 8; i++) { d[i] = B[i] - A[i]; t += d[i] }
+	if (t > 0) printf "# CPU during the fuzz: user %.0f%% nice %.0f%% system %.0f%% idle %.0f%% irq %.0f%% softirq %.0f%%\n",
+		100 * d[2] / t, 100 * d[3] / t, 100 * d[4] / t, 100 * (d[5] + d[6]) / t, 100 * d[7] / t, 100 * d[8] / t
+}'
 check "fuzzer ns1 -> mroce2 ran (exit $rc1)" exited_ok "$rc1" "$TAP_DIR/netfuzz-1.out"
 check "fuzzer ns2 -> mroce1 ran (exit $rc2)" exited_ok "$rc2" "$TAP_DIR/netfuzz-2.out"
 field() { printf '%s\n' "$1" | sed -nE "s/.*(^| )$2 ([0-9]+).*/\\2/p"; }
@@ -146,7 +155,7 @@ sent1=$(field "$out1" sent)
 sent2=$(field "$out2" sent)
 sent=$((${sent1:-0} + ${sent2:-0}))
 secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
-rate=$(awk -v n="$sent" -v s="$secs" 'BEGIN { printf "%.0f", s > 0 ? n / s : 0 }')
+rate=$(awk -v n="$sent" -v s="$secs" 'BEGIN { printf "%.0f", (s > 0 ? n / s : 0) }')
 check "sent $sent datagrams (${sent1:-0} to mroce2, ${sent2:-0} to mroce1) in $secs s, $rate/s: at least $NETFUZZ_COUNT" \
 	test "$sent" -ge "$NETFUZZ_COUNT"
 
