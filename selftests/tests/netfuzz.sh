@@ -12,7 +12,8 @@
 # fuzz completed, rx_malformed grew by what the fuzzers sent that fails the base header
 # checks, the connection still carries data, no QP/MR left behind, rmmod works, and a fresh
 # pair works. NETFUZZ_SEED fixes the fuzzers' choices (printed; the capture still differs).
-# About 3-4 minutes in the guest for 10^6 datagrams (the rate is printed).
+# About 2 minutes in the guest for 10^6 datagrams (80 s of fuzz at about 12,000 a second
+# under TCG; the rate is printed).
 source "$(dirname "$0")/../lib.sh"
 PY="$(dirname "$0")/../py/netfuzz.py"
 NETFUZZ_COUNT="${NETFUZZ_COUNT:-1000000}"
@@ -168,16 +169,17 @@ bad1=$(field "$out2" base_bad)
 bad2=$(field "$out1" base_bad)
 m1=$(($(counter mroce1 rx_malformed) - malformed1))
 m2=$(($(counter mroce2 rx_malformed) - malformed2))
-# Every datagram that fails the base header checks is counted, less any the stack dropped
-# before the device saw it (a full backlog, IP reassembly): at least half.
-check "mroce1 rx_malformed grew by $m1 (the fuzzer sent ${bad1:-?} bad base headers)" \
-	test "$m1" -gt 0 -a "$((2 * m1))" -ge "${bad1:-1}"
-check "mroce2 rx_malformed grew by $m2 (the fuzzer sent ${bad2:-?} bad base headers)" \
-	test "$m2" -gt 0 -a "$((2 * m2))" -ge "${bad2:-1}"
+# Every datagram that fails the base header checks is counted, and nothing else is (the real
+# traffic is well formed): as many as the fuzzer sent, less any the stack might drop before
+# the device sees them (none so far; 1% allowed).
+check "mroce1 rx_malformed grew by $m1: the ${bad1:-?} bad base headers the fuzzer sent it" \
+	test "$m1" -gt 0 -a "$((100 * m1))" -ge "$((99 * ${bad1:-1}))" -a "$m1" -le "${bad1:-0}"
+check "mroce2 rx_malformed grew by $m2: the ${bad2:-?} bad base headers the fuzzer sent it" \
+	test "$m2" -gt 0 -a "$((100 * m2))" -ge "$((99 * ${bad2:-1}))" -a "$m2" -le "${bad2:-0}"
 check "mroce1 and mroce2 took the rest as MetaRoCE packets (rx_packets +$(($(counter mroce1 rx_packets) - packets1)), +$(($(counter mroce2 rx_packets) - packets2)))" \
 	test "$(($(counter mroce1 rx_packets) - packets1))" -gt "$(((${sent2:-0} - ${bad1:-0}) / 2))" \
 	-a "$(($(counter mroce2 rx_packets) - packets2))" -gt "$(((${sent1:-0} - ${bad2:-0}) / 2))"
-check "datagrams from strangers counted in rx_no_connection (+$(($(counter mroce1 rx_no_connection) - noconn1)), +$(($(counter mroce2 rx_no_connection) - noconn2)))" \
+check "rx_no_connection grew (datagrams from strangers, over IPv6, to unknown QPs) (+$(($(counter mroce1 rx_no_connection) - noconn1)), +$(($(counter mroce2 rx_no_connection) - noconn2)))" \
 	test "$(counter mroce1 rx_no_connection)" -gt "$noconn1" -a "$(counter mroce2 rx_no_connection)" -gt "$noconn2"
 for d in mroce1 mroce2; do
 	echo "# $d: $($RDMA statistic show link $d/1 | tr -s ' \n' ' ' | grep -Eo '(rx_[a-z_]+|retransmits|duplicates|timeouts|retry_exceeded|nak_[a-z_]+|datagrams_[a-z]+|hello_mtu_mismatch) [0-9]+' | grep -v ' 0$' | tr '\n' ' ')"
