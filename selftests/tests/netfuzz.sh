@@ -203,4 +203,5 @@ check "fresh pair: ibv_rc_pingpong, data checked" pingpong_run "$TAP_DIR/pp-fres
 teardown_pair
 check "rmmod metaroce after the fresh pair" rmmod metaroce
 check_no_output "kernel log clean (no oops, WARN, BUG, leak)" "$KERNEL_TROUBLE" dmesg_since_mark
+echo "# netfuzz took $SECONDS s"
 suite_end
