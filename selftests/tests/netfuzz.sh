@@ -12,8 +12,8 @@
 # fuzz completed, rx_malformed grew by what the fuzzers sent that fails the base header
 # checks, the connection still carries data, no QP/MR left behind, rmmod works, and a fresh
 # pair works. NETFUZZ_SEED fixes the fuzzers' choices (printed; the capture still differs).
-# About 2 minutes in the guest for 10^6 datagrams (80 s of fuzz at about 12,000 a second
-# under TCG; the rate is printed).
+# 2 to 2.5 minutes in the guest for 10^6 datagrams (80-100 s of fuzz at 10,000-12,000 a
+# second under TCG; the rate and the suite's time are printed).
 source "$(dirname "$0")/../lib.sh"
 PY="$(dirname "$0")/../py/netfuzz.py"
 NETFUZZ_COUNT="${NETFUZZ_COUNT:-1000000}"
