@@ -451,7 +451,7 @@ impl Engine {
             if !pp.mtu_mismatch.swap(true, Ordering::Relaxed) {
                 let [a, b, c, d] = pp.addr(0).unwrap_or([0; 4]);
                 pr_warn!(
-                    "metaroce: peer {a}.{b}.{c}.{d} sends {theirs_mtu}-byte packets, this device \
+                    "peer {a}.{b}.{c}.{d} sends {theirs_mtu}-byte packets, this device \
                      {}: their links' MTUs must match\n",
                     self.mtu
                 );

@@ -5,8 +5,9 @@ device's UDP port (4793), mutations of real MetaRoCE packets (from a tcpdump cap
 packets built after docs/wire-format.md, and plain random datagrams of 0 to 9000 bytes.
 
 It runs in the namespace of the device's peer, so an ordinary UDP socket sends with the peer's
-source address (the device demultiplexes connections by source address and conn_id, and every
-connection of this driver has conn_id 0): mutated packets reach the real connection, its paths
+source address (the device demultiplexes connections by source address and conn_id; the
+captured packets carry the live connection's id, which an attacker off the path would have to
+guess): mutated packets reach the real connection, its paths
 (PSN windows, ACK and SACK processing) and its streams. A share of the datagrams goes from a
 second address the device has no peer at (`--stranger`) and over IPv6 (`--dst6`).
 
@@ -18,8 +19,9 @@ about 6,500 a second per sender, the receiving kernel's work included (half the 
 
 QP numbers come from the capture (the warm-up's QPs, closed by then) and from guesses of the
 driver's numbering (table index << 8 | generation), which hit a live QP now and then. A request
-to a live QP with its right MSN, RSN and rkey is taken as the peer's: MetaRoCE, like RoCEv2,
-does not authenticate its peer, so the fuzzer does not aim at the checked traffic's QPs.
+to a live QP with the connection's id, a PSN in the window and its right MSN, RSN and rkey is
+taken as the peer's (an attacker on the path sees them all): the fuzzer does not aim at the
+checked traffic's QPs.
 
 Prints one line of statistics: `sent N in T s (R/s) ...`, with `base_bad`, the datagrams whose
 base header the device must reject (short, version, opcode, flags, reserved byte: what it
