@@ -22,7 +22,7 @@ use core::{
 use kernel::prelude::*;
 
 const HDR: usize = bindings::METAROCE_RING_HDR_SIZE as usize;
-const PAGE_SIZE: usize = 4096;
+use kernel::page::PAGE_SIZE;
 const PRODUCER: usize = 0;
 const CONSUMER: usize = 64;
 

@@ -9,7 +9,7 @@ use super::bindings;
 use core::ptr::NonNull;
 use kernel::{alloc::KVVec, prelude::*};
 
-const PAGE_SIZE: usize = 4096;
+use kernel::page::PAGE_SIZE;
 
 /// A `struct page *` of pinned user memory.
 #[derive(Clone, Copy)]
