@@ -99,12 +99,18 @@ window() {
 # no number to report: perftest's clock calibration failed, `perftest_uncalibrated` in
 # lib.sh; they count in neither goodput nor pjain. NICE: the clients' nice level (default 0).
 WINDOW=${INCAST_WINDOW:-2}
+# The QPs' local ACK timeout: perftest's -u 16 (268 ms; the default, 14, is 67 ms), for both
+# transports. retry_cnt (7) counts such timeouts without progress: with the default, 0.5 s in
+# which a sender's connection got no ACK at all failed one of 7 senders now and then (status
+# 12) while 14 busy-polling perftest processes and the receive side shared 2 vCPUs under TCG,
+# whose scheduling stalls are that long; 2 s of no ACK at all still fails it.
+ACK_TIMEOUT=16
 incast() {
 	local kind="$1" n="$2" secs="${3:-$SECS}" nice="${4:-0}" i pids=() spids=() port
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
 		$IP netns exec rx timeout $((secs + 25)) ib_write_bw -d "${kind}rx" -x 1 -s $SIZE -D "$secs" \
-			-p $port --report_gbits >"$TAP_DIR/incast-srv-$i.log" 2>&1 &
+			-u $ACK_TIMEOUT -p $port --report_gbits >"$TAP_DIR/incast-srv-$i.log" 2>&1 &
 		spids+=($!)
 	done
 	sleep 1.5
@@ -113,7 +119,8 @@ incast() {
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
 		$IP netns exec "s$i" nice -n "$nice" timeout $((secs + 25)) ib_write_bw -d "${kind}s$i" -x 1 \
-			-s $SIZE -D "$secs" -p $port --report_gbits 10.80.0.2 >"$TAP_DIR/incast-cli-$i.log" 2>&1 &
+			-s $SIZE -D "$secs" -u $ACK_TIMEOUT -p $port --report_gbits 10.80.0.2 \
+			>"$TAP_DIR/incast-cli-$i.log" 2>&1 &
 		pids+=($!)
 	done
 	local win
