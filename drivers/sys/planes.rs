@@ -268,17 +268,7 @@ unsafe extern "C" fn paths_store(
     count: usize,
 ) -> isize {
     // SAFETY: per the contract.
-    unsafe {
-        store(dev, buf, count, |ibdev, input| {
-            let n = core::str::from_utf8(input.trim_ascii())
-                .ok()
-                .and_then(|t| t.parse::<u32>().ok())
-                .ok_or(EINVAL)?;
-            // SAFETY: the device is live while sysfs calls us.
-            let engine = ibdev::engine_of(ibdev).ok_or(ENODEV)?;
-            engine.set_paths(n)
-        })
-    }
+    unsafe { store_u32(dev, buf, count, crate::datapath::Engine::set_paths) }
 }
 
 /// # Safety
@@ -309,6 +299,21 @@ unsafe extern "C" fn max_peers_store(
     count: usize,
 ) -> isize {
     // SAFETY: per the contract.
+    unsafe { store_u32(dev, buf, count, crate::datapath::Engine::set_max_peers) }
+}
+
+/// A store of one decimal number into the device's engine through `set`.
+///
+/// # Safety
+///
+/// As for `store`: called from a sysfs store of one of our devices, with `count` bytes at `buf`.
+unsafe fn store_u32(
+    dev: *mut bindings::device,
+    buf: *const c_char,
+    count: usize,
+    set: fn(&crate::datapath::Engine, u32) -> Result,
+) -> isize {
+    // SAFETY: per the contract.
     unsafe {
         store(dev, buf, count, |ibdev, input| {
             let n = core::str::from_utf8(input.trim_ascii())
@@ -317,7 +322,7 @@ unsafe extern "C" fn max_peers_store(
                 .ok_or(EINVAL)?;
             // SAFETY: the device is live while sysfs calls us.
             let engine = ibdev::engine_of(ibdev).ok_or(ENODEV)?;
-            engine.set_max_peers(n)
+            set(engine, n)
         })
     }
 }
