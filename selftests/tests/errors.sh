@@ -36,15 +36,17 @@ fi
 check "the requester side ran to its end" grep -q '^# client: done' "$TAP_DIR/errors.out"
 check "the responder side ran to its end" grep -q '^server: done' "$TAP_DIR/errors-server.out"
 # The client exits 1 exactly when it printed a failed check, the server 0.
+# errors_exit CLIENT SERVER: arguments, since check's own `rc` is local and would shadow ours.
 errors_exit() {
-	[ "$srv_rc" = 0 ] || return 1
-	case "$rc" in
+	[ "$2" = 0 ] || return 1
+	case "$1" in
 	0) ! grep -q '^not ok - ' "$TAP_DIR/errors.out" ;;
 	1) grep -q '^not ok - ' "$TAP_DIR/errors.out" ;;
 	*) false ;;
 	esac
 }
-check "errors.py exit statuses agree with its checks (client $rc, server $srv_rc)" errors_exit
+check "errors.py exit statuses agree with its checks (client $rc, server $srv_rc)" \
+	errors_exit "$rc" "$srv_rc"
 for d in mroce1 mroce2; do
 	echo "# $($RDMA statistic show link $d/1 2>&1 | tr -s ' \n' ' ')"
 done
