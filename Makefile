@@ -48,14 +48,14 @@ image: setup
 # What the guest installs at boot (see qemu-ci/guest-init.sh). rootfs/ is unpacked onto /: the
 # provider as `make -C rdma-core-provider install` lays it out (libmetaroce.so.1, the plugin
 # symlink libibverbs/libmetaroce-rdmav34.so -> ../libmetaroce.so.1, metaroce_dv.h,
-# metaroce.driver), the direct verbs' test program built on the host, the plane CLI. The copy
+# metaroce.driver), the direct verbs' test programs built on the host, the plane CLI. The copy
 # to the guest's share dereferences symlinks, so rootfs.symlinks lists them for guest-init.sh.
 payload: module provider
 	@rm -rf $(GUEST) && mkdir -p $(GUEST)
 	cp metaroce.ko $(GUEST)/
 	$(MAKE) --no-print-directory -C rdma-core-provider install DESTDIR=$(GUEST)/rootfs
-	bin=$$(selftests/dv/build.sh) && \
-		install -D -m 755 "$$bin" $(GUEST)/rootfs/usr/local/bin/metaroce_dv_test
+	bins=$$(selftests/dv/build.sh) && for bin in $$bins; do \
+		install -D -m 755 "$$bin" $(GUEST)/rootfs/usr/local/bin/$$(basename "$$bin") || exit 1; done
 	cp -r selftests $(GUEST)/selftests
 	install -D -m 755 tools/metaroce-plane $(GUEST)/rootfs/usr/local/sbin/metaroce-plane
 	cd $(GUEST)/rootfs && find . -type l -printf '%P %l\n' | sort >$(GUEST)/rootfs.symlinks

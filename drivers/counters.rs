@@ -235,6 +235,12 @@ counters! {
     /// `rx_out_of_window`: packets of a connection whose PSN lay beyond their path's receive
     /// window (more than 1024 past what it has received): dropped, never acknowledged.
     RxOutOfWindow => c"rx_out_of_window",
+    /// `ring_errors`: user QPs and SRQs failed because userspace broke a ring it shares with
+    /// the kernel: a producer index claiming more entries than the ring holds, or a work
+    /// request the provider could not have written (`uapi/metaroce-abi.h`). The QP moved to
+    /// the error state with `IB_EVENT_QP_FATAL` (an SRQ: `IB_EVENT_SRQ_ERR`); one count per
+    /// QP or SRQ failed.
+    RingErrors => c"ring_errors",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default

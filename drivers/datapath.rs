@@ -382,18 +382,41 @@ struct QpSlot {
     qp: Option<Arc<Qp>>,
     /// On the feed queue.
     queued: bool,
+    /// Userspace broke one of the QP's rings and its stream was failed: the flushes of what
+    /// the transport held come out of the next round of the run, the rings' at a feed after
+    /// that (see [`Engine::feed`]).
+    ring_failed: bool,
+}
+
+impl QpSlot {
+    /// Puts the slot's stream `sid` on `feed` (once).
+    fn queue(&mut self, feed: &mut KVVec<StreamId>, sid: StreamId) {
+        // Within the room reserved at attach: no allocation.
+        if self.qp.is_some() && !self.queued && feed.push(sid, GFP_ATOMIC).is_ok() {
+            self.queued = true;
+        }
+    }
 }
 
 impl PeerInner {
     /// Queues stream `sid`'s QP for feeding at the next run.
     fn queue_feed(&mut self, sid: StreamId) {
         if let Some(slot) = self.qps.get_mut(usize::from(sid.0)) {
-            // Within the room reserved at attach: no allocation.
-            if slot.qp.is_some() && !slot.queued && self.feed.push(sid, GFP_ATOMIC).is_ok() {
-                slot.queued = true;
-            }
+            slot.queue(&mut self.feed, sid);
         }
     }
+}
+
+/// What feeding a QP found ([`Engine::feed`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fed {
+    /// Nothing more to do until the next doorbell or completion.
+    Done,
+    /// Feed it again after this round's completions are delivered.
+    Again,
+    /// Userspace broke one of its rings: the QP failed (`IB_EVENT_QP_FATAL`), its stream too;
+    /// fed again, as `Again`, to flush its rings. Counted in `ring_errors`.
+    RingError,
 }
 
 /// Datagrams of one path waiting in a peer's transmit buffer (`buf[..end]`), `seg` bytes
@@ -860,6 +883,7 @@ impl Engine {
                 *slot = QpSlot {
                     qp: Some(qp.clone()),
                     queued: false,
+                    ring_failed: false,
                 };
             }
             p.attached += 1;
@@ -1233,36 +1257,77 @@ impl Engine {
         }
     }
 
-    /// Feeds the QPs on the feed queue.
+    /// Feeds the QPs on the feed queue; those that want another round stay on it.
     fn feed_queued(&self, p: &mut PeerInner, now: u64) {
         let PeerInner {
             conn, qps, feed, ..
         } = p;
-        for sid in feed.drain_all() {
+        let mut again = false;
+        for &sid in feed.iter() {
             if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
-                slot.queued = false;
-                Self::feed(conn, slot, sid, now);
+                // Failed before this round: its transport flushes come out of this round.
+                let failed_before = slot.ring_failed;
+                let fed = Self::feed(conn, slot, sid, now);
+                if fed == Fed::RingError {
+                    self.counters.inc(Counter::RingErrors);
+                }
+                if failed_before {
+                    slot.ring_failed = false;
+                }
+                slot.queued = fed != Fed::Done;
+                again |= slot.queued;
             }
+        }
+        if again {
+            feed.retain(|sid| qps.get(usize::from(sid.0)).is_some_and(|s| s.queued));
+        } else {
+            feed.clear();
         }
     }
 
-    /// Copies posted WQEs out of a QP's rings into its stream while there is room.
-    fn feed(conn: &mut Conn, slot: &mut QpSlot, sid: StreamId, now: u64) {
-        let QpSlot { qp, .. } = slot;
-        {
-            let Some(qp) = qp.as_ref() else { return };
-            let mut inner = qp.inner.lock();
-            // Receives are taken from RTR on, sends only in RTS; in the error state the
-            // rings are flushed instead (`Qp::flush`).
-            let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-            let sending = inner.state == QpState::Rts;
-            let rq = inner.queues.rq.as_ref().filter(|_| receiving);
-            while let Some(Ok(Some(wqe))) = rq.map(|r| r.peek()) {
+    /// Copies posted WQEs out of a QP's rings into its stream while there is room; in the
+    /// error state flushes them instead (`Qp::flush`).
+    ///
+    /// Userspace may have written anything into its rings: a producer index claiming more
+    /// than a ring holds, or a WQE the provider could not have written
+    /// (`sys::send_wqe_decodes`, `sys::recv_wqe_decodes`), fails the QP (`Qp::ring_error`:
+    /// the error state, `IB_EVENT_QP_FATAL`) and its stream. The WQE stays in the ring and
+    /// flushes with the others, after what the transport held for the QP: that flushes as
+    /// the run's next round delivers its completions, and the rings wait for a feed after
+    /// that ([`QpSlot::ring_failed`]).
+    fn feed(conn: &mut Conn, slot: &mut QpSlot, sid: StreamId, now: u64) -> Fed {
+        let QpSlot {
+            qp, ring_failed, ..
+        } = slot;
+        let Some(qp) = qp.as_ref() else {
+            return Fed::Done;
+        };
+        if *ring_failed {
+            return Fed::Again;
+        }
+        let mut inner = qp.inner.lock();
+        if inner.state == QpState::Err {
+            drop(inner);
+            qp.flush();
+            return Fed::Done;
+        }
+        // Receives are taken from RTR on, sends only in RTS.
+        let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+        let sending = inner.state == QpState::Rts;
+        let mut broken = false;
+        if let Some(rq) = inner.queues.rq.as_ref().filter(|_| receiving) {
+            loop {
+                let wqe = match rq.peek() {
+                    Ok(Some(wqe)) if crate::sys::recv_wqe_decodes(&wqe) => wqe,
+                    Ok(None) => break,
+                    Ok(Some(_)) | Err(_) => {
+                        broken = true;
+                        break;
+                    }
+                };
                 let Some(local) = recv_sgl(&wqe) else {
                     // Unusable SGEs: the WQE completes in error, like a bad post would.
-                    if let Some(r) = rq {
-                        r.pop();
-                    }
+                    rq.pop();
                     let cqe = verbs::cqe(
                         wqe.wr_id,
                         bindings::ib_wc_status_IB_WC_LOC_LEN_ERR,
@@ -1280,53 +1345,64 @@ impl Engine {
                     },
                 );
                 match posted {
-                    Ok(()) => {
-                        if let Some(r) = rq {
-                            r.pop();
-                        }
-                    }
+                    Ok(()) => rq.pop(),
                     Err(_) => break,
                 }
             }
-            if let (Some(store), Some((req, _))) = (inner.inline.as_mut(), conn.stream_stats(sid)) {
-                store.release(req.completed);
-            }
-            while let Some(Ok(Some(wqe))) = sending.then(|| inner.queues.sq.peek()) {
-                let stash = stash_inline(&mut inner, &wqe, qp.qpn, conn.stream_stats(sid));
-                let twqe = match stash {
-                    Stash::NotInline => send_wqe(&wqe, qp.sq_sig_all, None),
-                    Stash::Stored(sge) => send_wqe(&wqe, qp.sq_sig_all, Some(sge)),
-                    // Every slot holds a payload still in flight: wait for completions (which
-                    // may be unsignaled: ask to hear of them).
-                    Stash::Full => {
-                        conn.want_send_room(sid);
-                        break;
+        }
+        if let (Some(store), Some((req, _))) = (inner.inline.as_mut(), conn.stream_stats(sid)) {
+            store.release(req.completed);
+        }
+        while sending && !broken {
+            let wqe = match inner.queues.sq.peek() {
+                Ok(Some(wqe)) if crate::sys::send_wqe_decodes(&wqe) => wqe,
+                Ok(None) => break,
+                Ok(Some(_)) | Err(_) => {
+                    broken = true;
+                    break;
+                }
+            };
+            let stash = stash_inline(&mut inner, &wqe, qp.qpn, conn.stream_stats(sid));
+            let twqe = match stash {
+                Stash::NotInline => send_wqe(&wqe, qp.sq_sig_all, None),
+                Stash::Stored(sge) => send_wqe(&wqe, qp.sq_sig_all, Some(sge)),
+                // Every slot holds a payload still in flight: wait for completions (which
+                // may be unsignaled: ask to hear of them).
+                Stash::Full => {
+                    conn.want_send_room(sid);
+                    break;
+                }
+                Stash::Invalid => None,
+            };
+            let Some(twqe) = twqe else {
+                inner.queues.sq.pop();
+                let cqe = verbs::cqe(
+                    wqe.wr_id,
+                    bindings::ib_wc_status_IB_WC_LOC_QP_OP_ERR,
+                    verbs::wc_opcode_for_send(wqe.opcode),
+                    qp.qpn,
+                );
+                qp.send_cq.complete(&cqe, false);
+                continue;
+            };
+            match conn.post_send(now, sid, twqe) {
+                Ok(()) => inner.queues.sq.pop(),
+                Err(_) => {
+                    // Not taken: its payload is stashed again next time.
+                    if let (Stash::Stored(_), Some(store)) = (stash, inner.inline.as_mut()) {
+                        store.unstore_newest();
                     }
-                    Stash::Invalid => None,
-                };
-                let Some(twqe) = twqe else {
-                    inner.queues.sq.pop();
-                    let cqe = verbs::cqe(
-                        wqe.wr_id,
-                        bindings::ib_wc_status_IB_WC_LOC_QP_OP_ERR,
-                        verbs::wc_opcode_for_send(wqe.opcode),
-                        qp.qpn,
-                    );
-                    qp.send_cq.complete(&cqe, false);
-                    continue;
-                };
-                match conn.post_send(now, sid, twqe) {
-                    Ok(()) => inner.queues.sq.pop(),
-                    Err(_) => {
-                        // Not taken: its payload is stashed again next time.
-                        if let (Stash::Stored(_), Some(store)) = (stash, inner.inline.as_mut()) {
-                            store.unstore_newest();
-                        }
-                        break;
-                    }
+                    break;
                 }
             }
         }
+        if broken && qp.ring_error(&mut inner) {
+            drop(inner);
+            let _ = conn.fail_stream(sid);
+            *ring_failed = true;
+            return Fed::RingError;
+        }
+        Fed::Done
     }
 
     /// Processes the receive queue (softirq, or a receive thread).
@@ -1372,7 +1448,9 @@ impl Engine {
             };
             drop(q);
             handled += 1;
-            let PeerInner { conn, qps, .. } = &mut *p;
+            let PeerInner {
+                conn, qps, feed, ..
+            } = &mut *p;
             let data = item.buf.bytes();
             // Receive WQEs posted since the last run must be in the stream before the data
             // that consumes them (receives have no doorbell): feed the destination QP, and
@@ -1381,7 +1459,14 @@ impl Engine {
             let dst = Packet::peek_recv_qp(data).and_then(|qpn| conn.stream_by_qp(qpn));
             if let Some(sid) = dst {
                 if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
-                    Self::feed(conn, slot, sid, now);
+                    let fed = Self::feed(conn, slot, sid, now);
+                    if fed == Fed::RingError {
+                        self.counters.inc(Counter::RingErrors);
+                    }
+                    if fed != Fed::Done {
+                        // The run after the batch flushes it.
+                        slot.queue(feed, sid);
+                    }
                 }
             }
             match conn.handle_packet(now, data, item.ce, &mut mem) {
@@ -1395,6 +1480,7 @@ impl Engine {
                 Err(_) => {}
             }
         }
+        self.counters.add(Counter::RingErrors, mem.ring_errors);
         handled
     }
 
@@ -1570,6 +1656,8 @@ struct Mem<'a> {
     verbs: &'a Verbs,
     /// The QP last asked about: a run or a batch mostly serves one.
     last: Option<QpRights>,
+    /// SRQs found broken by userspace (`SrqTake::RingError`), for `ring_errors`.
+    ring_errors: u64,
 }
 
 /// What the checks need of a QP.
@@ -1589,7 +1677,11 @@ fn access_error(e: verbs::MrError) -> AccessError {
 
 impl<'a> Mem<'a> {
     fn new(verbs: &'a Verbs) -> Self {
-        Mem { verbs, last: None }
+        Mem {
+            verbs,
+            last: None,
+            ring_errors: 0,
+        }
     }
 
     fn rights(&mut self, qpn: u32) -> Result<QpRights, AccessError> {
@@ -1732,16 +1824,22 @@ impl Memory for Mem<'_> {
                 let mut taken = None;
                 // A WQE whose SGEs the transport cannot carry stays at the head (so far as
                 // before).
-                srq.take_with(|wqe| {
+                let took = srq.take_with(|wqe| {
                     taken = recv_sgl(wqe).map(|local| stream::RecvWqe {
                         wr_id: wqe.wr_id,
                         local,
                     });
                     taken.is_some()
                 });
-                taken
+                Some((taken, took == verbs::SrqTake::RingError))
             })
             .flatten()
+            .and_then(|(taken, broke)| {
+                if broke {
+                    self.ring_errors += 1;
+                }
+                taken
+            })
     }
 
     fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {

@@ -11,9 +11,9 @@ use crate::sys::{
     bindings,
     ring::{RingInfo, UserRing},
     umem::UserMemory,
-    CqNotifier,
+    CqNotifier, QpEvents, SrqEvents,
 };
-use core::sync::atomic::{fence, AtomicU32, AtomicU8, Ordering};
+use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU8, Ordering};
 use kernel::{
     new_mutex, new_spinlock_irq,
     prelude::*,
@@ -519,14 +519,34 @@ pub(crate) struct Srq {
     #[pin]
     ring: SpinLockBh<UserRing<RecvWqe>>,
     pub(crate) limit: AtomicU32,
+    /// Userspace broke the ring (see [`Srq::take_with`]): no entry is taken from it any more.
+    broken: AtomicBool,
+    #[pin]
+    pub(crate) events: SrqEvents,
+}
+
+/// What [`Srq::take_with`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SrqTake {
+    Taken,
+    NotTaken,
+    /// Userspace broke the ring just now: `IB_EVENT_SRQ_ERR` was raised, and the SRQ gives no
+    /// more entries (later calls return `NotTaken`).
+    RingError,
 }
 
 impl Srq {
-    pub(crate) fn new(srqn: u32, ring: UserRing<RecvWqe>) -> impl PinInit<Self> {
+    pub(crate) fn new(
+        srqn: u32,
+        ring: UserRing<RecvWqe>,
+        events: impl PinInit<SrqEvents>,
+    ) -> impl PinInit<Self> {
         pin_init!(Srq {
             srqn,
             ring <- new_spinlock_bh!(ring, "metaroce_srq"),
             limit: AtomicU32::new(0),
+            broken: AtomicBool::new(false),
+            events <- events,
         })
     }
 
@@ -539,16 +559,26 @@ impl Srq {
     }
 
     /// Offers the next posted receive WQE (a copy) to `f`; it leaves the ring if `f` takes
-    /// it (returns true). Returns whether one was taken.
-    pub(crate) fn take_with(&self, f: impl FnOnce(&RecvWqe) -> bool) -> bool {
+    /// it (returns true). A producer index beyond the ring or a WQE that does not decode
+    /// ([`crate::sys::recv_wqe_decodes`]) breaks the SRQ for good: the first time, `IB_EVENT_SRQ_ERR`.
+    pub(crate) fn take_with(&self, f: impl FnOnce(&RecvWqe) -> bool) -> SrqTake {
         let ring = self.ring.lock();
+        if self.broken.load(Ordering::Relaxed) {
+            return SrqTake::NotTaken;
+        }
         match ring.peek() {
+            Ok(Some(wqe)) if !crate::sys::recv_wqe_decodes(&wqe) => {}
             Ok(Some(wqe)) if f(&wqe) => {
                 ring.pop();
-                true
+                return SrqTake::Taken;
             }
-            _ => false,
+            Ok(_) => return SrqTake::NotTaken,
+            Err(_) => {}
         }
+        // Under the ring's lock: raised once.
+        self.broken.store(true, Ordering::Relaxed);
+        self.events.srq_error();
+        SrqTake::RingError
     }
 }
 
@@ -755,6 +785,8 @@ pub(crate) struct Qp {
     /// on one QP, and each must see the state the other left.
     #[pin]
     pub(crate) modify: Mutex<()>,
+    #[pin]
+    pub(crate) events: QpEvents,
 }
 
 /// What a `modify_qp` asks, checked against the QP but not applied ([`Qp::prepare`]): the
@@ -886,7 +918,7 @@ pub(crate) struct QpParts {
 }
 
 impl Qp {
-    pub(crate) fn new(p: QpParts) -> impl PinInit<Self> {
+    pub(crate) fn new(p: QpParts, events: impl PinInit<QpEvents>) -> impl PinInit<Self> {
         pin_init!(Qp {
             qpn: p.qpn,
             pd: p.pd,
@@ -908,6 +940,7 @@ impl Qp {
                 "metaroce_qp"
             ),
             modify <- new_mutex!((), "metaroce_qp_modify"),
+            events <- events,
         })
     }
 
@@ -969,11 +1002,15 @@ impl Qp {
     }
 
     /// Applies a prepared change; it cannot fail. The caller holds [`Qp::modify`], so the QP
-    /// is still as `prepare` found it.
+    /// is still as `prepare` found it, but for the data path's one change: the error state
+    /// (its stream failed, or userspace broke a ring, while the modify ran), which only a
+    /// move to RESET leaves.
     pub(crate) fn commit(&self, c: &QpChange) {
         let mut inner = self.inner.lock();
         inner.attrs = c.attrs;
-        inner.state = c.state;
+        if inner.state != QpState::Err || c.state == QpState::Reset {
+            inner.state = c.state;
+        }
         if let Some(a) = c.access {
             self.access.store(a, Ordering::Release);
         }
@@ -997,6 +1034,19 @@ impl Qp {
         self.planes.store(planes, Ordering::Release);
     }
 
+    /// Userspace broke one of the QP's rings (a producer index beyond it, a WQE that does not
+    /// decode): the QP moves to the error state and `IB_EVENT_QP_FATAL` is raised. Once: a QP
+    /// already in the error state stays there quietly (returns false). The caller holds
+    /// `inner`, fails the QP's stream and has the rings flushed (see `datapath::Engine::feed`).
+    pub(crate) fn ring_error(&self, inner: &mut QpInner) -> bool {
+        if inner.state == QpState::Err {
+            return false;
+        }
+        inner.state = QpState::Err;
+        self.events.qp_fatal();
+        true
+    }
+
     /// The transport failed the QP's stream (retries exhausted, remote error): the QP is in
     /// the error state; what is left in its rings is flushed.
     pub(crate) fn set_error(&self) {
@@ -1004,7 +1054,10 @@ impl Qp {
         self.flush();
     }
 
-    /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`.
+    /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`. A ring
+    /// whose producer index claims more than it holds is left alone (nothing in it can be
+    /// told from garbage); once userspace puts the index back in range, the next flush (a
+    /// doorbell, a modify_qp) completes what it covers.
     pub(crate) fn flush(&self) {
         let inner = self.inner.lock();
         if inner.state != QpState::Err {

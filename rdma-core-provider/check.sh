@@ -40,11 +40,15 @@ for sym in verbs_register_driver_34 ibv_cmd_get_context _verbs_init_and_alloc_co
 	grep -Eq "\*UND\*.*[[:space:]]\(?IBVERBS_PRIVATE_34\)?[[:space:]]+$sym\$" <<<"$dynsyms" ||
 		fail "$sym@IBVERBS_PRIVATE_34 is not referenced"
 done
-# Exported: exactly the direct verbs of metaroce_dv.h, each with the default version
-# METAROCE_1.0 (libibverbs finds the provider through the constructor, not by symbol).
-DV_SYMS="metaroce_dv_is_supported metaroce_dv_query_qp metaroce_dv_set_qp_planes"
-exported="$(nm -D --defined-only "$SO" | awk '{print $NF}' | sort)"
-want="$(for sym in $DV_SYMS; do echo "$sym@@METAROCE_1.0"; done | sort)"
+# Exported: exactly the direct verbs of metaroce_dv.h, each with its default version
+# (METAROCE_1.0, METAROCE_1.1 for those added later) and the version nodes themselves
+# (libibverbs finds the provider through the constructor, not by symbol).
+DV_SYMS_1_0="metaroce_dv_is_supported metaroce_dv_query_qp metaroce_dv_set_qp_planes"
+DV_SYMS_1_1="metaroce_dv_qp_rings metaroce_dv_qp_doorbell"
+DV_SYMS="$DV_SYMS_1_0 $DV_SYMS_1_1"
+exported="$(nm -D --defined-only "$SO" | awk '{print $NF}' | grep -v '^METAROCE_1\.[01]$' | sort)"
+want="$( (for sym in $DV_SYMS_1_0; do echo "$sym@@METAROCE_1.0"; done
+	for sym in $DV_SYMS_1_1; do echo "$sym@@METAROCE_1.1"; done) | sort)"
 [ "$exported" = "$want" ] || fail "exported symbols: $(echo $exported), expected: $(echo $want)"
 for sym in $DV_SYMS; do
 	grep -Eq "[ *]$sym\(" "$HERE/metaroce_dv.h" || fail "$sym is not declared in metaroce_dv.h"

@@ -17,6 +17,8 @@
  *   other       the kernel's error for the command (a modify_qp changing no standard
  *               attribute, carrying the metaroce request: IB_USER_VERBS_EX_CMD_MODIFY_QP)
  * They may be called from any thread, concurrently with the data path of the same QP.
+ * metaroce_dv_qp_rings() and metaroce_dv_qp_doorbell() (version METAROCE_1.1) return the first
+ * two of those errors and, for the doorbell, the kernel's.
  */
 #ifndef METAROCE_DV_H
 #define METAROCE_DV_H
@@ -100,6 +102,105 @@ int metaroce_dv_query_qp(struct ibv_qp *qp, struct metaroce_dv_qp_info *info);
  * it applies from the first packet.
  */
 int metaroce_dv_set_qp_planes(struct ibv_qp *qp, uint32_t plane_mask);
+
+/*
+ * The work queues of a QP as mapped in this process, for tests and for applications that write
+ * their work requests into the rings themselves (as mlx5dv_init_obj() hands out mlx5's work
+ * queue buffers and doorbell records).
+ *
+ * A ring is num_entries entries (a power of two) of entry_size bytes from buf on, and two
+ * free-running 32-bit indices: slot = index & (num_entries - 1), and the ring holds
+ * producer - consumer entries (wrapping arithmetic). The application is the producer: it writes
+ * the entry at its producer index, then stores producer + 1 with release ordering
+ * (__atomic_store_n(p, v, __ATOMIC_RELEASE)). The kernel is the consumer and publishes its
+ * consumer index after it has copied an entry out; the slot is free from then on (read it with
+ * acquire ordering). Entries are struct metaroce_dv_send_wqe (SQ) and struct
+ * metaroce_dv_recv_wqe (RQ) below.
+ *
+ * The kernel validates everything: it copies each entry out before looking at it, never reads
+ * its own index back from the mapping (rewriting consumer changes nothing in the kernel), and
+ * treats a producer index more than num_entries ahead of its consumer index (or behind it),
+ * or an entry ibv_post_send()/ibv_post_recv() could not have written (an unknown opcode or send
+ * flag, a non-zero reserved field, more SGEs or inline bytes than the entry holds), as fatal
+ * for the QP: it moves to IBV_QPS_ERR, IBV_EVENT_QP_FATAL is raised (ibv_get_async_event),
+ * the work requests in the rings complete with IBV_WC_WR_FLUSH_ERR (those of a ring whose
+ * producer index is out of range once it is back in range, at the next doorbell), and the
+ * device's hardware counter ring_errors counts it. Work requests that decode but are invalid
+ * (a bad lkey, an SGE list longer than the QP's max_send_sge) complete in error as if posted.
+ *
+ * ibv_post_send()/ibv_post_recv() keep their own copy of the producer index: do not post to a
+ * queue through the verbs after writing its producer index directly (or do it only from the
+ * same thread, having put the index back where the verbs left it).
+ */
+struct metaroce_dv_ring {
+	void *buf;		/* the entry of slot 0; slot i is at buf + i * entry_size */
+	uint32_t entry_size;	/* bytes from one entry to the next */
+	uint32_t num_entries;	/* a power of two */
+	uint32_t *producer;	/* the producer index: the application's */
+	uint32_t *consumer;	/* the consumer index: the kernel's (never read by the kernel) */
+};
+
+struct metaroce_dv_qp_rings {
+	uint32_t comp_mask;	/* in: optional fields wanted; out: those filled. None is
+				 * defined yet: set 0, it reads back 0 */
+	uint32_t reserved;	/* out: 0 */
+	struct metaroce_dv_ring sq;
+	struct metaroce_dv_ring rq;	/* all zero when the QP receives through an SRQ */
+};
+
+/*
+ * Fills *rings with the QP's send and receive rings. The addresses stay valid until the QP is
+ * destroyed. On failure *rings is left unchanged.
+ */
+int metaroce_dv_qp_rings(struct ibv_qp *qp, struct metaroce_dv_qp_rings *rings);
+
+/*
+ * The SQ doorbell: the kernel looks at the QP's rings (the SQ in IBV_QPS_RTS, the RQ from
+ * IBV_QPS_RTR on; in IBV_QPS_ERR it flushes them). What ibv_post_send() does after it wrote its
+ * entries; the RQ needs none in normal operation (the kernel looks when a message arrives).
+ */
+int metaroce_dv_qp_doorbell(struct ibv_qp *qp);
+
+/* The layouts of the ring entries (the kernel ABI's struct metaroce_send_wqe and
+ * metaroce_recv_wqe, little-endian). */
+#define METAROCE_DV_SEND_WQE_SIZE 256
+#define METAROCE_DV_MAX_SEND_SGE 12
+#define METAROCE_DV_MAX_INLINE 192
+#define METAROCE_DV_RECV_WQE_SIZE 128
+#define METAROCE_DV_MAX_RECV_SGE 7
+
+struct metaroce_dv_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
+struct metaroce_dv_send_wqe {
+	uint64_t wr_id;
+	uint32_t opcode;	/* enum ibv_wr_opcode: SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM),
+				 * RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD */
+	uint32_t send_flags;	/* IBV_SEND_FENCE, _SIGNALED, _SOLICITED, _INLINE, _IP_CSUM */
+	uint32_t num_sge;	/* entries of data.sge; 0 with IBV_SEND_INLINE */
+	uint32_t inline_len;	/* bytes of data.inline_data with IBV_SEND_INLINE; else 0 */
+	uint32_t imm_data;	/* big-endian, as in struct ibv_send_wr */
+	uint32_t reserved0;	/* 0 */
+	uint64_t remote_addr;	/* RDMA and atomic operations */
+	uint32_t rkey;
+	uint32_t reserved1;	/* 0 */
+	uint64_t compare_add;	/* atomics */
+	uint64_t swap;
+	union {
+		struct metaroce_dv_sge sge[METAROCE_DV_MAX_SEND_SGE];
+		uint8_t inline_data[METAROCE_DV_MAX_INLINE];
+	} data;
+};
+
+struct metaroce_dv_recv_wqe {
+	uint64_t wr_id;
+	uint32_t num_sge;	/* entries of sge */
+	uint32_t reserved;	/* 0 */
+	struct metaroce_dv_sge sge[METAROCE_DV_MAX_RECV_SGE];
+};
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,14 @@ struct metaroce_alloc_ucontext_resp {
  *                the ring before it validates or uses it, and never trusts `producer` beyond
  *                `consumer + num_entries`.
  *   CQ:          the kernel produces, userspace consumes.
+ * The kernel keeps its own index (`consumer` of an SQ/RQ/SRQ, `producer` of a CQ) privately and
+ * only publishes it here; it never reads it back, so rewriting it changes nothing in the kernel.
+ * A `producer` that claims more than the ring holds (or lies behind `consumer`), or an SQ/RQ
+ * entry the provider could not have written (an unknown opcode or send flag, a non-zero reserved
+ * field, more SGEs or inline bytes than the entry holds) is fatal: the QP moves to the error
+ * state, its work requests flush and IB_EVENT_QP_FATAL is raised (an SRQ: IB_EVENT_SRQ_ERR, and
+ * it gives no more entries).
+ * The hardware counter ring_errors counts these.
  * The SQ doorbell is the uverbs POST_SEND command with no work requests (ibv_post_send on a
  * metaroce QP makes it); RQ/SRQ need none (the kernel looks when a message arrives).
  */

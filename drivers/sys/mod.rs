@@ -31,7 +31,7 @@ use crate::transport::zero::ZeroValid;
 
 pub(crate) use kverbs::KernelBuf;
 pub(crate) use registration::Registration;
-pub(crate) use verbs::CqNotifier;
+pub(crate) use verbs::{CqNotifier, QpEvents, SrqEvents};
 
 /// A C object the kernel reaches through a pointer we hand it (the link ops, the netdev
 /// notifier, the `planes` sysfs attribute and its group), so it needs a fixed address and
@@ -221,6 +221,42 @@ pub(crate) fn send_wqe_inline(
 ) -> [u8; bindings::METAROCE_MAX_INLINE as usize] {
     // SAFETY: both views of the union are plain bytes.
     unsafe { w.data.inline_data }
+}
+
+/// Whether a send WQE is one the provider could have written (`rdma-core-provider/src/wqe.rs`,
+/// `encode_send`): a known opcode and send flags, zero reserved fields, and no more SGEs or
+/// inline bytes than the WQE holds. One that is not was written into the ring by something
+/// else: the QP fails (`crate::verbs::Qp::ring_error`). A decodable WQE may still be refused (more SGEs
+/// than the transport carries, a bad key): it completes in error like a bad post would.
+pub(crate) fn send_wqe_decodes(w: &bindings::metaroce_send_wqe) -> bool {
+    use bindings as b;
+    let known_opcode = matches!(
+        w.opcode,
+        b::ib_wr_opcode_IB_WR_RDMA_WRITE
+            | b::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM
+            | b::ib_wr_opcode_IB_WR_SEND
+            | b::ib_wr_opcode_IB_WR_SEND_WITH_IMM
+            | b::ib_wr_opcode_IB_WR_RDMA_READ
+            | b::ib_wr_opcode_IB_WR_ATOMIC_CMP_AND_SWP
+            | b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD
+    );
+    let flags = (b::ib_send_flags_IB_SEND_FENCE
+        | b::ib_send_flags_IB_SEND_SIGNALED
+        | b::ib_send_flags_IB_SEND_SOLICITED
+        | b::ib_send_flags_IB_SEND_INLINE
+        | b::ib_send_flags_IB_SEND_IP_CSUM) as u32;
+    let sized = if w.send_flags & b::ib_send_flags_IB_SEND_INLINE as u32 != 0 {
+        w.num_sge == 0 && w.inline_len <= b::METAROCE_MAX_INLINE
+    } else {
+        w.num_sge <= b::METAROCE_MAX_SEND_SGE && w.inline_len == 0
+    };
+    known_opcode && w.send_flags & !flags == 0 && w.reserved0 == 0 && w.reserved1 == 0 && sized
+}
+
+/// Whether a receive WQE (RQ, SRQ) is one the provider could have written (`encode_recv`): a
+/// zero reserved field and no more SGEs than the WQE holds.
+pub(crate) fn recv_wqe_decodes(w: &bindings::metaroce_recv_wqe) -> bool {
+    w.reserved == 0 && w.num_sge <= bindings::METAROCE_MAX_RECV_SGE
 }
 
 /// Turns a driver result into the errno convention of the RDMA core's ops.

@@ -6,6 +6,7 @@
 //! ourselves. The objects live in `crate::verbs`.
 
 use super::{
+    bhlock::{new_spinlock_bh, SpinLockBh},
     bindings,
     ibdev::{engine_of, verbs_of},
     ring::UserRing,
@@ -92,6 +93,112 @@ impl CqNotifier {
                 };
                 event.element.cq = cq;
                 handler(&mut event, (*cq).cq_context);
+            }
+        }
+    }
+}
+
+/// The core's `ib_qp` or `ib_srq` an [`AsyncEvents`] raises events on.
+struct EventObject<T>(NonNull<T>);
+
+// SAFETY: a pointer the core's objects are reached by from any CPU; dereferenced only under
+// `AsyncEvents::object`'s lock, while the object is alive (see `AsyncEvents`).
+unsafe impl<T> Send for EventObject<T> {}
+
+/// Raises the asynchronous events of a user QP (`IB_EVENT_QP_FATAL`) or SRQ
+/// (`IB_EVENT_SRQ_ERR`) through the core's `event_handler`, from any context (the data path's
+/// softirq and locks included), until the object is destroyed.
+///
+/// Lifetime: the data path reaches a QP through its `Arc<Qp>` (the QP table, its stream's slot)
+/// and an SRQ through the QPs' `Arc<Srq>`, and an `Arc` says nothing of the `ib_qp`/`ib_srq`,
+/// which the core frees as soon as `destroy_qp`/`destroy_srq` returns (`ib_destroy_qp_user`,
+/// `ib_destroy_srq_user`), and whose uverbs event list it releases right after
+/// (`ib_uverbs_release_uevent`). So the object's pointer is kept here, under a lock, only from
+/// create until destroy starts: `destroy_qp`/`destroy_srq` take it out first ([`Self::detach`]),
+/// and raising an event holds the lock from reading the pointer until the handler returns. An
+/// event is raised before destroy takes the pointer, or finds none; never after destroy began,
+/// however long an `Arc` lives.
+#[pin_data]
+pub(crate) struct AsyncEvents<T> {
+    /// The core's object; None once its destroy began.
+    #[pin]
+    object: SpinLockBh<Option<EventObject<T>>>,
+}
+
+/// A user QP's asynchronous events.
+pub(crate) type QpEvents = AsyncEvents<bindings::ib_qp>;
+/// A user SRQ's asynchronous events.
+pub(crate) type SrqEvents = AsyncEvents<bindings::ib_srq>;
+
+impl<T> AsyncEvents<T> {
+    /// Events on `object`.
+    ///
+    /// # Safety
+    ///
+    /// `object` must be the core's `ib_qp`/`ib_srq` being created (its `device`,
+    /// `event_handler` and context set, as the core does before the driver's create), and
+    /// [`Self::detach`] must be called before it is freed: at the start of its destroy, or
+    /// when its create fails while others can reach this.
+    unsafe fn new(object: NonNull<T>) -> impl PinInit<Self> {
+        pin_init!(Self {
+            object <- new_spinlock_bh!(Some(EventObject(object)), "metaroce_async_events"),
+        })
+    }
+
+    /// The object is being destroyed: no event is raised from now on (one being raised on
+    /// another CPU has returned when this does).
+    fn detach(&self) {
+        *self.object.lock() = None;
+    }
+}
+
+impl AsyncEvents<bindings::ib_qp> {
+    /// `IB_EVENT_QP_FATAL` (`IBV_EVENT_QP_FATAL` for the application), if the QP is not
+    /// being destroyed.
+    pub(crate) fn qp_fatal(&self) {
+        let object = self.object.lock();
+        let Some(EventObject(qp)) = object.as_ref() else {
+            return;
+        };
+        let qp = qp.as_ptr();
+        // SAFETY: the `ib_qp` is alive while its pointer is here and we hold the lock (see the
+        // type); the core set `device`, the handler and its context before our create and
+        // never changes them. The handler (the core's `__ib_qp_event_handler`, then uverbs'
+        // `ib_uverbs_qp_event_handler`) takes a spinlock with interrupts saved and allocates
+        // with GFP_ATOMIC: callable in softirq and under our locks, and it calls nothing of
+        // ours.
+        unsafe {
+            if let Some(handler) = (*qp).event_handler {
+                let mut event = bindings::ib_event {
+                    device: (*qp).device,
+                    event: bindings::ib_event_type_IB_EVENT_QP_FATAL,
+                    ..Default::default()
+                };
+                event.element.qp = qp;
+                handler(&mut event, (*qp).qp_context);
+            }
+        }
+    }
+}
+
+impl AsyncEvents<bindings::ib_srq> {
+    /// `IB_EVENT_SRQ_ERR` (`IBV_EVENT_SRQ_ERR`), if the SRQ is not being destroyed.
+    pub(crate) fn srq_error(&self) {
+        let object = self.object.lock();
+        let Some(EventObject(srq)) = object.as_ref() else {
+            return;
+        };
+        let srq = srq.as_ptr();
+        // SAFETY: as in `qp_fatal`, for the `ib_srq` (uverbs' `ib_uverbs_srq_event_handler`).
+        unsafe {
+            if let Some(handler) = (*srq).event_handler {
+                let mut event = bindings::ib_event {
+                    device: (*srq).device,
+                    event: bindings::ib_event_type_IB_EVENT_SRQ_ERR,
+                    ..Default::default()
+                };
+                event.element.srq = srq;
+                handler(&mut event, (*srq).srq_context);
             }
         }
     }
@@ -325,8 +432,13 @@ unsafe fn create_srq_inner(
     let verbs = unsafe { verbs_of((*ibsrq).device) };
     // SAFETY: `uctx` is a live context of our device.
     let ring = unsafe { UserRing::new(uctx, init.attr.max_wr) }?;
+    let ibsrq_ptr = NonNull::new(ibsrq).ok_or(EINVAL)?;
     let srqn = verbs.srqs.lock().reserve(1)?;
-    let srq = match Arc::pin_init(Srq::new(srqn, ring), GFP_KERNEL) {
+    // SAFETY: the core's `ib_srq` being created, with `device`, `event_handler` and
+    // `srq_context` set (`ib_create_srq_user`); `destroy_srq` detaches first, and a failed
+    // create drops the only reference to the SRQ before returning.
+    let events = unsafe { SrqEvents::new(ibsrq_ptr) };
+    let srq = match Arc::pin_init(Srq::new(srqn, ring, events), GFP_KERNEL) {
         Ok(srq) => srq,
         Err(e) => {
             verbs.srqs.lock().remove(srqn);
@@ -409,6 +521,8 @@ pub(super) unsafe extern "C" fn destroy_srq(
     // SAFETY: per the contract.
     unsafe {
         if let Some(srq) = (*ibsrq.cast::<MetaSrq>()).srq.take() {
+            // First: the `ib_srq` is freed when we return (see `AsyncEvents`).
+            srq.events.detach();
             verbs_of((*ibsrq).device).srqs.lock().remove(srq.srqn);
         }
     }
@@ -612,6 +726,7 @@ unsafe fn create_qp_inner(
     } else {
         None
     };
+    let ibqp_ptr = NonNull::new(ibqp).ok_or(EINVAL)?;
     let qpn = crate::verbs::reserve_in(&verbs.qps, 1)?;
     let parts = QpParts {
         qpn,
@@ -624,7 +739,12 @@ unsafe fn create_qp_inner(
         queues: QpQueues { sq, rq },
         inline,
     };
-    let qp = match Arc::pin_init(Qp::new(parts), GFP_KERNEL) {
+    // SAFETY: the core's `ib_qp` being created, with `device`, `event_handler` and
+    // `qp_context` set (`create_qp` in the core's verbs.c); `destroy_qp` detaches first, and a
+    // failed create drops the only reference to the QP (not yet in the table) before
+    // returning.
+    let events = unsafe { QpEvents::new(ibqp_ptr) };
+    let qp = match Arc::pin_init(Qp::new(parts, events), GFP_KERNEL) {
         Ok(qp) => qp,
         Err(e) => {
             verbs.qps.lock().remove(qpn);
@@ -952,6 +1072,8 @@ pub(super) unsafe extern "C" fn destroy_qp(
     unsafe {
         super::kverbs::destroy_gsi(ibqp);
         if let Some(qp) = (*ibqp.cast::<MetaQp>()).qp.take() {
+            // First: the `ib_qp` is freed when we return (see `AsyncEvents`).
+            qp.events.detach();
             if let Some(engine) = engine_of((*ibqp).device) {
                 engine.detach(&qp);
             }

@@ -16,10 +16,12 @@
  *   memfd that the fake kernel also maps, so provider and "kernel" share the rings like with
  *   the real module. On a doorbell the fake consumes the SQ and completes signaled WQEs into
  *   the send CQ; the checks then poll them back through ibv_poll_cq.
- * - The direct verbs (metaroce_dv.h), looked up with dlvsym(..., "METAROCE_1.0"): the fake
- *   answers their extended modify_qp (IB_USER_VERBS_EX_CMD_MODIFY_QP with our driver command
- *   and response) after the checks the kernel's ib_uverbs_write() makes, and like the module
- *   fills as many path entries as the response has room for.
+ * - The direct verbs (metaroce_dv.h), looked up with dlvsym(..., "METAROCE_1.0"/"1.1"): the
+ *   fake answers their extended modify_qp (IB_USER_VERBS_EX_CMD_MODIFY_QP with our driver
+ *   command and response) after the checks the kernel's ib_uverbs_write() makes, and like the
+ *   module fills as many path entries as the response has room for; metaroce_dv_qp_rings()
+ *   must give the fake's ring memory, and a WQE written there directly completes after
+ *   metaroce_dv_qp_doorbell().
  *
  * Usage: load-check PLUGIN [LIBRARY]
  *   PLUGIN   the name libibverbs dlopens (libmetaroce-rdmav34.so, a symlink to the library)
@@ -547,27 +549,38 @@ static struct verbs_context *open_fake(struct verbs_device *vdev, __u32 abi_vers
 static __typeof__(metaroce_dv_is_supported) *dv_is_supported;
 static __typeof__(metaroce_dv_query_qp) *dv_query_qp;
 static __typeof__(metaroce_dv_set_qp_planes) *dv_set_qp_planes;
+static __typeof__(metaroce_dv_qp_rings) *dv_qp_rings;
+static __typeof__(metaroce_dv_qp_doorbell) *dv_qp_doorbell;
 
 static int resolve_dv(void *handle)
 {
-	static const char *const names[] = {
-		"metaroce_dv_is_supported", "metaroce_dv_query_qp", "metaroce_dv_set_qp_planes",
+	static const struct {
+		const char *name, *version;
+	} syms[] = {
+		{ "metaroce_dv_is_supported", "METAROCE_1.0" },
+		{ "metaroce_dv_query_qp", "METAROCE_1.0" },
+		{ "metaroce_dv_set_qp_planes", "METAROCE_1.0" },
+		{ "metaroce_dv_qp_rings", "METAROCE_1.1" },
+		{ "metaroce_dv_qp_doorbell", "METAROCE_1.1" },
 	};
-	void *fns[3];
+	void *fns[5];
 	int i;
 
-	for (i = 0; i < 3; i++) {
-		fns[i] = dlvsym(handle, names[i], "METAROCE_1.0");
+	for (i = 0; i < 5; i++) {
+		fns[i] = dlvsym(handle, syms[i].name, syms[i].version);
 		if (!fns[i]) {
-			fprintf(stderr, "load-check: FAILED: no %s@METAROCE_1.0\n", names[i]);
+			fprintf(stderr, "load-check: FAILED: no %s@%s\n", syms[i].name,
+				syms[i].version);
 			return -1;
 		}
 		/* The default version: what an application linking -lmetaroce binds. */
-		CHECK(dlsym(handle, names[i]) == fns[i]);
+		CHECK(dlsym(handle, syms[i].name) == fns[i]);
 	}
 	dv_is_supported = (__typeof__(dv_is_supported))fns[0];
 	dv_query_qp = (__typeof__(dv_query_qp))fns[1];
 	dv_set_qp_planes = (__typeof__(dv_set_qp_planes))fns[2];
+	dv_qp_rings = (__typeof__(dv_qp_rings))fns[3];
+	dv_qp_doorbell = (__typeof__(dv_qp_doorbell))fns[4];
 	return 0;
 }
 
@@ -673,6 +686,64 @@ static __u32 kernel_producer(const struct fake_ring *r)
 static __u32 kernel_consumer(const struct fake_ring *r)
 {
 	return __atomic_load_n(&ring_hdr(r)->consumer, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * metaroce_dv_qp_rings() and metaroce_dv_qp_doorbell() on qp (QP 0, whose SQ and RQ are the
+ * fake's rings; no WQE outstanding): the addresses are the fake kernel's ring memory, and a
+ * WQE an application writes there itself is consumed at the doorbell and completes on cq.
+ * Posting to qp's SQ through the verbs is not allowed after this (metaroce_dv.h).
+ */
+static void check_dv_rings(struct ibv_qp *qp, struct ibv_cq *cq)
+{
+	static const struct verbs_device_ops other_ops = { .name = "other" };
+	struct verbs_device other_dev = { .ops = &other_ops };
+	struct ibv_context other_ctx = { .device = &other_dev.device };
+	struct ibv_qp other_qp = { .context = &other_ctx };
+	const struct fake_ring *sq = &fake_qps[0].sq, *rq = &fake_qps[0].rq;
+	struct metaroce_dv_qp_rings rings, untouched;
+	struct metaroce_dv_send_wqe w;
+	int doorbells = fake_doorbells;
+	struct ibv_wc wc;
+	__u32 p;
+
+	memset(&rings, 0xa5, sizeof(rings));
+	rings.comp_mask = 0;
+	CHECK(dv_qp_rings(qp, &rings) == 0);
+	CHECK(rings.comp_mask == 0 && rings.reserved == 0);
+	CHECK(rings.sq.num_entries == sq->n && rings.sq.entry_size == sizeof(struct metaroce_send_wqe));
+	CHECK(rings.rq.num_entries == rq->n && rings.rq.entry_size == sizeof(struct metaroce_recv_wqe));
+	CHECK(sizeof(struct metaroce_dv_send_wqe) == METAROCE_DV_SEND_WQE_SIZE);
+	CHECK(sizeof(struct metaroce_dv_recv_wqe) == METAROCE_DV_RECV_WQE_SIZE);
+	/* Another mapping of the same memory: what one side stores, the other reads. */
+	CHECK(*rings.sq.producer == kernel_producer(sq) && *rings.sq.consumer == kernel_consumer(sq));
+	CHECK(*rings.rq.producer == kernel_producer(rq) && *rings.rq.consumer == kernel_consumer(rq));
+
+	p = *rings.sq.producer;
+	memset(&w, 0, sizeof(w));
+	w.wr_id = 9;
+	w.opcode = IBV_WR_SEND;
+	w.send_flags = IBV_SEND_SIGNALED;
+	w.num_sge = 1;
+	w.data.sge[0] = (struct metaroce_dv_sge){ .addr = 0x1234, .length = 16, .lkey = 0x1000 };
+	memcpy((char *)rings.sq.buf + (size_t)(p & (rings.sq.num_entries - 1)) * rings.sq.entry_size,
+	       &w, sizeof(w));
+	__atomic_store_n(rings.sq.producer, p + 1, __ATOMIC_RELEASE);
+	CHECK(kernel_producer(sq) == p + 1);
+	CHECK(dv_qp_doorbell(qp) == 0);
+	CHECK(fake_doorbells == doorbells + 1);
+	CHECK(__atomic_load_n(rings.sq.consumer, __ATOMIC_ACQUIRE) == p + 1);
+	CHECK(fake_nwqes >= 1 && fake_wqes[fake_nwqes - 1].wr_id == 9);
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 1);
+	CHECK(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 16);
+
+	/* Refused, the struct left alone, no command. */
+	untouched = rings;
+	CHECK(dv_qp_rings(NULL, &rings) == EINVAL && dv_qp_rings(qp, NULL) == EINVAL);
+	CHECK(dv_qp_rings(&other_qp, &rings) == EOPNOTSUPP);
+	CHECK(memcmp(&rings, &untouched, sizeof(rings)) == 0);
+	CHECK(dv_qp_doorbell(NULL) == EINVAL && dv_qp_doorbell(&other_qp) == EOPNOTSUPP);
+	CHECK(fake_doorbells == doorbells + 1);
 }
 
 /* PD, MR, CQ, QP, SRQ and the rings, end to end through libibverbs. */
@@ -808,6 +879,7 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(fake_nwqes == 4 && fake_wqes[3].compare_add == 5 && fake_wqes[3].rkey == 0x2000);
 	CHECK(ibv_poll_cq(cq, 8, wc) == 2);
 	CHECK(wc[0].wr_id == 1 && wc[1].wr_id == 4 && wc[1].opcode == IBV_WC_FETCH_ADD);
+	check_dv_rings(qp, cq);
 
 	/* A receive completion with immediate data, translated 1:1. */
 	cqe.wr_id = 77;
@@ -1013,7 +1085,7 @@ int main(int argc, char **argv)
 	printf("load-check: %s registered \"%s\" (driver id 0x%llx, uverbs ABI %u..%u); "
 	       "alloc_context/query_device_ex/query_port/close, the data path (PD, MR, CQ, QP, "
 	       "SRQ, post_send/recv, poll_cq over shared rings) and the direct verbs "
-	       "(metaroce_dv_*@METAROCE_1.0) work against a fake uverbs, a wrong ABI is refused\n",
+	       "(metaroce_dv_*@METAROCE_1.0, 1.1) work against a fake uverbs, a wrong ABI is refused\n",
 	       argv[1], registered->name, (unsigned long long)ent[0].u.driver_id,
 	       registered->match_min_abi_version, registered->match_max_abi_version);
 	return 0;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 //! The direct verbs (`metaroce_dv.h`), their safe part: the driver command the kernel module
 //! reads, the size of the response buffer, and checking the kernel's response and turning it
-//! into the caller's `struct metaroce_dv_qp_info` / `struct metaroce_dv_path`.
+//! into the caller's `struct metaroce_dv_qp_info` / `struct metaroce_dv_path`; and describing
+//! a QP's mapped rings as `struct metaroce_dv_qp_rings` (`metaroce_dv_qp_rings`).
 //!
 //! Both verbs are one extended modify_qp (`ibv_cmd_modify_qp_ex`, attr_mask 0) whose request
 //! is `struct metaroce_cmd_modify_qp` (the core `ibv_modify_qp_ex`, then our
@@ -10,6 +11,7 @@
 //! `metaroce_path_info` entries; see `src/wrapper.h` and `uapi/metaroce-abi.h`.
 
 use crate::ffi::sys;
+use crate::ring::{Geometry, CONSUMER_OFFSET, HDR_SIZE, PRODUCER_OFFSET};
 use core::ffi::c_int;
 use core::mem::{offset_of, size_of};
 
@@ -136,6 +138,45 @@ pub fn dv_path(p: &sys::metaroce_path_info) -> sys::metaroce_dv_path {
         retransmits: p.retransmits,
         ecn_marks: p.ecn_marks,
         timeouts: p.timeouts,
+    }
+}
+
+/// `struct metaroce_dv_ring` for a ring whose mapping starts at `base` (its header), with
+/// geometry `geo`. Address arithmetic only: nothing is read or written.
+pub fn dv_ring(base: *mut u8, geo: &Geometry) -> sys::metaroce_dv_ring {
+    sys::metaroce_dv_ring {
+        buf: base.wrapping_add(HDR_SIZE).cast(),
+        // A checked geometry's stride is the ABI's u32 entry_size.
+        entry_size: geo.stride as u32,
+        num_entries: geo.num_entries,
+        producer: base.wrapping_add(PRODUCER_OFFSET).cast(),
+        consumer: base.wrapping_add(CONSUMER_OFFSET).cast(),
+    }
+}
+
+/// The `struct metaroce_dv_ring` of a queue the QP does not have (an RQ replaced by an SRQ):
+/// all zero.
+pub fn no_ring() -> sys::metaroce_dv_ring {
+    sys::metaroce_dv_ring {
+        buf: core::ptr::null_mut(),
+        entry_size: 0,
+        num_entries: 0,
+        producer: core::ptr::null_mut(),
+        consumer: core::ptr::null_mut(),
+    }
+}
+
+/// `struct metaroce_dv_qp_rings` for a QP's SQ and RQ (None: the QP has none); no optional
+/// field filled (`comp_mask` 0).
+pub fn qp_rings(
+    sq: Option<sys::metaroce_dv_ring>,
+    rq: Option<sys::metaroce_dv_ring>,
+) -> sys::metaroce_dv_qp_rings {
+    sys::metaroce_dv_qp_rings {
+        comp_mask: 0,
+        reserved: 0,
+        sq: sq.unwrap_or_else(no_ring),
+        rq: rq.unwrap_or_else(no_ring),
     }
 }
 
@@ -368,5 +409,88 @@ mod tests {
         );
         // The kernel's reserved fields are not passed on.
         assert_eq!((p.reserved0, p.reserved1), (0, 0));
+    }
+
+    #[test]
+    fn public_ring_entries_match_the_kernel_abi() {
+        type S = sys::metaroce_dv_send_wqe;
+        type K = sys::metaroce_send_wqe;
+        assert_eq!(size_of::<S>(), size_of::<K>());
+        assert_eq!(size_of::<S>(), sys::METAROCE_DV_SEND_WQE_SIZE as usize);
+        assert_eq!(size_of::<K>(), sys::METAROCE_SEND_WQE_SIZE as usize);
+        assert_eq!(align_of::<S>(), align_of::<K>());
+        for (dv, kernel) in [
+            (offset_of!(S, wr_id), offset_of!(K, wr_id)),
+            (offset_of!(S, opcode), offset_of!(K, opcode)),
+            (offset_of!(S, send_flags), offset_of!(K, send_flags)),
+            (offset_of!(S, num_sge), offset_of!(K, num_sge)),
+            (offset_of!(S, inline_len), offset_of!(K, inline_len)),
+            (offset_of!(S, imm_data), offset_of!(K, imm_data)),
+            (offset_of!(S, reserved0), offset_of!(K, reserved0)),
+            (offset_of!(S, remote_addr), offset_of!(K, remote_addr)),
+            (offset_of!(S, rkey), offset_of!(K, rkey)),
+            (offset_of!(S, reserved1), offset_of!(K, reserved1)),
+            (offset_of!(S, compare_add), offset_of!(K, compare_add)),
+            (offset_of!(S, swap), offset_of!(K, swap)),
+            (offset_of!(S, data), offset_of!(K, data)),
+        ] {
+            assert_eq!(dv, kernel);
+        }
+        assert_eq!(offset_of!(S, data), 64);
+        assert_eq!(sys::METAROCE_DV_MAX_SEND_SGE, sys::METAROCE_MAX_SEND_SGE);
+        assert_eq!(sys::METAROCE_DV_MAX_INLINE, sys::METAROCE_MAX_INLINE);
+
+        type R = sys::metaroce_dv_recv_wqe;
+        type KR = sys::metaroce_recv_wqe;
+        assert_eq!(size_of::<R>(), size_of::<KR>());
+        assert_eq!(size_of::<R>(), sys::METAROCE_DV_RECV_WQE_SIZE as usize);
+        assert_eq!(size_of::<KR>(), sys::METAROCE_RECV_WQE_SIZE as usize);
+        assert_eq!(offset_of!(R, num_sge), offset_of!(KR, num_sge));
+        assert_eq!(offset_of!(R, reserved), offset_of!(KR, reserved));
+        assert_eq!(offset_of!(R, sge), offset_of!(KR, sge));
+        assert_eq!(sys::METAROCE_DV_MAX_RECV_SGE, sys::METAROCE_MAX_RECV_SGE);
+
+        type G = sys::metaroce_dv_sge;
+        type KG = sys::metaroce_sge;
+        assert_eq!(size_of::<G>(), size_of::<KG>());
+        assert_eq!(offset_of!(G, length), offset_of!(KG, length));
+        assert_eq!(offset_of!(G, lkey), offset_of!(KG, lkey));
+
+        // struct metaroce_dv_qp_rings: comp_mask, reserved, then the two rings (each a
+        // pointer, two u32 and two pointers).
+        type D = sys::metaroce_dv_ring;
+        assert_eq!(size_of::<D>(), 32);
+        assert_eq!(offset_of!(D, entry_size), 8);
+        assert_eq!(offset_of!(D, producer), 16);
+        assert_eq!(offset_of!(D, consumer), 24);
+        type Q = sys::metaroce_dv_qp_rings;
+        assert_eq!(
+            (offset_of!(Q, sq), offset_of!(Q, rq), size_of::<Q>()),
+            (8, 40, 72)
+        );
+    }
+
+    #[test]
+    fn describes_a_mapped_ring() {
+        let info = sys::metaroce_mmap_info {
+            offset: 8192,
+            length: 4096,
+            num_entries: 16,
+            entry_size: 128,
+        };
+        let geo = Geometry::new(&info, size_of::<sys::metaroce_recv_wqe>()).unwrap();
+        let mut mapping = vec![0u64; 4096 / 8];
+        let base = mapping.as_mut_ptr().cast::<u8>();
+        // (Writing through the pointers: ffi's tests, on a QP.)
+        let r = dv_ring(base, &geo);
+        assert_eq!(r.buf as usize, base as usize + 128);
+        assert_eq!(r.producer as usize, base as usize);
+        assert_eq!(r.consumer as usize, base as usize + 64);
+        assert_eq!((r.entry_size, r.num_entries), (128, 16));
+        let both = qp_rings(Some(r), None);
+        assert_eq!((both.comp_mask, both.reserved), (0, 0));
+        assert_eq!(both.sq.buf, r.buf);
+        assert!(both.rq.buf.is_null() && both.rq.producer.is_null() && both.rq.consumer.is_null());
+        assert_eq!((both.rq.entry_size, both.rq.num_entries), (0, 0));
     }
 }

@@ -388,6 +388,15 @@ impl<T: RingEntry> MappedRing<T> {
         unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast()) }
     }
 
+    /// The start of the mapping (the ring header).
+    fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
     fn entry(&self, index: u32) -> *mut T {
         // SAFETY: entry_offset(index) + size_of::<T>() <= map_len for a checked geometry, and
         // is 8-byte aligned (stride and header are multiples of 8).
@@ -1631,6 +1640,92 @@ mod tests {
         );
         assert_eq!(bad, &mut more[0] as *mut _);
         assert_eq!((&kernel).read(&mut db).unwrap(), 32);
+        // SAFETY: the Box leaked by test_qp.
+        drop(unsafe { Box::from_raw(qp) });
+    }
+
+    /// metaroce_dv_qp_rings() and metaroce_dv_qp_doorbell() on a QP of our device: the
+    /// addresses are the mapped ring's, what an application writes through them is what the
+    /// kernel's side of the ring reads, and the doorbell is the empty POST_SEND.
+    #[test]
+    fn dv_qp_rings_and_doorbell() {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let (kernel, user) = std::os::unix::net::UnixStream::pair().unwrap();
+        kernel.set_nonblocking(true).unwrap();
+        // SAFETY: all-zero is a valid verbs_device / ibv_context for what is read of them.
+        let mut dev: Box<sys::verbs_device> = Box::new(unsafe { core::mem::zeroed() });
+        dev.ops = &DEVICE_OPS.0;
+        // SAFETY: as above.
+        let mut ctx: Box<sys::ibv_context> = Box::new(unsafe { core::mem::zeroed() });
+        ctx.device = &mut dev.device;
+        ctx.cmd_fd = user.as_raw_fd();
+        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
+        let base = buf.as_mut_ptr().cast::<u8>() as usize;
+        let qp = test_qp(view(&mut buf, geo), &mut *ctx);
+        // SAFETY: qp is live.
+        let ibqp = unsafe { ptr::addr_of_mut!((*qp).vqp.__bindgen_anon_1.qp) };
+        // SAFETY: all-zero is a valid struct.
+        let mut rings: sys::metaroce_dv_qp_rings = unsafe { core::mem::zeroed() };
+        rings.comp_mask = 0x5;
+        // SAFETY: a live QP of our device, a writable struct.
+        assert_eq!(unsafe { dv::metaroce_dv_qp_rings(ibqp, &mut rings) }, 0);
+        assert_eq!((rings.comp_mask, rings.reserved), (0, 0));
+        let sq = rings.sq;
+        assert_eq!(sq.buf as usize, base + crate::ring::HDR_SIZE);
+        assert_eq!(sq.producer as usize, base + PRODUCER_OFFSET);
+        assert_eq!(sq.consumer as usize, base + CONSUMER_OFFSET);
+        assert_eq!(sq.entry_size as usize, size_of::<sys::metaroce_send_wqe>());
+        assert_eq!(sq.num_entries, 8);
+        // No RQ (test_qp has none, as a QP on an SRQ): all zero.
+        assert!(rings.rq.buf.is_null() && rings.rq.producer.is_null());
+        assert_eq!((rings.rq.entry_size, rings.rq.num_entries), (0, 0));
+
+        // An application posts two WQEs itself, from slot 7 on (wrapping to slot 0).
+        let kernel_view = view::<sys::metaroce_send_wqe>(&mut buf, geo);
+        kernel_view.store_producer(7);
+        kernel_view.store_consumer(7);
+        for (i, index) in [7u32, 8].into_iter().enumerate() {
+            // SAFETY: all-zero is a valid WQE.
+            let mut w: sys::metaroce_dv_send_wqe = unsafe { core::mem::zeroed() };
+            w.wr_id = 500 + i as u64;
+            w.opcode = sys::ibv_wr_opcode_IBV_WR_SEND;
+            let slot = (index & (sq.num_entries - 1)) as usize;
+            // SAFETY: the slot's entry is inside the ring, 8-aligned; then the release store
+            // of the producer index, as metaroce_dv.h tells applications to.
+            unsafe {
+                sq.buf
+                    .cast::<u8>()
+                    .add(slot * sq.entry_size as usize)
+                    .cast::<sys::metaroce_dv_send_wqe>()
+                    .write_volatile(w);
+                AtomicU32::from_ptr(sq.producer).store(index + 1, Ordering::Release);
+            }
+        }
+        assert_eq!(kernel_view.load_producer(), 9);
+        let got: Vec<u64> = [7, 8].map(|i| kernel_view.read_entry(i).wr_id).to_vec();
+        assert_eq!(got, [500, 501]);
+        // The kernel's consumer index, as the application reads it.
+        kernel_view.store_consumer(9);
+        // SAFETY: the consumer index word of the ring header.
+        assert_eq!(
+            unsafe { AtomicU32::from_ptr(sq.consumer).load(Ordering::Acquire) },
+            9
+        );
+
+        // SAFETY: a live QP of our device.
+        assert_eq!(unsafe { dv::metaroce_dv_qp_doorbell(ibqp) }, 0);
+        let mut db = [0u8; 64];
+        assert_eq!((&kernel).read(&mut db).unwrap(), 32, "one empty POST_SEND");
+        let word = |i: usize| u32::from_ne_bytes(db[i..i + 4].try_into().unwrap());
+        assert_eq!(
+            (word(0), word(16), word(20)),
+            (sys::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_POST_SEND, 77, 0)
+        );
+        // A failing command: its errno (EPIPE: nobody reads the "uverbs fd" any more).
+        drop(kernel);
+        // SAFETY: as above.
+        assert_eq!(unsafe { dv::metaroce_dv_qp_doorbell(ibqp) }, 32);
         // SAFETY: the Box leaked by test_qp.
         drop(unsafe { Box::from_raw(qp) });
     }

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
-//! The exported direct verbs (`metaroce_dv.h`, versioned `METAROCE_1.0`): the argument checks,
-//! recognising our devices and QPs, the `ibv_cmd_modify_qp_ex` call and the copy-out to the
-//! caller. The command, the buffer size and checking/converting the response are safe code in
+//! The exported direct verbs (`metaroce_dv.h`, versioned `METAROCE_1.0` and `METAROCE_1.1`): the
+//! argument checks, recognising our devices and QPs, the `ibv_cmd_modify_qp_ex` call, the
+//! rings' addresses and the doorbell, and the copy-out to the caller. The command, the buffer
+//! size, checking/converting the response and describing a ring are safe code in
 //! [`crate::dv`].
 
-use super::{guard, sys, DEVICE_OPS, PANIC_ERRNO};
+use super::{guard, lock, outer, ring_doorbell, sys, Qp, DEVICE_OPS, PANIC_ERRNO};
 use crate::dv;
 use core::ffi::c_int;
 use core::mem::size_of;
@@ -22,6 +23,8 @@ core::arch::global_asm!(
     ".symver metaroce_dv_is_supported, metaroce_dv_is_supported@@@METAROCE_1.0",
     ".symver metaroce_dv_query_qp, metaroce_dv_query_qp@@@METAROCE_1.0",
     ".symver metaroce_dv_set_qp_planes, metaroce_dv_set_qp_planes@@@METAROCE_1.0",
+    ".symver metaroce_dv_qp_rings, metaroce_dv_qp_rings@@@METAROCE_1.1",
+    ".symver metaroce_dv_qp_doorbell, metaroce_dv_qp_doorbell@@@METAROCE_1.1",
 );
 
 /// Whether `device` is bound to this provider, as rdma-core's `is_mlx5_dev()`: its
@@ -218,6 +221,60 @@ pub unsafe extern "C" fn metaroce_dv_set_qp_planes(qp: *mut sys::ibv_qp, plane_m
     })
 }
 
+/// `int metaroce_dv_qp_rings(struct ibv_qp *qp, struct metaroce_dv_qp_rings *rings)`.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP; `rings` NULL or the caller's writable struct.
+#[no_mangle]
+pub unsafe extern "C" fn metaroce_dv_qp_rings(
+    qp: *mut sys::ibv_qp,
+    rings: *mut sys::metaroce_dv_qp_rings,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        if qp.is_null() || rings.is_null() {
+            return EINVAL;
+        }
+        // SAFETY: qp is a live QP (contract).
+        if !unsafe { qp_is_ours(qp) } {
+            return EOPNOTSUPP;
+        }
+        let ours = outer::<_, Qp>(qp);
+        // SAFETY: a QP of our device was made by our create_qp: it is the `qp` of a live Qp,
+        // whose sq/rq are set before it is handed out and never change.
+        let (sq, rq) = unsafe { (&(*ours).sq, &(*ours).rq) };
+        let sq = sq.as_ref().map(|m| {
+            let p = lock(m);
+            dv::dv_ring(p.ring().base(), p.ring().geometry())
+        });
+        let rq = rq.as_ref().map(|m| {
+            let p = lock(m);
+            dv::dv_ring(p.ring().base(), p.ring().geometry())
+        });
+        // SAFETY: rings is the caller's writable struct (contract).
+        unsafe { rings.write(dv::qp_rings(sq, rq)) };
+        0
+    })
+}
+
+/// `int metaroce_dv_qp_doorbell(struct ibv_qp *qp)`.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP.
+#[no_mangle]
+pub unsafe extern "C" fn metaroce_dv_qp_doorbell(qp: *mut sys::ibv_qp) -> c_int {
+    guard(PANIC_ERRNO, || {
+        if qp.is_null() {
+            return EINVAL;
+        }
+        // SAFETY: qp is a live QP (contract).
+        if !unsafe { qp_is_ours(qp) } {
+            return EOPNOTSUPP;
+        }
+        // SAFETY: a live QP of an open context of ours.
+        unsafe { ring_doorbell(qp) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +288,10 @@ mod tests {
             [sys::metaroce_dv_query_qp, metaroce_dv_query_qp];
         let _: [unsafe extern "C" fn(*mut sys::ibv_qp, u32) -> c_int; 2] =
             [sys::metaroce_dv_set_qp_planes, metaroce_dv_set_qp_planes];
+        let _: [unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::metaroce_dv_qp_rings) -> c_int;
+            2] = [sys::metaroce_dv_qp_rings, metaroce_dv_qp_rings];
+        let _: [unsafe extern "C" fn(*mut sys::ibv_qp) -> c_int; 2] =
+            [sys::metaroce_dv_qp_doorbell, metaroce_dv_qp_doorbell];
     }
 
     /// A device as libibverbs makes it, with the given ops.
@@ -307,6 +368,17 @@ mod tests {
             assert_eq!(metaroce_dv_set_qp_planes(ptr::null_mut(), 1), EINVAL);
             assert_eq!(metaroce_dv_set_qp_planes(&mut *qp, 1), EOPNOTSUPP);
             assert_eq!(metaroce_dv_set_qp_planes(&mut *orphan, 0), EOPNOTSUPP);
+            let mut rings: sys::metaroce_dv_qp_rings = core::mem::zeroed();
+            rings.comp_mask = 0xdead;
+            assert_eq!(metaroce_dv_qp_rings(ptr::null_mut(), &mut rings), EINVAL);
+            assert_eq!(metaroce_dv_qp_rings(&mut *qp, ptr::null_mut()), EINVAL);
+            assert_eq!(metaroce_dv_qp_rings(&mut *qp, &mut rings), EOPNOTSUPP);
+            assert_eq!(metaroce_dv_qp_rings(&mut *orphan, &mut rings), EOPNOTSUPP);
+            assert_eq!(rings.comp_mask, 0xdead);
+            assert!(rings.sq.buf.is_null());
+            assert_eq!(metaroce_dv_qp_doorbell(ptr::null_mut()), EINVAL);
+            assert_eq!(metaroce_dv_qp_doorbell(&mut *qp), EOPNOTSUPP);
+            assert_eq!(metaroce_dv_qp_doorbell(&mut *orphan), EOPNOTSUPP);
         }
         // Failures leave the caller's struct alone.
         assert_eq!((inf.plane_mask, inf.num_path_entries), (0xdead, 2));
