@@ -59,7 +59,7 @@ expect ring_errors_counted "ring_errors on mroce1 counted exactly the 5 QPs fail
 expect ring_errors_peer_unchanged "ring_errors on mroce2 unchanged"
 expect destroy_while_failing "a QP destroyed while the kernel fails it (broken RQ, a SEND arriving) goes cleanly"
 expect healthy_pair "a new pair on the same devices RDMA-writes 64 KiB and SENDs, data verified"
-expect events_exactly_once "exactly one IBV_EVENT_QP_FATAL per failed QP, none for the others, no other event"
+expect events_exactly_once "exactly one IBV_EVENT_QP_FATAL per failed QP, none for the others, no other QP event (port events are the device's)"
 expect teardown "every QP, CQ, MR destroyed cleanly"
 # hostile_exit STATUS: 0 exactly when every result was ok, 1 when one failed (2, 3, 124, a
 # signal: it broke). An argument: check's own `rc` is local, a global would be shadowed.
