@@ -644,9 +644,8 @@ impl Engine {
             return Ok(p);
         }
         self.reap_idle(true);
-        if self.peers.lock().len() >= self.max_peers() as usize {
-            self.counters.inc(Counter::PeersRefused);
-            return Err(ENOSPC);
+        if self.peers_full() {
+            return Err(self.refuse_peer());
         }
         // Made unlocked (nothing allocates under the table's lock); a peer another thread
         // added meanwhile wins.
@@ -661,8 +660,7 @@ impl Engine {
             }
             if peers.len() >= self.max_peers() as usize {
                 drop(peers);
-                self.counters.inc(Counter::PeersRefused);
-                return Err(ENOSPC);
+                return Err(self.refuse_peer());
             }
             room = peers.grow(room);
             match peers.room_wanted() {
@@ -940,38 +938,40 @@ impl Engine {
     /// Process context.
     fn reap_idle(&self, room: bool) {
         let now = work::now_ns();
-        let full = room && self.peers.lock().len() >= self.max_peers() as usize;
+        // One pass: the expired go; the longest idle of the others is kept in mind.
+        let mut oldest: Option<(u64, Arc<Peer>)> = None;
         for peer in self.peer_list().iter() {
             let mut p = peer.inner.lock();
             if p.attached != 0 || p.idle_since == 0 {
                 continue;
             }
             if now.saturating_sub(p.idle_since) < PEER_LINGER_NS {
+                if oldest.as_ref().is_none_or(|(t, _)| p.idle_since < *t) {
+                    oldest = Some((p.idle_since, peer.clone()));
+                }
                 continue;
             }
             let gone = self.unlist_if_unused(peer, &mut p);
             drop(p);
             drop(gone);
         }
-        if full && self.peers.lock().len() >= self.max_peers() as usize {
-            // The longest idle (a peer that never had a QP counts as idle from its start).
-            let mut oldest: Option<(u64, Arc<Peer>)> = None;
-            for peer in self.peer_list().iter() {
-                let p = peer.inner.lock();
-                if p.attached == 0
-                    && p.idle_since != 0
-                    && oldest.as_ref().is_none_or(|(t, _)| p.idle_since < *t)
-                {
-                    oldest = Some((p.idle_since, peer.clone()));
-                }
-            }
-            if let Some((_, peer)) = oldest {
-                let mut p = peer.inner.lock();
-                let gone = self.unlist_if_unused(&peer, &mut p);
-                drop(p);
-                drop(gone);
-            }
+        if let Some((_, peer)) = oldest.filter(|_| room && self.peers_full()) {
+            let mut p = peer.inner.lock();
+            let gone = self.unlist_if_unused(&peer, &mut p);
+            drop(p);
+            drop(gone);
         }
+    }
+
+    /// Whether the table holds `max_peers` peers.
+    fn peers_full(&self) -> bool {
+        self.peers.lock().len() >= self.max_peers() as usize
+    }
+
+    /// A new peer refused: the table is full.
+    fn refuse_peer(&self) -> Error {
+        self.counters.inc(Counter::PeersRefused);
+        ENOSPC
     }
 
     /// The QP moved to the error state: the transport flushes what it holds.
