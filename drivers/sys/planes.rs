@@ -250,11 +250,7 @@ unsafe extern "C" fn paths_show(
     buf: *mut c_char,
 ) -> isize {
     // SAFETY: per the contract.
-    unsafe {
-        show_engine(dev, buf, |engine, w| {
-            let _ = writeln!(w, "{}", engine.paths());
-        })
-    }
+    unsafe { show_u32(dev, buf, |engine| u32::from(engine.paths())) }
 }
 
 /// # Safety
@@ -281,9 +277,24 @@ unsafe extern "C" fn max_peers_show(
     buf: *mut c_char,
 ) -> isize {
     // SAFETY: per the contract.
+    unsafe { show_u32(dev, buf, crate::datapath::Engine::max_peers) }
+}
+
+/// A show of one decimal number of the device's engine, `get`'s.
+///
+/// # Safety
+///
+/// As for `show_engine`: called from a sysfs show of one of our devices, with a buffer of
+/// `PAGE_SIZE` bytes.
+unsafe fn show_u32(
+    dev: *mut bindings::device,
+    buf: *mut c_char,
+    get: impl Fn(&crate::datapath::Engine) -> u32,
+) -> isize {
+    // SAFETY: per the contract.
     unsafe {
         show_engine(dev, buf, |engine, w| {
-            let _ = writeln!(w, "{}", engine.max_peers());
+            let _ = writeln!(w, "{}", get(engine));
         })
     }
 }
