@@ -6,30 +6,29 @@
 
 mod sim;
 
-use metaroce_transport::stream::{CqStatus, SendWqe, WrOpcode};
+use metaroce_transport::stream::{CqStatus, SendWqe, StreamId, WrOpcode};
 use sim::*;
 use std::{cell::Cell, rc::Rc};
 
-/// 1 Gbit/s links; a second stream pair (QPs 0x33/0x44) beside the default one (0x11/0x22).
-/// Data packets to QP 0x22 are dropped while `drop_a` is set.
-fn setup(
-    seed: u64,
-) -> (
-    Sim,
-    Rc<Cell<bool>>,
-    (metaroce_transport::stream::StreamId, u64),
-) {
+/// sim::config's stall_timeout: the streams' completion timeout.
+const STALL: u64 = 2_000_000;
+
+/// 1 Gbit/s links; a second stream pair (QPs 0x33/0x44, returned) beside the default one
+/// (0x11/0x22), whose one RDMA WRITE is posted. Data packets to QP 0x22 are dropped while
+/// the returned flag is set, which it is.
+fn setup(seed: u64) -> (Sim, Rc<Cell<bool>>, StreamId) {
     let mut link = LinkConfig::clean();
     link.rate_bits_per_us = 1_000;
     let mut sim = Sim::new(link, seed);
     let (b_pair, _) = sim.open_pair(0x33, 0x44);
-    let drop_a = Rc::new(Cell::new(false));
+    let drop_a = Rc::new(Cell::new(true));
     let d = drop_a.clone();
     sim.drop_if = Some(Box::new(move |from, bytes| {
         from == 0 && d.get() && bytes.get(4..8) == Some(&0x22u32.to_be_bytes()[..])
     }));
-    let stall = 2_000_000; // sim::config's stall_timeout
-    (sim, drop_a, (b_pair, stall))
+    let (now, a) = (sim.now, sim.ep[0].stream);
+    sim.ep[0].conn.post_send(now, a, write(1, 0)).expect("post");
+    (sim, drop_a, b_pair)
 }
 
 fn write(wr_id: u64, slot: u64) -> SendWqe {
@@ -45,7 +44,7 @@ fn write(wr_id: u64, slot: u64) -> SendWqe {
 /// that the connection delivers all along; returns A's completion status, if any.
 fn run_with_other_traffic(
     sim: &mut Sim,
-    b_pair: metaroce_transport::stream::StreamId,
+    b_pair: StreamId,
     next: &mut u64,
     until: u64,
     drop_a: &Rc<Cell<bool>>,
@@ -74,13 +73,9 @@ fn run_with_other_traffic(
 
 #[test]
 fn a_message_slowed_by_its_paths_on_a_delivering_connection_does_not_fail() {
-    let (mut sim, drop_a, (b_pair, stall)) = setup(21);
-    let a = sim.ep[0].stream;
-    let now = sim.now;
-    sim.ep[0].conn.post_send(now, a, write(1, 0)).expect("post");
     // A's packets are lost for 20 completion timeouts: more than retry_cnt (7) would allow,
     // fewer than retry_cnt times the slowness factor.
-    drop_a.set(true);
+    let (mut sim, drop_a, b_pair) = setup(21);
     let t0 = sim.now;
     let mut next = 0;
     let status = run_with_other_traffic(
@@ -89,7 +84,7 @@ fn a_message_slowed_by_its_paths_on_a_delivering_connection_does_not_fail() {
         &mut next,
         t0 + 2_000_000_000,
         &drop_a,
-        t0 + 20 * stall,
+        t0 + 20 * STALL,
     );
     let b_done = sim.ep[0]
         .send_cqes
@@ -107,11 +102,7 @@ fn a_message_slowed_by_its_paths_on_a_delivering_connection_does_not_fail() {
 
 #[test]
 fn a_message_the_peer_never_takes_still_fails_while_the_connection_delivers() {
-    let (mut sim, drop_a, (b_pair, _)) = setup(22);
-    let now = sim.now;
-    let a = sim.ep[0].stream;
-    sim.ep[0].conn.post_send(now, a, write(1, 0)).expect("post");
-    drop_a.set(true);
+    let (mut sim, drop_a, b_pair) = setup(22);
     let t0 = sim.now;
     let mut next = 0;
     let status = run_with_other_traffic(
