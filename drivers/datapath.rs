@@ -640,7 +640,13 @@ impl Engine {
     }
 
     fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
-        if let Some(p) = self.peer(addr) {
+        // A peer idle past its linger is not reused: it goes (`reap_idle`), and the QP gets a
+        // new connection. Otherwise the side that reaped its peer made a new connection while
+        // the other reused its stale one (two incast senders stalled from their first WQE).
+        if let Some(p) = self
+            .peer(addr)
+            .filter(|p| !Self::expired(&p.inner.lock(), work::now_ns()))
+        {
             return Ok(p);
         }
         self.reap_idle(true);
@@ -945,7 +951,7 @@ impl Engine {
             if p.attached != 0 || p.idle_since == 0 {
                 continue;
             }
-            if now.saturating_sub(p.idle_since) < PEER_LINGER_NS {
+            if !Self::expired(&p, now) {
                 if oldest.as_ref().is_none_or(|(t, _)| p.idle_since < *t) {
                     oldest = Some((p.idle_since, peer.clone()));
                 }
@@ -961,6 +967,11 @@ impl Engine {
             drop(p);
             drop(gone);
         }
+    }
+
+    /// Whether a peer has had no QP for `PEER_LINGER_NS`.
+    fn expired(p: &PeerInner, now: u64) -> bool {
+        p.attached == 0 && p.idle_since != 0 && now.saturating_sub(p.idle_since) >= PEER_LINGER_NS
     }
 
     /// Whether the table holds `max_peers` peers.
