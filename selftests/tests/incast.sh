@@ -98,6 +98,10 @@ window() {
 # own figures; ok = clients that reported; cal = clients that finished their transfer but had
 # no number to report: perftest's clock calibration failed, `perftest_uncalibrated` in
 # lib.sh; they count in neither goodput nor pjain. NICE: the clients' nice level (default 0).
+# Every perftest here runs with -F: without it a client whose calibration failed exits before
+# its closing handshake (print_report_bw's exit(1)), so its server fails too and a finished
+# transfer cannot be told from a broken one; with it the client reports 0 and closes, and its
+# server exits 0.
 WINDOW=${INCAST_WINDOW:-2}
 # The QPs' local ACK timeout: perftest's -u 16 (268 ms; the default, 14, is 67 ms), for both
 # transports. retry_cnt (7) counts such timeouts without progress: with the default, 0.5 s in
@@ -109,7 +113,7 @@ incast() {
 	local kind="$1" n="$2" secs="${3:-$SECS}" nice="${4:-0}" i pids=() spids=() port
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
-		$IP netns exec rx timeout $((secs + 25)) ib_write_bw -d "${kind}rx" -x 1 -s $SIZE -D "$secs" \
+		$IP netns exec rx timeout $((secs + 25)) ib_write_bw -d "${kind}rx" -x 1 -F -s $SIZE -D "$secs" \
 			-u $ACK_TIMEOUT -p $port --report_gbits >"$TAP_DIR/incast-srv-$i.log" 2>&1 &
 		spids+=($!)
 	done
@@ -118,7 +122,7 @@ incast() {
 	before=$(red_stats)
 	for i in $(seq 1 "$n"); do
 		port=$((19000 + i))
-		$IP netns exec "s$i" nice -n "$nice" timeout $((secs + 25)) ib_write_bw -d "${kind}s$i" -x 1 \
+		$IP netns exec "s$i" nice -n "$nice" timeout $((secs + 25)) ib_write_bw -d "${kind}s$i" -x 1 -F \
 			-s $SIZE -D "$secs" -u $ACK_TIMEOUT -p $port --report_gbits 10.80.0.2 \
 			>"$TAP_DIR/incast-cli-$i.log" 2>&1 &
 		pids+=($!)
@@ -141,6 +145,8 @@ incast() {
 	local rates=() cal=0 r
 	for i in $(seq 1 "$n"); do
 		r=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/incast-cli-$i.log" | tail -n 1 | awk '{print $(NF - 1)}')
+		# An uncalibrated client's figure (0, with -F) is no figure.
+		perftest_uncalibrated "$TAP_DIR/incast-cli-$i.log" && r=""
 		rates+=("$r")
 		# No figure of its own, but a finished transfer: its server exited 0 (after the
 		# client's closing handshake) and the client printed no error.
@@ -255,10 +261,10 @@ VSECS=$((SECS + 4))
 victim() { # -> "Gb/s from the counters (-1: the client ended inside the window) perftest's
 	#             the bottleneck's load over the same window (1 = RATE_MBIT)"
 	renice -n -19 -p "$BASHPID" >/dev/null
-	$IP netns exec v nice -n -19 timeout $((VSECS + 25)) ib_write_bw -d mv -x 1 -s $SIZE -D "$VSECS" -p 19100 \
+	$IP netns exec v nice -n -19 timeout $((VSECS + 25)) ib_write_bw -d mv -x 1 -F -s $SIZE -D "$VSECS" -p 19100 \
 		--report_gbits >"$TAP_DIR/victim-srv.log" 2>&1 &
 	sleep 1.5
-	$IP netns exec s1 nice -n -19 timeout $((VSECS + 25)) ib_write_bw -d ms1 -x 1 -s $SIZE -D "$VSECS" -p 19100 \
+	$IP netns exec s1 nice -n -19 timeout $((VSECS + 25)) ib_write_bw -d ms1 -x 1 -F -s $SIZE -D "$VSECS" -p 19100 \
 		--report_gbits 10.80.100.2 >"$TAP_DIR/victim-cli.log" 2>"$TAP_DIR/victim-cli.err" &
 	local cli=$! win full=1
 	win=$(window 0 "$WINDOW" 3 3 | tr '\n' ' ')
@@ -266,6 +272,7 @@ victim() { # -> "Gb/s from the counters (-1: the client ended inside the window)
 	wait
 	local p
 	p=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/victim-cli.log" | tail -n 1 | awk '{print $(NF - 1)}')
+	perftest_uncalibrated "$TAP_DIR/victim-cli.err" && p=""
 	awk -v win="$win" -v full=$full -v p="${p:-none}" -v rate="$RATE_MBIT" 'BEGIN {
 		# Two samples of 3 fields each.
 		split(win, W, " "); A[1] = W[1]; A[2] = W[2]; A[3] = W[3]; B[1] = W[4]; B[2] = W[5]; B[3] = W[6]
@@ -275,7 +282,7 @@ victim() { # -> "Gb/s from the counters (-1: the client ended inside the window)
 	}'
 }
 read -r alone alone_p _ <<<"$(victim)"
-( incast m $MAXN $((SECS + 4)) 19 >/dev/null ) &
+( incast m $MAXN $((SECS + 4)) 19 >"$TAP_DIR/incast-bg" ) &
 bg=$!
 sleep 2
 read -r during during_p load <<<"$(victim)"
@@ -283,6 +290,20 @@ wait $bg
 echo "# victim s1 -> v (router's counter; perftest's figure): $alone ($alone_p) Gb/s alone, $during ($during_p) Gb/s during a 7-to-1 incast (bottleneck load $load meanwhile)"
 check "the incast loads its bottleneck while the victim runs ($load of ${RATE_MBIT} Mbit/s, goal > 0.15: it runs)" \
 	awk -v l="$load" 'BEGIN {exit !(l > 0.15)}'
+if ! awk -v l="$load" 'BEGIN {exit !(l > 0.15)}'; then
+	# What the incast's own run saw ("util jain marked dropped ok cal goodput pjain"), its
+	# clients' last lines, and the devices' counters and connections.
+	echo "# the incast beside the victim: $(cat "$TAP_DIR/incast-bg")"
+	for i in $(seq 1 $MAXN); do
+		perftest_errors "$TAP_DIR/incast-cli-$i.log" "# s$i error: "
+		grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-cli-$i.log" | tail -n 3 | sed "s/^/# s$i client: /"
+		grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-srv-$i.log" | tail -n 3 | sed "s/^/# s$i server: /"
+	done
+	for dev in mrx ms1 ms2; do
+		echo "# $dev: $($RDMA statistic show link $dev/1 | grep -oE '\b(rx_nomem|retransmits|timeouts|retry_exceeded|tx_errors|tx_no_route|rx_no_connection|hello_unproven|peer_restarts|rx_out_of_window|nak_rcvd_[a-z_]+) [0-9]+' | tr '\n' ' ')"
+		sed "s/^/# $dev peers: /" "/sys/class/infiniband/$dev/peers"
+	done
+fi
 if ! awk -v d="$during" 'BEGIN {exit !(d > 0)}'; then
 	sed 's/^/# victim client stderr: /' "$TAP_DIR/victim-cli.err"
 	grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/victim-cli.log" | tail -n 4 | sed 's/^/# victim client:   /'
