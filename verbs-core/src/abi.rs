@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The entries of the rings shared with userspace (`uapi/metaroce-abi.h`), as plain data: any
+//! bit pattern is a value of each, so the kernel copies them out of user-writable memory whole
+//! and judges them here ([`super::wqe`]). The module asserts at compile time that each has the
+//! size and field offsets of the C header's struct (`drivers/sys/abi.rs`).
+
+/// `METAROCE_RING_HDR_SIZE`: the ring header (producer and consumer indices) before entry 0.
+pub const RING_HDR_SIZE: usize = 128;
+/// `METAROCE_SEND_WQE_DATA`: a send WQE's SGE / inline area.
+pub const SEND_WQE_DATA: usize = 192;
+/// `METAROCE_MAX_SEND_SGE`: SGEs a send WQE holds.
+pub const MAX_SEND_SGE: usize = SEND_WQE_DATA / 16;
+/// `METAROCE_MAX_INLINE`: inline bytes a send WQE holds.
+pub const MAX_INLINE: usize = SEND_WQE_DATA;
+/// `METAROCE_MAX_RECV_SGE`: SGEs a receive WQE holds.
+pub const MAX_RECV_SGE: usize = 7;
+
+/// `struct metaroce_sge`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// `struct metaroce_send_wqe` (256 bytes). `data` is the C union of `sge[12]` and
+/// `inline_data[192]`, kept as bytes; [`SendWqe::sge`] reads the SGE view.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // The C header documents each field.
+pub struct SendWqe {
+    pub wr_id: u64,
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub num_sge: u32,
+    pub inline_len: u32,
+    pub imm_data: u32,
+    pub reserved0: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub reserved1: u32,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub data: [u8; SEND_WQE_DATA],
+}
+
+impl Default for SendWqe {
+    fn default() -> Self {
+        SendWqe {
+            wr_id: 0,
+            opcode: 0,
+            send_flags: 0,
+            num_sge: 0,
+            inline_len: 0,
+            imm_data: 0,
+            reserved0: 0,
+            remote_addr: 0,
+            rkey: 0,
+            reserved1: 0,
+            compare_add: 0,
+            swap: 0,
+            data: [0; SEND_WQE_DATA],
+        }
+    }
+}
+
+impl SendWqe {
+    /// SGE `i` of the union's `sge` view (host byte order, as the C union is); None past it.
+    pub fn sge(&self, i: usize) -> Option<Sge> {
+        let b: &[u8; 16] = self
+            .data
+            .get(i.checked_mul(16)?..)?
+            .get(..16)?
+            .try_into()
+            .ok()?;
+        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, k0, k1, k2, k3] = *b;
+        Some(Sge {
+            addr: u64::from_ne_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            length: u32::from_ne_bytes([l0, l1, l2, l3]),
+            lkey: u32::from_ne_bytes([k0, k1, k2, k3]),
+        })
+    }
+
+    /// Writes SGE `i` into the `sge` view (what the provider does; for tests and fuzzing).
+    pub fn set_sge(&mut self, i: usize, s: Sge) {
+        if let Some(b) = i
+            .checked_mul(16)
+            .and_then(|at| self.data.get_mut(at..))
+            .and_then(|d| d.get_mut(..16))
+        {
+            b[..8].copy_from_slice(&s.addr.to_ne_bytes());
+            b[8..12].copy_from_slice(&s.length.to_ne_bytes());
+            b[12..].copy_from_slice(&s.lkey.to_ne_bytes());
+        }
+    }
+}
+
+/// `struct metaroce_recv_wqe` (128 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct RecvWqe {
+    pub wr_id: u64,
+    pub num_sge: u32,
+    pub reserved: u32,
+    pub sge: [Sge; MAX_RECV_SGE],
+}
+
+/// `struct metaroce_cqe` (64 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct Cqe {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+    pub reserved: [u8; 18],
+}
+
+impl Cqe {
+    /// A completion with no data (errors, flushes).
+    pub fn status_only(wr_id: u64, status: u32, opcode: u32, qp_num: u32) -> Self {
+        Cqe {
+            wr_id,
+            status,
+            opcode,
+            qp_num,
+            ..Default::default()
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<Sge>() == 16);
+const _: () = assert!(core::mem::size_of::<SendWqe>() == 256);
+const _: () = assert!(core::mem::offset_of!(SendWqe, data) == 64);
+const _: () = assert!(core::mem::size_of::<RecvWqe>() == 128);
+const _: () = assert!(core::mem::size_of::<Cqe>() == 64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sge_view_round_trips_and_ends_at_the_union() {
+        let mut w = SendWqe::default();
+        let s = Sge {
+            addr: 0x0102_0304_0506_0708,
+            length: 77,
+            lkey: 0xdead_beef,
+        };
+        w.set_sge(MAX_SEND_SGE - 1, s);
+        assert_eq!(w.sge(MAX_SEND_SGE - 1), Some(s));
+        assert_eq!(w.sge(0), Some(Sge::default()));
+        assert_eq!(w.sge(MAX_SEND_SGE), None);
+        assert_eq!(w.sge(usize::MAX), None);
+        w.set_sge(MAX_SEND_SGE, s); // past the union: nothing happens
+    }
+}

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Send and receive WQEs copied out of a ring: judged, then decoded.
+//!
+//! Userspace may write anything into its rings, so every WQE gets one of three verdicts:
+//! - [`Judged::Fatal`]: an entry the provider could not have written (an unknown opcode or
+//!   send flag, a non-zero reserved field, more SGEs than the device carries, more inline
+//!   bytes than the entry holds). The ring is broken: the QP goes to the error state with
+//!   `IB_EVENT_QP_FATAL` (an SRQ: `IB_EVENT_SRQ_ERR`), and the hardware counter ring_errors
+//!   counts it.
+//! - [`Judged::Refused`]: a well-formed request the device will not carry out (the inline
+//!   key named by userspace, SGE lengths whose sum overflows a message length, inline data on
+//!   a QP without inline support or on an operation without payload). It completes in error
+//!   (`IB_WC_LOC_QP_OP_ERR` for a send, `IB_WC_LOC_LEN_ERR` for a receive), as a bad post
+//!   would on hardware, and the queue goes on.
+//! - [`Judged::Usable`]: the decoded work.
+
+use super::abi::{self, RecvWqe, SendWqe};
+use super::caps::limits;
+use super::ib::{send_flags as sf, wr_opcode as op};
+
+/// The lkey that stands for a send WQE's inline payload, kept by the kernel; never valid in
+/// a WQE from userspace (MR keys stay below it: index << 8 | key byte, index < `MAX_MR`).
+pub const INLINE_LKEY: u32 = u32::MAX;
+const _: () = assert!((limits::MAX_MR as u64) << 8 < INLINE_LKEY as u64);
+
+/// SGEs the device carries per WQE.
+const MAX_SGE: usize = limits::MAX_SGE as usize;
+
+/// A WQE's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judged<T> {
+    /// The ring is broken (see the module's documentation).
+    Fatal,
+    /// Completes in error; the queue goes on.
+    Refused,
+    /// The work to do.
+    Usable(T),
+}
+
+/// A local scatter/gather list: at most `limits::MAX_SGE` entries whose lengths sum to a
+/// `u32`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SgList {
+    sges: [abi::Sge; MAX_SGE],
+    len: u8,
+}
+
+impl SgList {
+    /// The list of `sges`, or None if there are too many, one names the inline key, or their
+    /// lengths overflow a message length.
+    fn new(sges: impl Iterator<Item = abi::Sge>) -> Option<SgList> {
+        let mut l = SgList::default();
+        let mut total = 0u32;
+        for s in sges {
+            let slot = l.sges.get_mut(usize::from(l.len))?;
+            if s.lkey == INLINE_LKEY {
+                return None;
+            }
+            total = total.checked_add(s.length)?;
+            *slot = s;
+            l.len += 1;
+        }
+        Some(l)
+    }
+
+    /// The entries, in order.
+    pub fn sges(&self) -> &[abi::Sge] {
+        self.sges.get(..usize::from(self.len)).unwrap_or(&[])
+    }
+
+    /// Their total length.
+    pub fn total(&self) -> u32 {
+        self.sges().iter().map(|s| s.length).sum()
+    }
+}
+
+/// A send operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum SendOp {
+    Send,
+    SendWithImm,
+    RdmaWrite,
+    RdmaWriteWithImm,
+    RdmaRead,
+    CmpSwap,
+    FetchAdd,
+}
+
+impl SendOp {
+    /// The operation a `wr_opcode` names, if the device carries it.
+    pub fn from_ib(opcode: u32) -> Option<SendOp> {
+        Some(match opcode {
+            op::SEND => SendOp::Send,
+            op::SEND_WITH_IMM => SendOp::SendWithImm,
+            op::RDMA_WRITE => SendOp::RdmaWrite,
+            op::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm,
+            op::RDMA_READ => SendOp::RdmaRead,
+            op::ATOMIC_CMP_AND_SWP => SendOp::CmpSwap,
+            op::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd,
+            _ => return None,
+        })
+    }
+
+    /// Whether it carries a payload of its own (what inline data can stand for).
+    pub fn carries_payload(self) -> bool {
+        matches!(
+            self,
+            SendOp::Send | SendOp::SendWithImm | SendOp::RdmaWrite | SendOp::RdmaWriteWithImm
+        )
+    }
+
+    /// Whether it carries immediate data.
+    pub fn has_imm(self) -> bool {
+        matches!(self, SendOp::SendWithImm | SendOp::RdmaWriteWithImm)
+    }
+
+    /// Whether it is an atomic.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, SendOp::CmpSwap | SendOp::FetchAdd)
+    }
+}
+
+/// Where a send's local data is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// In registered memory.
+    Sges(SgList),
+    /// In the WQE: its first `len` bytes of [`SendWqe::data`] (the caller keeps them, the WQE
+    /// being a copy).
+    Inline(u32),
+}
+
+/// A decoded send WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWork {
+    /// The caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The local data (the read target of an RDMA READ, the result of an atomic).
+    pub payload: Payload,
+    /// The remote address and key (RDMA and atomics).
+    pub remote_addr: u64,
+    /// The remote key.
+    pub rkey: u32,
+    /// Immediate data (big-endian, as posted) of the `*WithImm` operations.
+    pub imm: Option<u32>,
+    /// Compare-and-swap: (compare, swap); fetch-and-add: (0, add).
+    pub atomic: Option<(u64, u64)>,
+    /// Completes with a CQE even when the QP signals only requested ones.
+    pub signaled: bool,
+    /// Sets the solicited event bit.
+    pub solicited: bool,
+    /// Waits for earlier RDMA READs and atomics.
+    pub fence: bool,
+}
+
+/// The send flags a provider may set.
+const SEND_FLAGS: u32 = sf::FENCE | sf::SIGNALED | sf::SOLICITED | sf::INLINE | sf::IP_CSUM;
+
+/// Judges a send WQE of a QP (`sq_sig_all`: every WQE is signaled; `inline_ok`: the QP was
+/// created with inline support).
+pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<SendWork> {
+    let Some(opcode) = SendOp::from_ib(w.opcode) else {
+        return Judged::Fatal;
+    };
+    let inline = w.send_flags & sf::INLINE != 0;
+    let sized = if inline {
+        w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
+    } else {
+        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+    };
+    if w.send_flags & !SEND_FLAGS != 0 || w.reserved0 != 0 || w.reserved1 != 0 || !sized {
+        return Judged::Fatal;
+    }
+    let payload = if inline {
+        if !inline_ok || !opcode.carries_payload() {
+            return Judged::Refused;
+        }
+        Payload::Inline(w.inline_len)
+    } else {
+        let sges = (0..w.num_sge as usize).map_while(|i| w.sge(i));
+        match SgList::new(sges) {
+            Some(l) => Payload::Sges(l),
+            None => return Judged::Refused,
+        }
+    };
+    let atomic = match opcode {
+        SendOp::CmpSwap => Some((w.compare_add, w.swap)),
+        SendOp::FetchAdd => Some((0, w.compare_add)),
+        _ => None,
+    };
+    Judged::Usable(SendWork {
+        wr_id: w.wr_id,
+        op: opcode,
+        payload,
+        remote_addr: w.remote_addr,
+        rkey: w.rkey,
+        imm: opcode.has_imm().then_some(w.imm_data),
+        atomic,
+        signaled: sq_sig_all || w.send_flags & sf::SIGNALED != 0,
+        solicited: w.send_flags & sf::SOLICITED != 0,
+        fence: w.send_flags & sf::FENCE != 0,
+    })
+}
+
+/// A decoded receive WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWork {
+    /// The caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// Where the message goes.
+    pub local: SgList,
+}
+
+/// Judges a receive WQE (RQ or SRQ).
+pub fn judge_recv(w: &RecvWqe) -> Judged<RecvWork> {
+    if w.reserved != 0 || w.num_sge as usize > MAX_SGE {
+        return Judged::Fatal;
+    }
+    match SgList::new(w.sge.iter().take(w.num_sge as usize).copied()) {
+        Some(local) => Judged::Usable(RecvWork {
+            wr_id: w.wr_id,
+            local,
+        }),
+        None => Judged::Refused,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::Sge;
+
+    fn sge(len: u32) -> Sge {
+        Sge {
+            addr: 0x1000,
+            length: len,
+            lkey: 0x101,
+        }
+    }
+
+    fn write(n: u32) -> SendWqe {
+        let mut w = SendWqe {
+            wr_id: 9,
+            opcode: op::RDMA_WRITE,
+            num_sge: n,
+            remote_addr: 0x5000,
+            rkey: 0x202,
+            ..Default::default()
+        };
+        for i in 0..n as usize {
+            w.set_sge(i, sge(10));
+        }
+        w
+    }
+
+    #[test]
+    fn a_plain_write_decodes() {
+        let Judged::Usable(s) = judge_send(&write(2), false, false) else {
+            panic!()
+        };
+        assert_eq!(s.op, SendOp::RdmaWrite);
+        let Payload::Sges(l) = s.payload else {
+            panic!()
+        };
+        assert_eq!(l.sges().len(), 2);
+        assert_eq!(l.total(), 20);
+        assert_eq!(
+            (s.remote_addr, s.rkey, s.imm, s.signaled),
+            (0x5000, 0x202, None, false)
+        );
+        let Judged::Usable(s) = judge_send(&write(0), true, false) else {
+            panic!()
+        };
+        assert!(s.signaled, "sq_sig_all signals every WQE");
+    }
+
+    #[test]
+    fn what_the_provider_cannot_write_is_fatal() {
+        let ok = write(1);
+        let mut cases = [ok; 7];
+        cases[0].opcode = 7; // IB_WR_BIND_MW: not ours
+        cases[1].send_flags = 1 << 5;
+        cases[2].reserved0 = 1;
+        cases[3].reserved1 = 1;
+        cases[4].num_sge = limits::MAX_SGE + 1;
+        cases[5].inline_len = 1; // without IBV_SEND_INLINE
+        cases[6].send_flags = sf::INLINE; // with SGEs
+        for (i, w) in cases.iter().enumerate() {
+            assert_eq!(judge_send(w, false, true), Judged::Fatal, "case {i}");
+        }
+        let mut inline = SendWqe {
+            opcode: op::SEND,
+            send_flags: sf::INLINE,
+            inline_len: abi::MAX_INLINE as u32 + 1,
+            ..Default::default()
+        };
+        assert_eq!(judge_send(&inline, false, true), Judged::Fatal);
+        inline.inline_len = abi::MAX_INLINE as u32;
+        assert_eq!(
+            judge_send(&inline, false, true),
+            Judged::Usable(SendWork {
+                wr_id: 0,
+                op: SendOp::Send,
+                payload: Payload::Inline(abi::MAX_INLINE as u32),
+                remote_addr: 0,
+                rkey: 0,
+                imm: None,
+                atomic: None,
+                signaled: false,
+                solicited: false,
+                fence: false,
+            })
+        );
+    }
+
+    #[test]
+    fn well_formed_but_unusable_is_refused() {
+        let mut w = write(2);
+        w.set_sge(
+            1,
+            Sge {
+                lkey: INLINE_LKEY,
+                ..sge(1)
+            },
+        );
+        assert_eq!(judge_send(&w, false, true), Judged::Refused);
+        let mut w = write(2);
+        w.set_sge(0, sge(u32::MAX));
+        assert_eq!(
+            judge_send(&w, false, true),
+            Judged::Refused,
+            "lengths overflow"
+        );
+        let inline = SendWqe {
+            opcode: op::SEND,
+            send_flags: sf::INLINE,
+            inline_len: 4,
+            ..Default::default()
+        };
+        assert_eq!(
+            judge_send(&inline, false, false),
+            Judged::Refused,
+            "no inline support"
+        );
+        let read = SendWqe {
+            opcode: op::RDMA_READ,
+            ..inline
+        };
+        assert_eq!(
+            judge_send(&read, false, true),
+            Judged::Refused,
+            "inline READ"
+        );
+    }
+
+    #[test]
+    fn atomics_and_immediates() {
+        let mut w = write(1);
+        w.opcode = op::ATOMIC_FETCH_AND_ADD;
+        w.compare_add = 5;
+        w.swap = 99;
+        let Judged::Usable(s) = judge_send(&w, false, false) else {
+            panic!()
+        };
+        assert_eq!(s.atomic, Some((0, 5)));
+        w.opcode = op::ATOMIC_CMP_AND_SWP;
+        let Judged::Usable(s) = judge_send(&w, false, false) else {
+            panic!()
+        };
+        assert_eq!(s.atomic, Some((5, 99)));
+        w.opcode = op::SEND_WITH_IMM;
+        w.imm_data = 0x1234;
+        w.send_flags = sf::SOLICITED | sf::FENCE;
+        let Judged::Usable(s) = judge_send(&w, false, false) else {
+            panic!()
+        };
+        assert_eq!(
+            (s.imm, s.atomic, s.solicited, s.fence),
+            (Some(0x1234), None, true, true)
+        );
+    }
+
+    #[test]
+    fn receives() {
+        let mut r = RecvWqe {
+            wr_id: 3,
+            num_sge: 2,
+            ..Default::default()
+        };
+        r.sge[0] = sge(8);
+        r.sge[1] = sge(8);
+        let Judged::Usable(w) = judge_recv(&r) else {
+            panic!()
+        };
+        assert_eq!((w.wr_id, w.local.total()), (3, 16));
+        r.sge[1].length = u32::MAX;
+        assert_eq!(judge_recv(&r), Judged::Refused);
+        r.num_sge = limits::MAX_SGE + 1;
+        assert_eq!(
+            judge_recv(&r),
+            Judged::Fatal,
+            "more SGEs than the device carries"
+        );
+        r.num_sge = 1;
+        r.reserved = 1;
+        assert_eq!(judge_recv(&r), Judged::Fatal);
+    }
+}
