@@ -46,7 +46,6 @@ use crate::{
     net::RxBuf,
     sys::{
         bhlock::{new_spinlock_bh, SpinLockBh, SpinLockBhGuard},
-        bindings,
         netdev::NetDev,
         work::{self, CpuThreads, KthreadWork},
         ZeroedSlice,
@@ -59,7 +58,11 @@ use crate::{
         wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
         zero::{zero_valid, ZeroValid},
     },
-    verbs::{self, Cqe, Qp, QpAttrs, QpState, RecvWqe, SendWqe, Verbs},
+    verbs::{self, Cqe, Qp, QpAttrs, QpState, SendWqe, Verbs},
+    verbs_core::{
+        ib::{access, wc_opcode, wc_status, WC_WITH_IMM},
+        wqe::{self as vwqe, judge_recv, judge_send, Judged, Payload, SendOp, SendWork},
+    },
 };
 use core::cell::Cell;
 use core::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -849,7 +852,7 @@ impl Engine {
             if inner.binding.is_some() {
                 return Ok(());
             }
-            let dest = a.dest_ipv4().ok_or(EAFNOSUPPORT)?;
+            let dest = a.av.dest_ipv4().ok_or(EAFNOSUPPORT)?;
             let cfg = StreamConfig {
                 local_qp: qp.qpn,
                 remote_qp: a.dest_qp_num,
@@ -1329,24 +1332,31 @@ impl Engine {
         if let Some(rq) = inner.queues.rq.as_ref().filter(|_| receiving) {
             loop {
                 let wqe = match rq.peek() {
-                    Ok(Some(wqe)) if crate::sys::recv_wqe_decodes(&wqe) => wqe,
+                    Ok(Some(wqe)) => wqe,
                     Ok(None) => break,
-                    Ok(Some(_)) | Err(_) => {
+                    Err(_) => {
                         broken = true;
                         break;
                     }
                 };
-                let Some(local) = recv_sgl(&wqe) else {
+                let local = match judge_recv(&wqe) {
+                    Judged::Usable(w) => sg_list(&w.local),
                     // Unusable SGEs: the WQE completes in error, like a bad post would.
-                    rq.pop();
-                    let cqe = verbs::cqe(
-                        wqe.wr_id,
-                        bindings::ib_wc_status_IB_WC_LOC_LEN_ERR,
-                        bindings::ib_wc_opcode_IB_WC_RECV,
-                        qp.qpn,
-                    );
-                    qp.recv_cq.complete(&cqe, false);
-                    continue;
+                    Judged::Refused => {
+                        rq.pop();
+                        let cqe = Cqe::status_only(
+                            wqe.wr_id,
+                            wc_status::LOC_LEN_ERR,
+                            wc_opcode::RECV,
+                            qp.qpn,
+                        );
+                        qp.recv_cq.complete(&cqe, false);
+                        continue;
+                    }
+                    Judged::Fatal => {
+                        broken = true;
+                        break;
+                    }
                 };
                 let posted = conn.post_recv(
                     sid,
@@ -1366,31 +1376,42 @@ impl Engine {
         }
         while sending && !broken {
             let wqe = match inner.queues.sq.peek() {
-                Ok(Some(wqe)) if crate::sys::send_wqe_decodes(&wqe) => wqe,
+                Ok(Some(wqe)) => wqe,
                 Ok(None) => break,
-                Ok(Some(_)) | Err(_) => {
+                Err(_) => {
                     broken = true;
                     break;
                 }
             };
-            let stash = stash_inline(&mut inner, &wqe, qp.qpn, conn.stream_stats(sid));
-            let twqe = match stash {
-                Stash::NotInline => send_wqe(&wqe, qp.sq_sig_all, None),
-                Stash::Stored(sge) => send_wqe(&wqe, qp.sq_sig_all, Some(sge)),
+            let work = match judge_send(&wqe, qp.sq_sig_all, inner.inline.is_some()) {
+                Judged::Usable(w) => Some(w),
+                Judged::Refused => None,
+                Judged::Fatal => {
+                    broken = true;
+                    break;
+                }
+            };
+            let stash = match &work {
+                Some(w) => stash_inline(&mut inner, &wqe, w, qp.qpn, conn.stream_stats(sid)),
+                None => Stash::NotInline,
+            };
+            let twqe = match (work, stash) {
+                (Some(w), Stash::NotInline) => send_wqe(&w, None),
+                (Some(w), Stash::Stored(sge)) => send_wqe(&w, Some(sge)),
                 // Every slot holds a payload still in flight: wait for completions (which
                 // may be unsignaled: ask to hear of them).
-                Stash::Full => {
+                (Some(_), Stash::Full) => {
                     conn.want_send_room(sid);
                     break;
                 }
-                Stash::Invalid => None,
+                (None, _) | (Some(_), Stash::Invalid) => None,
             };
             let Some(twqe) = twqe else {
                 inner.queues.sq.pop();
-                let cqe = verbs::cqe(
+                let cqe = Cqe::status_only(
                     wqe.wr_id,
-                    bindings::ib_wc_status_IB_WC_LOC_QP_OP_ERR,
-                    verbs::wc_opcode_for_send(wqe.opcode),
+                    wc_status::LOC_QP_OP_ERR,
+                    wc_opcode::for_send(wqe.opcode),
                     qp.qpn,
                 );
                 qp.send_cq.complete(&cqe, false);
@@ -1789,9 +1810,7 @@ impl Memory for Mem<'_> {
             .addr
             .checked_add(u64::from(offset))
             .ok_or(AccessError::Bounds)?;
-        self.local_mr(qp, sge.lkey, |mr| {
-            mr.write(va, data, bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE)
-        })
+        self.local_mr(qp, sge.lkey, |mr| mr.write(va, data, access::LOCAL_WRITE))
     }
 
     fn check_remote(
@@ -1813,7 +1832,7 @@ impl Memory for Mem<'_> {
         va: u64,
         data: &[u8],
     ) -> Result<(), AccessError> {
-        let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE;
+        let right = access::REMOTE_WRITE;
         self.remote_mr(qp, rkey, right, |mr| mr.write(va, data, right))
     }
 
@@ -1824,65 +1843,79 @@ impl Memory for Mem<'_> {
         va: u64,
         out: &mut [u8],
     ) -> Result<(), AccessError> {
-        let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_READ;
+        let right = access::REMOTE_READ;
         self.remote_mr(qp, rkey, right, |mr| mr.read(va, out, right))
     }
 
     fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {
-        self.verbs
+        let (taken, broke) = self
+            .verbs
             .with_qp(qp, |qp| {
                 let srq = qp.srq.as_ref()?;
-                let mut taken = None;
-                // A WQE whose SGEs the transport cannot carry stays at the head (so far as
-                // before).
-                let took = srq.take_with(|wqe| {
-                    taken = recv_sgl(wqe).map(|local| stream::RecvWqe {
-                        wr_id: wqe.wr_id,
-                        local,
-                    });
-                    taken.is_some()
-                });
-                Some((taken, took == verbs::SrqTake::RingError))
-            })
-            .flatten()
-            .and_then(|(taken, broke)| {
-                if broke {
-                    self.ring_errors += 1;
+                loop {
+                    match srq.take() {
+                        verbs::SrqTake::Taken(w) => {
+                            let local = sg_list(&w.local);
+                            break Some((
+                                Some(stream::RecvWqe {
+                                    wr_id: w.wr_id,
+                                    local,
+                                }),
+                                false,
+                            ));
+                        }
+                        // Unusable SGEs: it completes in error on this QP, like a bad post
+                        // would; the next one may do.
+                        verbs::SrqTake::Refused(wr_id) => {
+                            let cqe = Cqe::status_only(
+                                wr_id,
+                                wc_status::LOC_LEN_ERR,
+                                wc_opcode::RECV,
+                                qp.qpn,
+                            );
+                            qp.recv_cq.complete(&cqe, false);
+                        }
+                        verbs::SrqTake::Empty => break Some((None, false)),
+                        verbs::SrqTake::RingError => break Some((None, true)),
+                    }
                 }
-                taken
             })
+            .flatten()?;
+        if broke {
+            self.ring_errors += 1;
+        }
+        taken
     }
 
     fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
         if va % 8 != 0 {
             return Err(AccessError::Alignment);
         }
-        let right = bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC;
+        let right = access::REMOTE_ATOMIC;
         self.remote_mr(qp, rkey, right, |mr| mr.atomic(va, |old| op.apply(old)))
     }
 }
 
 fn remote_right(access: Access) -> u32 {
     match access {
-        Access::Read => bindings::ib_access_flags_IB_ACCESS_REMOTE_READ,
-        Access::Write => bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE,
-        Access::Atomic => bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC,
+        Access::Read => access::REMOTE_READ,
+        Access::Write => access::REMOTE_WRITE,
+        Access::Atomic => access::REMOTE_ATOMIC,
     }
 }
 
-/// The SGEs of a receive WQE as the transport takes them.
-fn recv_sgl(wqe: &RecvWqe) -> Option<SgList> {
-    let n = wqe.num_sge as usize;
-    let sges = wqe.sge.get(..n)?;
+/// A judged SGE list as the transport takes it (the same bounds: at most `MAX_SGE` entries,
+/// whose lengths sum to a `u32`; `sys::abi` asserts the limits agree).
+fn sg_list(l: &vwqe::SgList) -> SgList {
     let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
-    for (d, s) in list.iter_mut().zip(sges) {
+    for (d, s) in list.iter_mut().zip(l.sges()) {
         *d = Sge {
             addr: s.addr,
             len: s.length,
             lkey: s.lkey,
         };
     }
-    SgList::new(list.get(..n)?)
+    SgList::new(list.get(..l.sges().len()).unwrap_or(&[])).unwrap_or_default()
 }
 
 /// What became of a send WQE's inline payload.
@@ -1893,133 +1926,98 @@ enum Stash {
     Stored(Sge),
     /// No free slot now.
     Full,
-    /// Inline on a QP without inline support, too long, or on an opcode without payload.
+    /// The QP has no transport stream to count it against.
     Invalid,
 }
 
-/// Keeps the inline payload of `wqe` (if it has one) in the QP's store.
+/// Keeps the inline payload of `work` (if it has one: its bytes are the first of `wqe.data`)
+/// in the QP's store.
 fn stash_inline(
     inner: &mut verbs::QpInner,
     wqe: &SendWqe,
+    work: &SendWork,
     qpn: u32,
     stats: Option<(
         stream::requester::RequesterStats,
         stream::responder::ResponderStats,
     )>,
 ) -> Stash {
-    if !is_inline(wqe) {
+    let Payload::Inline(len) = work.payload else {
         return Stash::NotInline;
-    }
+    };
     let (Some(store), Some((req, _))) = (inner.inline.as_mut(), stats) else {
         return Stash::Invalid;
     };
-    let bytes = crate::sys::send_wqe_inline(wqe);
-    let Some(data) = bytes.get(..wqe.inline_len as usize) else {
+    // `judge_send` bounded `len` by the data area.
+    let Some(data) = wqe.data.get(..len as usize) else {
         return Stash::Invalid;
     };
-    let carries_payload = matches!(
-        wqe.opcode,
-        bindings::ib_wr_opcode_IB_WR_SEND
-            | bindings::ib_wr_opcode_IB_WR_SEND_WITH_IMM
-            | bindings::ib_wr_opcode_IB_WR_RDMA_WRITE
-            | bindings::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM
-    );
-    if !carries_payload {
-        return Stash::Invalid;
-    }
     match store.store(req.posted, data) {
         Some(offset) => Stash::Stored(Sge {
             addr: (u64::from(qpn) << 32) | u64::from(offset),
-            len: wqe.inline_len,
+            len,
             lkey: verbs::INLINE_LKEY,
         }),
         None => Stash::Full,
     }
 }
 
-/// Whether a send WQE carries its payload inline.
-fn is_inline(w: &SendWqe) -> bool {
-    w.send_flags & bindings::ib_send_flags_IB_SEND_INLINE as u32 != 0
-}
-
-/// A send WQE copied out of the ring, validated and translated (`inline`: the SGE standing for
-/// its inline payload, kept in the QP's [`verbs::InlineStore`]); None if it is unusable.
-fn send_wqe(w: &SendWqe, sq_sig_all: bool, inline: Option<Sge>) -> Option<stream::SendWqe> {
-    use bindings as b;
-    let opcode = match w.opcode {
-        b::ib_wr_opcode_IB_WR_SEND => WrOpcode::Send,
-        b::ib_wr_opcode_IB_WR_SEND_WITH_IMM => WrOpcode::SendWithImm,
-        b::ib_wr_opcode_IB_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
-        b::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
-        b::ib_wr_opcode_IB_WR_RDMA_READ => WrOpcode::RdmaRead,
-        b::ib_wr_opcode_IB_WR_ATOMIC_CMP_AND_SWP => WrOpcode::CmpSwap,
-        b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::FetchAdd,
-        _ => return None,
+/// A judged send WQE as the transport takes it (`inline`: the SGE standing for its inline
+/// payload, kept in the QP's [`verbs::InlineStore`]); None for an inline payload not stashed.
+fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
+    let local = match (w.payload, inline) {
+        (_, Some(sge)) => SgList::single(sge),
+        (Payload::Sges(l), None) => sg_list(&l),
+        (Payload::Inline(_), None) => return None,
     };
-    let local = match inline {
-        Some(sge) => SgList::single(sge),
-        None => {
-            let n = w.num_sge as usize;
-            if n > crate::transport::memory::MAX_SGE {
-                return None;
-            }
-            let sges = crate::sys::send_wqe_sges(w);
-            let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
-            for (d, s) in list.iter_mut().zip(sges.iter().take(n)) {
-                // The inline key is ours to give, not userspace's to name.
-                if s.lkey == verbs::INLINE_LKEY {
-                    return None;
-                }
-                *d = *s;
-            }
-            SgList::new(list.get(..n)?)?
-        }
+    let opcode = match w.op {
+        SendOp::Send => WrOpcode::Send,
+        SendOp::SendWithImm => WrOpcode::SendWithImm,
+        SendOp::RdmaWrite => WrOpcode::RdmaWrite,
+        SendOp::RdmaWriteWithImm => WrOpcode::RdmaWriteWithImm,
+        SendOp::RdmaRead => WrOpcode::RdmaRead,
+        SendOp::CmpSwap => WrOpcode::CmpSwap,
+        SendOp::FetchAdd => WrOpcode::FetchAdd,
     };
     let mut t = stream::SendWqe::new(w.wr_id, opcode, local).remote(w.remote_addr, w.rkey);
-    if matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {
-        t = t.imm(w.imm_data);
+    if let Some(imm) = w.imm {
+        t = t.imm(imm);
     }
-    if matches!(opcode, WrOpcode::CmpSwap | WrOpcode::FetchAdd) {
-        t = t.atomic(w.compare_add, w.swap);
-        if opcode == WrOpcode::FetchAdd {
-            t = t.atomic(0, w.compare_add);
-        }
+    if let Some((compare_add, swap)) = w.atomic {
+        t = t.atomic(compare_add, swap);
     }
-    t.signaled = sq_sig_all || w.send_flags & b::ib_send_flags_IB_SEND_SIGNALED as u32 != 0;
-    t.solicited = w.send_flags & b::ib_send_flags_IB_SEND_SOLICITED as u32 != 0;
+    t.signaled = w.signaled;
+    t.solicited = w.solicited;
     Some(t)
 }
 
 fn wc_status(s: CqStatus) -> u32 {
-    use bindings as b;
+    use wc_status as w;
     match s {
-        CqStatus::Success => b::ib_wc_status_IB_WC_SUCCESS,
-        CqStatus::LocLenErr => b::ib_wc_status_IB_WC_LOC_LEN_ERR,
-        CqStatus::LocProtErr => b::ib_wc_status_IB_WC_LOC_PROT_ERR,
-        CqStatus::WrFlushErr => b::ib_wc_status_IB_WC_WR_FLUSH_ERR,
-        CqStatus::RemAccessErr => b::ib_wc_status_IB_WC_REM_ACCESS_ERR,
-        CqStatus::RemInvReqErr => b::ib_wc_status_IB_WC_REM_INV_REQ_ERR,
-        CqStatus::RemOpErr => b::ib_wc_status_IB_WC_REM_OP_ERR,
-        CqStatus::RetryExcErr => b::ib_wc_status_IB_WC_RETRY_EXC_ERR,
-        CqStatus::RnrRetryExcErr => b::ib_wc_status_IB_WC_RNR_RETRY_EXC_ERR,
+        CqStatus::Success => w::SUCCESS,
+        CqStatus::LocLenErr => w::LOC_LEN_ERR,
+        CqStatus::LocProtErr => w::LOC_PROT_ERR,
+        CqStatus::WrFlushErr => w::WR_FLUSH_ERR,
+        CqStatus::RemAccessErr => w::REM_ACCESS_ERR,
+        CqStatus::RemInvReqErr => w::REM_INV_REQ_ERR,
+        CqStatus::RemOpErr => w::REM_OP_ERR,
+        CqStatus::RetryExcErr => w::RETRY_EXC_ERR,
+        CqStatus::RnrRetryExcErr => w::RNR_RETRY_EXC_ERR,
     }
 }
 
 fn wc_opcode(o: CqOpcode) -> u32 {
-    use bindings as b;
+    use wc_opcode as w;
     match o {
-        CqOpcode::Send => b::ib_wc_opcode_IB_WC_SEND,
-        CqOpcode::RdmaWrite => b::ib_wc_opcode_IB_WC_RDMA_WRITE,
-        CqOpcode::RdmaRead => b::ib_wc_opcode_IB_WC_RDMA_READ,
-        CqOpcode::CmpSwap => b::ib_wc_opcode_IB_WC_COMP_SWAP,
-        CqOpcode::FetchAdd => b::ib_wc_opcode_IB_WC_FETCH_ADD,
-        CqOpcode::Recv => b::ib_wc_opcode_IB_WC_RECV,
-        CqOpcode::RecvRdmaWithImm => b::ib_wc_opcode_IB_WC_RECV_RDMA_WITH_IMM,
+        CqOpcode::Send => w::SEND,
+        CqOpcode::RdmaWrite => w::RDMA_WRITE,
+        CqOpcode::RdmaRead => w::RDMA_READ,
+        CqOpcode::CmpSwap => w::COMP_SWAP,
+        CqOpcode::FetchAdd => w::FETCH_ADD,
+        CqOpcode::Recv => w::RECV,
+        CqOpcode::RecvRdmaWithImm => w::RECV_RDMA_WITH_IMM,
     }
 }
-
-/// `IBV_WC_WITH_IMM` (libibverbs' bit, which the provider passes through).
-const WC_WITH_IMM: u32 = 1 << 1;
 
 /// Hands a transport event to the QP's CQs.
 fn deliver(qps: &[QpSlot], ev: Event) {

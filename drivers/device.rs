@@ -10,8 +10,8 @@ use crate::{
     counters::{Counter, Counters},
     datapath::Engine,
     net::{IpAddr, RxDrop, RxHandler, RxPacket},
-    sys::{bindings, netdev::NetDev},
-    verbs::limits,
+    sys::netdev::NetDev,
+    verbs_core::ib::mtu,
 };
 use kernel::{prelude::*, sync::Arc};
 
@@ -86,81 +86,6 @@ impl Device {
     /// The node GUID, in the byte order `ib_device.node_guid` (`__be64`) stores.
     pub(crate) fn node_guid(&self) -> u64 {
         self.node_guid
-    }
-
-    /// `query_device`: what this device can do. Verbs that are not implemented yet report 0.
-    pub(crate) fn query_device(&self, attr: &mut bindings::ib_device_attr) {
-        *attr = bindings::ib_device_attr::default();
-        attr.fw_ver = FW_VERSION;
-        attr.sys_image_guid = self.node_guid;
-        attr.vendor_id = 0xff_ffff;
-        attr.vendor_part_id = 0;
-        attr.hw_ver = WIRE_VERSION;
-        attr.max_mr_size = u64::MAX;
-        attr.page_size_cap = 0xffff_f000;
-        attr.max_pd = MAX_PD;
-        attr.max_pkeys = 1;
-        attr.max_qp = limits::MAX_QP;
-        attr.max_qp_wr = limits::MAX_QP_WR;
-        attr.max_send_sge = limits::MAX_SGE;
-        attr.max_recv_sge = limits::MAX_SGE;
-        attr.max_sge_rd = limits::MAX_SGE;
-        attr.max_cq = limits::MAX_CQ;
-        attr.max_cqe = limits::MAX_CQE;
-        attr.max_mr = limits::MAX_MR;
-        attr.max_srq = limits::MAX_SRQ;
-        attr.max_srq_wr = limits::MAX_SRQ_WR;
-        attr.max_srq_sge = limits::MAX_SGE;
-        attr.max_qp_rd_atom = limits::MAX_RD_ATOM;
-        attr.max_qp_init_rd_atom = limits::MAX_RD_ATOM;
-        attr.max_res_rd_atom = limits::MAX_RD_ATOM * limits::MAX_QP;
-        attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
-        attr.max_fast_reg_page_list_len = 0;
-        attr.device_cap_flags = bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN as u64;
-        // `rdma link delete` may remove the device, as it may any soft device's.
-        attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG)
-            | u64::from(bindings::ib_kernel_cap_flags_IBK_LOCAL_DMA_LKEY);
-    }
-
-    /// `query_port`: the port's state follows its netdev; a port without one (a plane not
-    /// added) is down.
-    pub(crate) fn query_port(&self, ndev: Option<&NetDev<'_>>, attr: &mut bindings::ib_port_attr) {
-        // Speed and width were filled by the caller from the netdev's ethtool settings.
-        let (speed, width) = (attr.active_speed, attr.active_width);
-        *attr = bindings::ib_port_attr::default();
-        attr.active_speed = speed;
-        attr.active_width = width;
-        attr.gid_tbl_len = 32;
-        attr.port_cap_flags = bindings::ib_port_capability_mask_bits_IB_PORT_CM_SUP;
-        attr.max_msg_sz = 1 << 31;
-        attr.pkey_tbl_len = 1;
-        attr.max_mtu = bindings::ib_mtu_IB_MTU_4096;
-        let Some(ndev) = ndev else {
-            attr.active_mtu = bindings::ib_mtu_IB_MTU_256;
-            attr.state = bindings::ib_port_state_IB_PORT_DOWN;
-            attr.phys_state = bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8;
-            return;
-        };
-        attr.active_mtu = ib_mtu_for(ndev.mtu().saturating_sub(WIRE_OVERHEAD));
-        attr.state = ndev.port_state();
-        attr.phys_state = if attr.state == bindings::ib_port_state_IB_PORT_ACTIVE {
-            bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_LINK_UP as u8
-        } else if ndev.is_up() {
-            bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_POLLING as u8
-        } else {
-            bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8
-        };
-    }
-
-    /// The response to `alloc_ucontext` (`ibv_open_device`).
-    pub(crate) fn ucontext_response(&self) -> bindings::metaroce_alloc_ucontext_resp {
-        bindings::metaroce_alloc_ucontext_resp {
-            abi_version: crate::sys::UVERBS_ABI_VERSION,
-            wire_version: WIRE_VERSION,
-            max_paths: MAX_PATHS,
-            max_planes: MAX_PLANES,
-            reserved: [0; 2],
-        }
     }
 }
 
@@ -239,24 +164,9 @@ pub(crate) const ETHERNET_PAYLOAD: u32 = 1344;
 /// 2159), whose IB MTU (1024) would leave a quarter of every packet unused.
 pub(crate) fn payload_mtu(link_mtu: u32) -> u32 {
     let room = link_mtu.saturating_sub(WIRE_OVERHEAD);
-    match ib_mtu_for(room) {
-        bindings::ib_mtu_IB_MTU_4096 => 4096,
-        bindings::ib_mtu_IB_MTU_2048 => 2048,
-        bindings::ib_mtu_IB_MTU_1024 if room >= ETHERNET_PAYLOAD => ETHERNET_PAYLOAD,
-        bindings::ib_mtu_IB_MTU_1024 => 1024,
-        bindings::ib_mtu_IB_MTU_512 => 512,
-        _ => 256,
-    }
-}
-
-/// The largest IB MTU that fits in `bytes` of payload (at least 256).
-pub(crate) fn ib_mtu_for(bytes: u32) -> bindings::ib_mtu {
-    match bytes {
-        4096.. => bindings::ib_mtu_IB_MTU_4096,
-        2048.. => bindings::ib_mtu_IB_MTU_2048,
-        1024.. => bindings::ib_mtu_IB_MTU_1024,
-        512.. => bindings::ib_mtu_IB_MTU_512,
-        _ => bindings::ib_mtu_IB_MTU_256,
+    match mtu::largest_within(room) {
+        mtu::MTU_1024 if room >= ETHERNET_PAYLOAD => ETHERNET_PAYLOAD,
+        code => mtu::bytes(code).unwrap_or(256),
     }
 }
 

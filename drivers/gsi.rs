@@ -12,8 +12,12 @@
 //! touched under the QP's lock, and never after the QP is destroyed.
 
 use crate::{
-    sys::{bindings, KernelBuf},
+    sys::KernelBuf,
     verbs::{Caps, Cq, Fifo, KernelWc, QpState},
+    verbs_core::{
+        ib::{attr_mask as m, kernel_wc_flags, network_type, wc_opcode, wc_status},
+        qp::{ModifyAttr, PSN_MASK},
+    },
 };
 use kernel::{new_spinlock_irq, prelude::*, sync::Arc, sync::SpinLockIrq};
 
@@ -207,23 +211,22 @@ impl GsiQp {
         self.inner.lock().state
     }
 
-    /// `modify_qp`, after the core checked the transition.
-    pub(crate) fn modify(&self, attr: &bindings::ib_qp_attr, mask: u32) -> Result {
-        use bindings::*;
+    /// `modify_qp`, after its transition was checked (`sys::kverbs::modify_gsi`).
+    pub(crate) fn modify(&self, attr: &ModifyAttr, mask: u32) -> Result {
         let mut inner = self.inner.lock();
-        if mask & ib_qp_attr_mask_IB_QP_QKEY != 0 {
+        if mask & m::QKEY != 0 {
             inner.qkey = attr.qkey;
         }
-        if mask & ib_qp_attr_mask_IB_QP_SQ_PSN != 0 {
-            inner.sq_psn = attr.sq_psn & 0x00ff_ffff;
+        if mask & m::SQ_PSN != 0 {
+            inner.sq_psn = attr.sq_psn & PSN_MASK;
         }
-        if mask & ib_qp_attr_mask_IB_QP_PKEY_INDEX != 0 {
+        if mask & m::PKEY_INDEX != 0 {
             if attr.pkey_index != 0 {
                 return Err(EINVAL);
             }
             inner.pkey_index = attr.pkey_index;
         }
-        if mask & ib_qp_attr_mask_IB_QP_STATE != 0 {
+        if mask & m::STATE != 0 {
             let next = QpState::from_ib(attr.qp_state).ok_or(EINVAL)?;
             inner.state = next;
             match next {
@@ -238,15 +241,10 @@ impl GsiQp {
         Ok(())
     }
 
-    /// What `query_qp` reports.
-    pub(crate) fn fill(&self, attr: &mut bindings::ib_qp_attr) {
+    /// What `query_qp` reports: (state, qkey, SQ PSN, P_Key index).
+    pub(crate) fn attrs(&self) -> (QpState, u32, u32, u16) {
         let inner = self.inner.lock();
-        attr.qp_state = inner.state.to_ib();
-        attr.cur_qp_state = attr.qp_state;
-        attr.qkey = inner.qkey;
-        attr.sq_psn = inner.sq_psn;
-        attr.pkey_index = inner.pkey_index;
-        attr.port_num = self.port;
+        (inner.state, inner.qkey, inner.sq_psn, inner.pkey_index)
     }
 
     /// Queues a send (any context). The receive thread sends it.
@@ -255,7 +253,7 @@ impl GsiQp {
         match inner.state {
             QpState::Rts | QpState::Sqd => {}
             QpState::Err => {
-                let wc = self.wc(wr.wr_id, bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR, true);
+                let wc = self.wc(wr.wr_id, wc_status::WR_FLUSH_ERR, true);
                 self.send_cq.complete_wc(wc, false);
                 return Ok(());
             }
@@ -270,7 +268,7 @@ impl GsiQp {
         match inner.state {
             QpState::Reset => Err(PostError::Invalid),
             QpState::Err => {
-                let wc = self.wc(wr.wr_id, bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR, false);
+                let wc = self.wc(wr.wr_id, wc_status::WR_FLUSH_ERR, false);
                 self.recv_cq.complete_wc(wc, false);
                 Ok(())
             }
@@ -315,9 +313,9 @@ impl GsiQp {
         }
         if wr.signaled || self.sq_sig_all || !ok {
             let status = if ok {
-                bindings::ib_wc_status_IB_WC_SUCCESS
+                wc_status::SUCCESS
             } else {
-                bindings::ib_wc_status_IB_WC_LOC_LEN_ERR
+                wc_status::LOC_LEN_ERR
             };
             let mut wc = self.wc(wr.wr_id, status, true);
             wc.cqe.byte_len = wr.sgl.len() as u32;
@@ -337,19 +335,18 @@ impl GsiQp {
         let wr = inner.rq.pop().ok_or(DropReason::NoBuffer)?;
         let fits = wr.sgl.scatter(&[a.grh.as_slice(), a.payload]);
         let status = if fits {
-            bindings::ib_wc_status_IB_WC_SUCCESS
+            wc_status::SUCCESS
         } else {
-            bindings::ib_wc_status_IB_WC_LOC_LEN_ERR
+            wc_status::LOC_LEN_ERR
         };
         let mut wc = self.wc(wr.wr_id, status, false);
         if fits {
             wc.cqe.byte_len = (GRH_LEN + a.payload.len()) as u32;
             wc.cqe.src_qp = a.src_qp;
-            wc.cqe.wc_flags =
-                bindings::ib_wc_flags_IB_WC_GRH | bindings::ib_wc_flags_IB_WC_WITH_NETWORK_HDR_TYPE;
+            wc.cqe.wc_flags = kernel_wc_flags::GRH | kernel_wc_flags::WITH_NETWORK_HDR_TYPE;
             if let Some(imm) = a.imm {
                 wc.cqe.imm_data = imm.to_be();
-                wc.cqe.wc_flags |= bindings::ib_wc_flags_IB_WC_WITH_IMM;
+                wc.cqe.wc_flags |= kernel_wc_flags::WITH_IMM;
             }
             wc.network_hdr_type = a.network_hdr_type;
         }
@@ -369,11 +366,11 @@ impl GsiQp {
     /// Error state: every queued request completes flushed.
     fn flush(&self, inner: &mut GsiInner) {
         while let Some(wr) = inner.sq.pop() {
-            let wc = self.wc(wr.wr_id, bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR, true);
+            let wc = self.wc(wr.wr_id, wc_status::WR_FLUSH_ERR, true);
             self.send_cq.complete_wc(wc, false);
         }
         while let Some(wr) = inner.rq.pop() {
-            let wc = self.wc(wr.wr_id, bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR, false);
+            let wc = self.wc(wr.wr_id, wc_status::WR_FLUSH_ERR, false);
             self.recv_cq.complete_wc(wc, false);
         }
     }
@@ -387,9 +384,9 @@ impl GsiQp {
         wc.cqe.wr_id = wr_id;
         wc.cqe.status = status;
         wc.cqe.opcode = if send {
-            bindings::ib_wc_opcode_IB_WC_SEND
+            wc_opcode::SEND
         } else {
-            bindings::ib_wc_opcode_IB_WC_RECV
+            wc_opcode::RECV
         };
         wc.cqe.qp_num = GSI_QPN;
         wc
@@ -419,7 +416,7 @@ pub(crate) fn make_grh(
             h[16..20].copy_from_slice(d);
             let csum = ipv4_checksum(h);
             h[10..12].copy_from_slice(&csum.to_be_bytes());
-            (g, bindings::rdma_network_type_RDMA_NETWORK_IPV4 as u8)
+            (g, network_type::IPV4)
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             g[0] = 0x60;
@@ -428,7 +425,7 @@ pub(crate) fn make_grh(
             g[7] = 64; // hop limit
             g[8..24].copy_from_slice(s);
             g[24..40].copy_from_slice(d);
-            (g, bindings::rdma_network_type_RDMA_NETWORK_IPV6 as u8)
+            (g, network_type::IPV6)
         }
         // Mixed families cannot happen on one socket; report an IPv6 GRH of mapped addresses.
         (s, d) => make_grh(&s.to_v6(), &d.to_v6(), udp_payload),

@@ -30,6 +30,20 @@ mod sys;
 mod transport;
 mod verbs;
 
+/// The verbs rules (QP states and attributes, WQE verdicts, ring bounds, driver data): the
+/// same `no_std`, safe source the host tests and fuzzes.
+#[path = "../verbs-core/src/lib.rs"]
+#[allow(
+    unused_attributes,
+    unused_imports,
+    unreachable_pub,
+    missing_docs,
+    dead_code,
+    clippy::all,
+    clippy::pedantic
+)]
+mod verbs_core;
+
 module! {
     type: MetaRoce,
     name: "metaroce",

@@ -8,7 +8,6 @@
 
 use crate::sys::{
     bhlock::{new_spinlock_bh, SpinLockBh},
-    bindings,
     ring::{RingInfo, UserRing},
     umem::UserMemory,
     CqNotifier, QpEvents, SrqEvents,
@@ -20,28 +19,18 @@ use kernel::{
     sync::{Arc, Mutex, SpinLockIrq},
 };
 
-pub(crate) type SendWqe = bindings::metaroce_send_wqe;
-pub(crate) type RecvWqe = bindings::metaroce_recv_wqe;
-pub(crate) type Cqe = bindings::metaroce_cqe;
-
-/// Limits this device reports and enforces.
-pub(crate) mod limits {
-    /// QPs, CQs, SRQs, MRs per device.
-    pub(crate) const MAX_QP: u32 = 1 << 14;
-    pub(crate) const MAX_CQ: u32 = 1 << 14;
-    pub(crate) const MAX_SRQ: u32 = 1 << 12;
-    pub(crate) const MAX_MR: u32 = 1 << 16;
-    /// Work requests per queue, CQEs per CQ.
-    pub(crate) const MAX_QP_WR: u32 = 1 << 14;
-    pub(crate) const MAX_CQE: u32 = (1 << 16) - 1;
-    pub(crate) const MAX_SRQ_WR: u32 = 1 << 14;
-    /// SGEs per WQE: what the transport core carries.
-    pub(crate) const MAX_SGE: u32 = 4;
-    /// Inline payload per send WQE (what the WQE's SGE area holds).
-    pub(crate) const MAX_INLINE: u32 = crate::sys::bindings::METAROCE_MAX_INLINE;
-    /// Outstanding RDMA READ / atomic operations per QP, each way.
-    pub(crate) const MAX_RD_ATOM: u32 = 16;
-}
+pub(crate) use crate::verbs_core::{
+    abi::{Cqe, RecvWqe, SendWqe},
+    caps::{limits, Caps},
+    ib::QpState,
+    qp::{QpAttrs, QpChange},
+    wqe::INLINE_LKEY,
+};
+use crate::verbs_core::{
+    ib::{wc_opcode, wc_status, QpType},
+    qp::ModifyAttr,
+    wqe::{judge_recv, Judged, RecvWork},
+};
 
 /// A memory region.
 pub(crate) struct Mr {
@@ -123,7 +112,7 @@ impl Mr {
 
     /// An atomic on the 8-byte word at `va`; returns the old value.
     pub(crate) fn atomic(&self, va: u64, op: impl Fn(u64) -> u64) -> Result<u64, MrError> {
-        self.allow(bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC)?;
+        self.allow(crate::verbs_core::ib::access::REMOTE_ATOMIC)?;
         let off = self.offset(va, 8)?;
         self.mem.atomic(off, op).map_err(|_| MrError::Bounds)
     }
@@ -525,13 +514,16 @@ pub(crate) struct Srq {
     pub(crate) events: SrqEvents,
 }
 
-/// What [`Srq::take_with`] did.
+/// What [`Srq::take`] took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SrqTake {
-    Taken,
-    NotTaken,
+    Taken(RecvWork),
+    /// A well-formed WQE the device cannot use (`Judged::Refused`): it left the ring, with
+    /// this `wr_id`, to complete in error on the QP that took it.
+    Refused(u64),
+    Empty,
     /// Userspace broke the ring just now: `IB_EVENT_SRQ_ERR` was raised, and the SRQ gives no
-    /// more entries (later calls return `NotTaken`).
+    /// more entries (later calls return `Empty`).
     RingError,
 }
 
@@ -558,190 +550,33 @@ impl Srq {
         self.ring.lock().num_entries()
     }
 
-    /// Offers the next posted receive WQE (a copy) to `f`; it leaves the ring if `f` takes
-    /// it (returns true). A producer index beyond the ring or a WQE that does not decode
-    /// ([`crate::sys::recv_wqe_decodes`]) breaks the SRQ for good: the first time, `IB_EVENT_SRQ_ERR`.
-    pub(crate) fn take_with(&self, f: impl FnOnce(&RecvWqe) -> bool) -> SrqTake {
+    /// Takes the next posted receive WQE, judged (`crate::verbs_core::wqe::judge_recv`). A
+    /// producer index beyond the ring or a WQE the provider could not have written breaks the
+    /// SRQ for good: the first time, `IB_EVENT_SRQ_ERR`.
+    pub(crate) fn take(&self) -> SrqTake {
         let ring = self.ring.lock();
         if self.broken.load(Ordering::Relaxed) {
-            return SrqTake::NotTaken;
+            return SrqTake::Empty;
         }
         match ring.peek() {
-            Ok(Some(wqe)) if !crate::sys::recv_wqe_decodes(&wqe) => {}
-            Ok(Some(wqe)) if f(&wqe) => {
-                ring.pop();
-                return SrqTake::Taken;
-            }
-            Ok(_) => return SrqTake::NotTaken,
+            Ok(None) => return SrqTake::Empty,
+            Ok(Some(wqe)) => match judge_recv(&wqe) {
+                Judged::Usable(w) => {
+                    ring.pop();
+                    return SrqTake::Taken(w);
+                }
+                Judged::Refused => {
+                    ring.pop();
+                    return SrqTake::Refused(wqe.wr_id);
+                }
+                Judged::Fatal => {}
+            },
             Err(_) => {}
         }
         // Under the ring's lock: raised once.
         self.broken.store(true, Ordering::Relaxed);
         self.events.srq_error();
         SrqTake::RingError
-    }
-}
-
-/// QP states, as `enum ib_qp_state` numbers them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QpState {
-    Reset,
-    Init,
-    Rtr,
-    Rts,
-    Sqd,
-    Sqe,
-    Err,
-}
-
-impl QpState {
-    pub(crate) fn from_ib(s: u32) -> Option<Self> {
-        Some(match s {
-            bindings::ib_qp_state_IB_QPS_RESET => QpState::Reset,
-            bindings::ib_qp_state_IB_QPS_INIT => QpState::Init,
-            bindings::ib_qp_state_IB_QPS_RTR => QpState::Rtr,
-            bindings::ib_qp_state_IB_QPS_RTS => QpState::Rts,
-            bindings::ib_qp_state_IB_QPS_SQD => QpState::Sqd,
-            bindings::ib_qp_state_IB_QPS_SQE => QpState::Sqe,
-            bindings::ib_qp_state_IB_QPS_ERR => QpState::Err,
-            _ => return None,
-        })
-    }
-
-    pub(crate) fn to_ib(self) -> u32 {
-        match self {
-            QpState::Reset => bindings::ib_qp_state_IB_QPS_RESET,
-            QpState::Init => bindings::ib_qp_state_IB_QPS_INIT,
-            QpState::Rtr => bindings::ib_qp_state_IB_QPS_RTR,
-            QpState::Rts => bindings::ib_qp_state_IB_QPS_RTS,
-            QpState::Sqd => bindings::ib_qp_state_IB_QPS_SQD,
-            QpState::Sqe => bindings::ib_qp_state_IB_QPS_SQE,
-            QpState::Err => bindings::ib_qp_state_IB_QPS_ERR,
-        }
-    }
-}
-
-/// The connection attributes `modify_qp` sets, kept as plain values.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct QpAttrs {
-    pub(crate) path_mtu: u32,
-    pub(crate) qkey: u32,
-    pub(crate) rq_psn: u32,
-    pub(crate) sq_psn: u32,
-    pub(crate) dest_qp_num: u32,
-    pub(crate) access_flags: i32,
-    pub(crate) pkey_index: u16,
-    pub(crate) port_num: u32,
-    pub(crate) max_rd_atomic: u8,
-    pub(crate) max_dest_rd_atomic: u8,
-    pub(crate) min_rnr_timer: u8,
-    pub(crate) timeout: u8,
-    pub(crate) retry_cnt: u8,
-    pub(crate) rnr_retry: u8,
-    pub(crate) sq_draining: u8,
-    /// Destination GID (an IPv4-mapped or IPv6 address), from the AH.
-    pub(crate) dgid: [u8; 16],
-    pub(crate) sgid_index: u8,
-    pub(crate) hop_limit: u8,
-    pub(crate) traffic_class: u8,
-    pub(crate) flow_label: u32,
-    pub(crate) sl: u8,
-    pub(crate) ah_set: bool,
-}
-
-impl QpAttrs {
-    /// Takes the fields `mask` names from `attr`.
-    pub(crate) fn apply(&mut self, attr: &bindings::ib_qp_attr, mask: u32) {
-        use bindings::*;
-        let has = |bit: u32| mask & bit != 0;
-        if has(ib_qp_attr_mask_IB_QP_PATH_MTU) {
-            self.path_mtu = attr.path_mtu;
-        }
-        if has(ib_qp_attr_mask_IB_QP_QKEY) {
-            self.qkey = attr.qkey;
-        }
-        if has(ib_qp_attr_mask_IB_QP_RQ_PSN) {
-            self.rq_psn = attr.rq_psn & 0x00ff_ffff;
-        }
-        if has(ib_qp_attr_mask_IB_QP_SQ_PSN) {
-            self.sq_psn = attr.sq_psn & 0x00ff_ffff;
-        }
-        if has(ib_qp_attr_mask_IB_QP_DEST_QPN) {
-            self.dest_qp_num = attr.dest_qp_num;
-        }
-        if has(ib_qp_attr_mask_IB_QP_ACCESS_FLAGS) {
-            self.access_flags = attr.qp_access_flags;
-        }
-        if has(ib_qp_attr_mask_IB_QP_PKEY_INDEX) {
-            self.pkey_index = attr.pkey_index;
-        }
-        if has(ib_qp_attr_mask_IB_QP_PORT) {
-            self.port_num = attr.port_num;
-        }
-        if has(ib_qp_attr_mask_IB_QP_MAX_QP_RD_ATOMIC) {
-            self.max_rd_atomic = attr.max_rd_atomic;
-        }
-        if has(ib_qp_attr_mask_IB_QP_MAX_DEST_RD_ATOMIC) {
-            self.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        }
-        if has(ib_qp_attr_mask_IB_QP_MIN_RNR_TIMER) {
-            self.min_rnr_timer = attr.min_rnr_timer;
-        }
-        if has(ib_qp_attr_mask_IB_QP_TIMEOUT) {
-            self.timeout = attr.timeout;
-        }
-        if has(ib_qp_attr_mask_IB_QP_RETRY_CNT) {
-            self.retry_cnt = attr.retry_cnt;
-        }
-        if has(ib_qp_attr_mask_IB_QP_RNR_RETRY) {
-            self.rnr_retry = attr.rnr_retry;
-        }
-        if has(ib_qp_attr_mask_IB_QP_AV) {
-            let grh = &attr.ah_attr.grh;
-            self.dgid = crate::sys::gid_bytes(&grh.dgid);
-            self.sgid_index = grh.sgid_index;
-            self.hop_limit = grh.hop_limit;
-            self.traffic_class = grh.traffic_class;
-            self.flow_label = grh.flow_label;
-            self.sl = attr.ah_attr.sl;
-            self.ah_set = true;
-        }
-    }
-
-    /// Fills what `query_qp` reports.
-    pub(crate) fn fill(&self, attr: &mut bindings::ib_qp_attr) {
-        attr.path_mtu = self.path_mtu;
-        attr.qkey = self.qkey;
-        attr.rq_psn = self.rq_psn;
-        attr.sq_psn = self.sq_psn;
-        attr.dest_qp_num = self.dest_qp_num;
-        attr.qp_access_flags = self.access_flags;
-        attr.pkey_index = self.pkey_index;
-        attr.port_num = self.port_num;
-        attr.max_rd_atomic = self.max_rd_atomic;
-        attr.max_dest_rd_atomic = self.max_dest_rd_atomic;
-        attr.min_rnr_timer = self.min_rnr_timer;
-        attr.timeout = self.timeout;
-        attr.retry_cnt = self.retry_cnt;
-        attr.rnr_retry = self.rnr_retry;
-        attr.sq_draining = self.sq_draining;
-        attr.ah_attr.grh.dgid.raw = self.dgid;
-        attr.ah_attr.grh.sgid_index = self.sgid_index;
-        attr.ah_attr.grh.hop_limit = self.hop_limit;
-        attr.ah_attr.grh.traffic_class = self.traffic_class;
-        attr.ah_attr.grh.flow_label = self.flow_label;
-        attr.ah_attr.sl = self.sl;
-        attr.ah_attr.port_num = self.port_num;
-        attr.ah_attr.type_ = bindings::rdma_ah_attr_type_RDMA_AH_ATTR_TYPE_ROCE;
-        attr.ah_attr.ah_flags = bindings::ib_ah_flags_IB_AH_GRH as u8;
-    }
-
-    /// The destination as an IPv4 address, if the GID is IPv4-mapped.
-    pub(crate) fn dest_ipv4(&self) -> Option<[u8; 4]> {
-        match crate::net::IpAddr::from_gid(&self.dgid) {
-            crate::net::IpAddr::V4(a) => Some(a),
-            crate::net::IpAddr::V6(_) => None,
-        }
     }
 }
 
@@ -789,47 +624,9 @@ pub(crate) struct Qp {
     pub(crate) events: QpEvents,
 }
 
-/// What a `modify_qp` asks, checked against the QP but not applied ([`Qp::prepare`]): the
-/// attributes and state the QP will have once [`Qp::commit`] takes it. Whatever may still fail
-/// (attaching to the connection) uses these before the QP changes, so a failed call leaves the
-/// QP as it was.
-#[derive(Clone, Copy)]
-pub(crate) struct QpChange {
-    pub(crate) attrs: QpAttrs,
-    pub(crate) state: QpState,
-    access: Option<u32>,
-}
-
-/// The capacities a QP was created with (after rounding up).
-#[derive(Clone, Copy)]
-pub(crate) struct Caps {
-    pub(crate) max_send_wr: u32,
-    pub(crate) max_recv_wr: u32,
-    pub(crate) max_send_sge: u32,
-    pub(crate) max_recv_sge: u32,
-    pub(crate) max_inline_data: u32,
-}
-
-impl Caps {
-    /// As `query_qp` reports them.
-    pub(crate) fn to_ib(self) -> bindings::ib_qp_cap {
-        bindings::ib_qp_cap {
-            max_send_wr: self.max_send_wr,
-            max_recv_wr: self.max_recv_wr,
-            max_send_sge: self.max_send_sge,
-            max_recv_sge: self.max_recv_sge,
-            max_inline_data: self.max_inline_data,
-            max_rdma_ctxs: 0,
-        }
-    }
-}
-
-/// The lkey of the one SGE that stands for an inline payload: its address is the QP number
-/// (high 32 bits) and the payload's offset in that QP's [`InlineStore`]. No MR has it (MR keys
-/// are `index << 8 | key byte` with fewer than 2^16 indices), and a WQE from userspace naming
-/// it is refused.
-pub(crate) const INLINE_LKEY: u32 = u32::MAX;
-const _: () = assert!((limits::MAX_MR as u64) << 8 < INLINE_LKEY as u64);
+// The inline SGE's lkey (`INLINE_LKEY`, from the rules) stands for a payload kept in the
+// QP's [`InlineStore`]: the SGE's address is the QP number (high 32 bits) and the payload's
+// offset there.
 
 /// Inline payloads a QP may have in the transport at once.
 pub(crate) const INLINE_SLOTS: usize = 16;
@@ -944,61 +741,13 @@ impl Qp {
         })
     }
 
-    /// Validates the requested capacities against the device limits (verbs semantics: a
-    /// request beyond them fails the create) and rounds the queue sizes up to the rings'.
-    pub(crate) fn check_caps(cap: &bindings::ib_qp_cap, has_srq: bool) -> Result<Caps> {
-        if cap.max_send_wr > limits::MAX_QP_WR
-            || cap.max_recv_wr > limits::MAX_QP_WR
-            || cap.max_send_sge > limits::MAX_SGE
-            || cap.max_recv_sge > limits::MAX_SGE
-            || cap.max_inline_data > limits::MAX_INLINE
-        {
-            return Err(EINVAL);
-        }
-        Ok(Caps {
-            max_send_wr: cap.max_send_wr.max(1).next_power_of_two(),
-            max_recv_wr: if has_srq {
-                0
-            } else {
-                cap.max_recv_wr.max(1).next_power_of_two()
-            },
-            max_send_sge: cap.max_send_sge.max(1),
-            max_recv_sge: if has_srq { 0 } else { cap.max_recv_sge.max(1) },
-            // A QP that asks for none gets none (and no inline store).
-            max_inline_data: if cap.max_inline_data > 0 {
-                limits::MAX_INLINE
-            } else {
-                0
-            },
-        })
-    }
-
-    /// Checks a `modify_qp` (after the transition check, `ib_modify_qp_is_ok`) and returns
-    /// what the QP becomes, changing nothing. The caller holds [`Qp::modify`].
-    pub(crate) fn prepare(&self, attr: &bindings::ib_qp_attr, mask: u32) -> Result<QpChange> {
+    /// Judges a `modify_qp` (`crate::verbs_core::qp::prepare`: the transition, then each
+    /// attribute) and returns what the QP becomes, changing nothing. The caller holds
+    /// [`Qp::modify`].
+    pub(crate) fn prepare(&self, attr: &ModifyAttr, mask: u32) -> Result<QpChange> {
         let inner = self.inner.lock();
-        if mask & bindings::ib_qp_attr_mask_IB_QP_AV != 0
-            && crate::sys::gid_bytes(&attr.ah_attr.grh.dgid) == [0; 16]
-        {
-            return Err(EINVAL);
-        }
-        let mut attrs = inner.attrs;
-        attrs.apply(attr, mask);
-        let state = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
-            QpState::from_ib(attr.qp_state).ok_or(EINVAL)?
-        } else {
-            inner.state
-        };
-        if state == QpState::Rtr && inner.state != QpState::Rtr && !attrs.ah_set {
-            return Err(EINVAL);
-        }
-        let access = (mask & bindings::ib_qp_attr_mask_IB_QP_ACCESS_FLAGS != 0)
-            .then_some(attr.qp_access_flags as u32);
-        Ok(QpChange {
-            attrs,
-            state,
-            access,
-        })
+        crate::verbs_core::qp::prepare(inner.state, &inner.attrs, QpType::Rc, attr, mask)
+            .map_err(|_| EINVAL)
     }
 
     /// Applies a prepared change; it cannot fail. The caller holds [`Qp::modify`], so the QP
@@ -1065,10 +814,10 @@ impl Qp {
         }
         while let Ok(Some(wqe)) = inner.queues.sq.peek() {
             inner.queues.sq.pop();
-            let cqe = cqe(
+            let cqe = Cqe::status_only(
                 wqe.wr_id,
-                bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR,
-                wc_opcode_for_send(wqe.opcode),
+                wc_status::WR_FLUSH_ERR,
+                wc_opcode::for_send(wqe.opcode),
                 self.qpn,
             );
             self.send_cq.complete(&cqe, false);
@@ -1076,40 +825,15 @@ impl Qp {
         if let Some(rq) = &inner.queues.rq {
             while let Ok(Some(wqe)) = rq.peek() {
                 rq.pop();
-                let cqe = cqe(
+                let cqe = Cqe::status_only(
                     wqe.wr_id,
-                    bindings::ib_wc_status_IB_WC_WR_FLUSH_ERR,
-                    bindings::ib_wc_opcode_IB_WC_RECV,
+                    wc_status::WR_FLUSH_ERR,
+                    wc_opcode::RECV,
                     self.qpn,
                 );
                 self.recv_cq.complete(&cqe, false);
             }
         }
-    }
-}
-
-/// A completion with no data (errors, flushes).
-pub(crate) fn cqe(wr_id: u64, status: u32, opcode: u32, qpn: u32) -> Cqe {
-    Cqe {
-        wr_id,
-        status,
-        opcode,
-        qp_num: qpn,
-        ..Default::default()
-    }
-}
-
-/// The completion opcode (`ib_wc_opcode`) of a send-queue work request (`ib_wr_opcode`).
-pub(crate) fn wc_opcode_for_send(wr_opcode: u32) -> u32 {
-    use bindings as b;
-    match wr_opcode {
-        b::ib_wr_opcode_IB_WR_RDMA_WRITE | b::ib_wr_opcode_IB_WR_RDMA_WRITE_WITH_IMM => {
-            b::ib_wc_opcode_IB_WC_RDMA_WRITE
-        }
-        b::ib_wr_opcode_IB_WR_RDMA_READ => b::ib_wc_opcode_IB_WC_RDMA_READ,
-        b::ib_wr_opcode_IB_WR_ATOMIC_CMP_AND_SWP => b::ib_wc_opcode_IB_WC_COMP_SWAP,
-        b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD => b::ib_wc_opcode_IB_WC_FETCH_ADD,
-        _ => b::ib_wc_opcode_IB_WC_SEND,
     }
 }
 

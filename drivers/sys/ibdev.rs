@@ -285,7 +285,7 @@ unsafe extern "C" fn query_device(
             return EINVAL.to_errno();
         }
     }
-    dev.query_device(attr);
+    fill_device_attr(dev, attr);
     0
 }
 
@@ -300,8 +300,8 @@ unsafe extern "C" fn query_port(
     if port == 0 || port > crate::device::MAX_PLANES {
         return EINVAL.to_errno();
     }
-    // SAFETY: the core passes its live device and an attribute struct for us to fill.
-    let (dev, attr) = unsafe { (state(ibdev), &mut *attr) };
+    // SAFETY: the core passes an attribute struct for us to fill.
+    let attr = unsafe { &mut *attr };
     // SAFETY: `ibdev` is live.
     let ndev = unsafe { port_netdev(ibdev, port) };
     if ndev.is_some() {
@@ -311,7 +311,7 @@ unsafe extern "C" fn query_port(
             bindings::ib_get_eth_speed(ibdev, port, &mut attr.active_speed, &mut attr.active_width)
         };
     }
-    dev.query_port(ndev.as_deref(), attr);
+    fill_port_attr(ndev.as_deref(), attr);
     0
 }
 
@@ -370,13 +370,12 @@ unsafe extern "C" fn get_link_layer(
 ///
 /// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
 unsafe extern "C" fn alloc_ucontext(
-    uctx: *mut bindings::ib_ucontext,
+    _uctx: *mut bindings::ib_ucontext,
     udata: *mut bindings::ib_udata,
 ) -> c_int {
-    // SAFETY: the core passes a context it allocated (`size_ib_ucontext`, zeroed) on a live
-    // device, and the live udata of the uverbs call.
-    let (dev, udata) = unsafe { (state((*uctx).device), &mut *udata) };
-    let mut resp = dev.ucontext_response();
+    // SAFETY: the core passes the live udata of the uverbs call.
+    let udata = unsafe { &mut *udata };
+    let mut resp = ucontext_response();
     let len = size_of::<bindings::metaroce_alloc_ucontext_resp>().min(udata.outlen);
     // SAFETY: `resp` is a live local of at least `len` bytes; the helper copies to the user
     // buffer the core validated for `outlen` bytes.
@@ -422,4 +421,83 @@ unsafe extern "C" fn dealloc_pd(
     _udata: *mut bindings::ib_udata,
 ) -> c_int {
     0
+}
+
+// What the device reports, from `crate::device`'s constants and the rules' limits.
+use crate::device::{FW_VERSION, MAX_PATHS, MAX_PD, MAX_PLANES, WIRE_OVERHEAD, WIRE_VERSION};
+use crate::verbs_core::{caps::limits, ib::mtu};
+
+/// `query_device`: what this device can do. Verbs that are not implemented yet report 0.
+fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
+    *attr = bindings::ib_device_attr::default();
+    attr.fw_ver = FW_VERSION;
+    attr.sys_image_guid = dev.node_guid();
+    attr.vendor_id = 0xff_ffff;
+    attr.vendor_part_id = 0;
+    attr.hw_ver = WIRE_VERSION;
+    attr.max_mr_size = u64::MAX;
+    attr.page_size_cap = 0xffff_f000;
+    attr.max_pd = MAX_PD;
+    attr.max_pkeys = 1;
+    attr.max_qp = limits::MAX_QP;
+    attr.max_qp_wr = limits::MAX_QP_WR;
+    attr.max_send_sge = limits::MAX_SGE;
+    attr.max_recv_sge = limits::MAX_SGE;
+    attr.max_sge_rd = limits::MAX_SGE;
+    attr.max_cq = limits::MAX_CQ;
+    attr.max_cqe = limits::MAX_CQE;
+    attr.max_mr = limits::MAX_MR;
+    attr.max_srq = limits::MAX_SRQ;
+    attr.max_srq_wr = limits::MAX_SRQ_WR;
+    attr.max_srq_sge = limits::MAX_SGE;
+    attr.max_qp_rd_atom = limits::MAX_RD_ATOM;
+    attr.max_qp_init_rd_atom = limits::MAX_RD_ATOM;
+    attr.max_res_rd_atom = limits::MAX_RD_ATOM * limits::MAX_QP;
+    attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
+    attr.max_fast_reg_page_list_len = 0;
+    attr.device_cap_flags = bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN as u64;
+    // `rdma link delete` may remove the device, as it may any soft device's.
+    attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG)
+        | u64::from(bindings::ib_kernel_cap_flags_IBK_LOCAL_DMA_LKEY);
+}
+
+/// `query_port`: the port's state follows its netdev; a port without one (a plane not
+/// added) is down.
+fn fill_port_attr(ndev: Option<&NetDev<'_>>, attr: &mut bindings::ib_port_attr) {
+    // Speed and width were filled by the caller from the netdev's ethtool settings.
+    let (speed, width) = (attr.active_speed, attr.active_width);
+    *attr = bindings::ib_port_attr::default();
+    attr.active_speed = speed;
+    attr.active_width = width;
+    attr.gid_tbl_len = 32;
+    attr.port_cap_flags = bindings::ib_port_capability_mask_bits_IB_PORT_CM_SUP;
+    attr.max_msg_sz = 1 << 31;
+    attr.pkey_tbl_len = 1;
+    attr.max_mtu = bindings::ib_mtu_IB_MTU_4096;
+    let Some(ndev) = ndev else {
+        attr.active_mtu = bindings::ib_mtu_IB_MTU_256;
+        attr.state = bindings::ib_port_state_IB_PORT_DOWN;
+        attr.phys_state = bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8;
+        return;
+    };
+    attr.active_mtu = mtu::largest_within(ndev.mtu().saturating_sub(WIRE_OVERHEAD));
+    attr.state = ndev.port_state();
+    attr.phys_state = if attr.state == bindings::ib_port_state_IB_PORT_ACTIVE {
+        bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_LINK_UP as u8
+    } else if ndev.is_up() {
+        bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_POLLING as u8
+    } else {
+        bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8
+    };
+}
+
+/// The response to `alloc_ucontext` (`ibv_open_device`).
+fn ucontext_response() -> bindings::metaroce_alloc_ucontext_resp {
+    bindings::metaroce_alloc_ucontext_resp {
+        abi_version: super::UVERBS_ABI_VERSION,
+        wire_version: WIRE_VERSION,
+        max_paths: MAX_PATHS,
+        max_planes: MAX_PLANES,
+        reserved: [0; 2],
+    }
 }

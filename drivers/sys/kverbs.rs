@@ -237,7 +237,7 @@ pub(super) unsafe fn create_gsi(
         GFP_KERNEL,
     )?;
     engine.set_gsi(init.port_num, Some(qp.clone()))?;
-    init.cap = qp.cap.to_ib();
+    init.cap = super::abi::ib_caps(&qp.cap);
     // SAFETY: the core's zeroed allocation of our size; not yet visible to anyone else.
     unsafe {
         (*ibqp).qp_num = GSI_QPN;
@@ -403,10 +403,18 @@ pub(super) fn modify_gsi(
     mask: u32,
     qp_type: bindings::ib_qp_type,
 ) -> c_int {
-    if !super::verbs::transition_ok(qp.state(), attr, mask, qp_type) {
-        return EINVAL.to_errno();
+    use crate::verbs_core::{ib, qp::modify_is_ok};
+    let a = super::abi::modify_attr(attr);
+    let cur = qp.state();
+    let next = if mask & ib::attr_mask::STATE != 0 {
+        ib::QpState::from_ib(a.qp_state)
+    } else {
+        Some(cur)
+    };
+    match (next, ib::QpType::from_ib(qp_type)) {
+        (Some(next), Some(t)) if modify_is_ok(cur, next, t, mask) => to_errno(qp.modify(&a, mask)),
+        _ => EINVAL.to_errno(),
     }
-    to_errno(qp.modify(attr, mask))
 }
 
 /// `query_qp` of the GSI QP.
@@ -416,8 +424,14 @@ pub(super) fn query_gsi(
     init: &mut bindings::ib_qp_init_attr,
 ) {
     *attr = bindings::ib_qp_attr::default();
-    qp.fill(attr);
-    let cap = qp.cap.to_ib();
+    let (state, qkey, sq_psn, pkey_index) = qp.attrs();
+    attr.qp_state = state.to_ib();
+    attr.cur_qp_state = attr.qp_state;
+    attr.qkey = qkey;
+    attr.sq_psn = sq_psn;
+    attr.pkey_index = pkey_index;
+    attr.port_num = qp.port;
+    let cap = super::abi::ib_caps(&qp.cap);
     attr.cap = cap;
     init.cap = cap;
     init.qp_type = bindings::ib_qp_type_IB_QPT_GSI;

@@ -41,6 +41,13 @@ pub(crate) struct Registration {
 
 impl Registration {
     pub(crate) fn new(module: &'static ThisModule) -> Result<Self> {
+        // The host-tested QP transition table must be the core's: refuse to load otherwise.
+        if let Err((cur, next, t, mask)) = super::abi::check_transition_table() {
+            pr_err!(
+                "QP transition table disagrees with ib_modify_qp_is_ok: {cur} -> {next}, type {t}, mask {mask:#x}\n"
+            );
+            return Err(EINVAL);
+        }
         ibdev::set_owner(module);
         planes::init();
         // SAFETY: the notifier is a static, so it outlives its registration, which `drop`

@@ -14,6 +14,7 @@
 //! looked at.
 
 use super::bindings;
+use crate::verbs_core::queue;
 use core::{
     mem::size_of,
     ptr::{self, NonNull},
@@ -25,6 +26,22 @@ const HDR: usize = bindings::METAROCE_RING_HDR_SIZE as usize;
 use kernel::page::PAGE_SIZE;
 const PRODUCER: usize = 0;
 const CONSUMER: usize = 64;
+
+/// An entry of a ring shared with userspace.
+///
+/// # Safety
+///
+/// Every bit pattern must be a valid value (userspace writes the entries of the rings it
+/// produces), and the type must have no padding (the kernel's entries are copied out whole).
+pub(crate) unsafe trait RingEntry: Copy {}
+
+// SAFETY: plain `#[repr(C)]` structs of integers and byte arrays with explicit padding fields,
+// laid out as `uapi/metaroce-abi.h` says (`super::abi` checks each field's offset).
+unsafe impl RingEntry for crate::verbs_core::abi::SendWqe {}
+// SAFETY: as above.
+unsafe impl RingEntry for crate::verbs_core::abi::RecvWqe {}
+// SAFETY: as above.
+unsafe impl RingEntry for crate::verbs_core::abi::Cqe {}
 
 /// The mmap entry; `rdma` first so the core's pointer is ours.
 #[repr(C)]
@@ -71,7 +88,7 @@ impl From<RingInfo> for bindings::metaroce_mmap_info {
     }
 }
 
-impl<T: Copy> UserRing<T> {
+impl<T: RingEntry> UserRing<T> {
     /// A ring of at least `min_entries` entries (rounded up to a power of two), mappable in
     /// `uctx`.
     ///
@@ -156,7 +173,7 @@ impl<T: Copy> UserRing<T> {
     }
 
     fn slot(&self, index: u32) -> *mut T {
-        let slot = (index & (self.num_entries - 1)) as usize;
+        let slot = queue::slot(index, self.num_entries);
         // SAFETY: `slot < num_entries`, and the memory holds HDR + num_entries entries.
         unsafe {
             self.memory
@@ -171,12 +188,10 @@ impl<T: Copy> UserRing<T> {
     pub(crate) fn peek(&self) -> Result<Option<T>> {
         let consumer = self.own.load(Ordering::Relaxed);
         let producer = self.index(PRODUCER).load(Ordering::Acquire);
-        let avail = producer.wrapping_sub(consumer);
+        let avail =
+            queue::available(consumer, producer, self.num_entries).map_err(|_| EOVERFLOW)?;
         if avail == 0 {
             return Ok(None);
-        }
-        if avail > self.num_entries {
-            return Err(EOVERFLOW);
         }
         // SAFETY: a valid slot; one volatile whole-entry copy (userspace may be rewriting it,
         // which only yields a garbage entry that validation rejects).
@@ -194,7 +209,7 @@ impl<T: Copy> UserRing<T> {
     pub(crate) fn push(&self, entry: &T) -> Result {
         let producer = self.own.load(Ordering::Relaxed);
         let consumer = self.index(CONSUMER).load(Ordering::Acquire);
-        if producer.wrapping_sub(consumer) >= self.num_entries {
+        if !queue::has_room(producer, consumer, self.num_entries) {
             return Err(ENOSPC);
         }
         // SAFETY: a valid slot that userspace has consumed.

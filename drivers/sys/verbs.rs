@@ -16,6 +16,7 @@ use super::{
 use crate::verbs::{
     limits, Caps, Cq, CqRing, Fifo, InlineStore, Mr, Qp, QpParts, QpQueues, QpState, Srq, Verbs,
 };
+use crate::verbs_core::udata::{self, DvModify};
 use core::{
     mem::{offset_of, size_of},
     ptr::{self, NonNull},
@@ -706,7 +707,7 @@ unsafe fn create_qp_inner(
             srq,
         )
     };
-    let cap: Caps = Qp::check_caps(&init.cap, srq.is_some())?;
+    let cap = Caps::check(&super::abi::caps_of(&init.cap), srq.is_some()).map_err(|_| EINVAL)?;
     // SAFETY: `uctx` is a live context of our device.
     let sq = unsafe { UserRing::new(uctx, cap.max_send_wr) }?;
     let rq = if srq.is_none() {
@@ -806,29 +807,14 @@ pub(super) unsafe extern "C" fn modify_qp(
     };
     // One modify at a time per QP: the check, the attach and the commit see one state.
     let _serial = qp.modify.lock();
-    // No attribute (the direct verbs' call): no transition, in any state (the core's table
-    // has no RTR-to-RTR entry).
-    if mask != 0 && !transition_ok(qp.state(), attr, mask, qp_type) {
-        return EINVAL.to_errno();
-    }
-    if mask & bindings::ib_qp_attr_mask_IB_QP_PATH_MTU != 0
-        && attr.path_mtu > bindings::ib_mtu_IB_MTU_4096
-    {
-        return EINVAL.to_errno();
-    }
-    if mask & bindings::ib_qp_attr_mask_IB_QP_MAX_QP_RD_ATOMIC != 0
-        && u32::from(attr.max_rd_atomic) > limits::MAX_RD_ATOM
-        || mask & bindings::ib_qp_attr_mask_IB_QP_MAX_DEST_RD_ATOMIC != 0
-            && u32::from(attr.max_dest_rd_atomic) > limits::MAX_RD_ATOM
-    {
-        return EINVAL.to_errno();
-    }
     // Validate and attach with the new attributes first, then commit: a call that fails
     // (an IPv6 destination, no memory for the connection) leaves the QP as it was.
     let prev = qp.state();
     // SAFETY: the QP's device is live while the core calls us for it.
     let engine = unsafe { engine_of((*ibqp).device) };
-    let change = match qp.prepare(attr, mask) {
+    // The transition and every attribute are judged by the rules (`verbs_core::qp::prepare`;
+    // a zero mask, the direct verbs' call, changes nothing in any state).
+    let change = match qp.prepare(&super::abi::modify_attr(attr), mask) {
         Ok(c) => c,
         Err(e) => return e.to_errno(),
     };
@@ -855,59 +841,35 @@ pub(super) unsafe extern "C" fn modify_qp(
     to_errno(unsafe { dv_respond(udata, qp, engine) })
 }
 
-/// What the driver data of a `modify_qp` asks (`struct metaroce_modify_qp_cmd`, sent by the
-/// provider's direct verbs; a stock `modify_qp` has none).
-#[derive(Default)]
-struct DvCommand {
-    /// Restrict the QP to these planes.
-    planes: Option<u32>,
-}
-
-/// Reads and checks the driver data of a `modify_qp`.
+/// Reads the driver data of a `modify_qp` (at most the command's size; the rest must be zero)
+/// and has the rules judge it (`verbs_core::udata::modify_qp_cmd`).
 ///
 /// # Safety
 ///
 /// `udata` must be null or the live udata of the current uverbs call.
-unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvCommand> {
+unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvModify> {
     if udata.is_null() {
-        return Ok(DvCommand::default());
+        return Ok(DvModify::default());
     }
     // SAFETY: per the contract.
     let inlen = unsafe { (*udata).inlen };
-    if inlen == 0 {
-        return Ok(DvCommand::default());
-    }
-    let size = size_of::<bindings::metaroce_modify_qp_cmd>();
-    // SAFETY: a plain C struct of integers: all-zero is a valid value.
-    let mut cmd: bindings::metaroce_modify_qp_cmd = unsafe { core::mem::zeroed() };
-    // SAFETY: `cmd` is `size` writable bytes; the helper checks the user buffer and copies
-    // at most what the caller gave (a shorter command leaves the rest zero).
-    let err = unsafe {
-        bindings::metaroce_glue_copy_from_udata(
-            ptr::from_mut(&mut cmd).cast(),
-            udata,
-            size.min(inlen),
-        )
-    };
+    let mut head = [0u8; udata::MODIFY_QP_CMD_SIZE];
+    let n = inlen.min(head.len());
+    // SAFETY: `head` has `n` writable bytes; the helper checks the user buffer and copies at
+    // most `n`.
+    let err =
+        unsafe { bindings::metaroce_glue_copy_from_udata(head.as_mut_ptr().cast(), udata, n) };
     if err != 0 {
         return Err(Error::from_errno(err));
     }
-    // A newer provider's longer command: what we do not know must be zero.
     // SAFETY: per the contract.
-    let cleared = inlen <= size
-        || unsafe { bindings::metaroce_glue_is_udata_cleared(udata, size, inlen - size) };
-    if !cleared {
-        return Err(EOPNOTSUPP);
-    }
-    let known = bindings::metaroce_modify_qp_comp_mask_METAROCE_MODIFY_QP_PLANES;
-    if cmd.comp_mask & !known != 0 {
-        return Err(EOPNOTSUPP);
-    }
-    if cmd.reserved != 0 {
-        return Err(EINVAL);
-    }
-    Ok(DvCommand {
-        planes: (cmd.comp_mask & known != 0).then_some(cmd.plane_mask),
+    let cleared = inlen <= head.len()
+        || unsafe {
+            bindings::metaroce_glue_is_udata_cleared(udata, head.len(), inlen - head.len())
+        };
+    udata::modify_qp_cmd(head.get(..n).unwrap_or(&[]), cleared).map_err(|e| match e {
+        udata::UdataError::Unsupported => EOPNOTSUPP,
+        udata::UdataError::Invalid => EINVAL,
     })
 }
 
@@ -1008,23 +970,6 @@ unsafe fn c_bytes<T>(v: &T) -> &[u8] {
     unsafe { core::slice::from_raw_parts(ptr::from_ref(v).cast::<u8>(), size_of::<T>()) }
 }
 
-/// Whether `modify_qp` from state `cur` with `attr` and `mask` is a transition the verbs allow
-/// for a QP of `qp_type` (the core's table, `ib_modify_qp_is_ok`).
-pub(super) fn transition_ok(
-    cur: QpState,
-    attr: &bindings::ib_qp_attr,
-    mask: u32,
-    qp_type: bindings::ib_qp_type,
-) -> bool {
-    let next = if mask & bindings::ib_qp_attr_mask_IB_QP_STATE != 0 {
-        attr.qp_state
-    } else {
-        cur.to_ib()
-    };
-    // SAFETY: a pure function of its arguments.
-    unsafe { bindings::ib_modify_qp_is_ok(cur.to_ib(), next, qp_type, mask) }
-}
-
 /// # Safety
 ///
 /// Called only by the RDMA core for a QP we created.
@@ -1048,8 +993,8 @@ pub(super) unsafe extern "C" fn query_qp(
     *attr = bindings::ib_qp_attr::default();
     attr.qp_state = inner.state.to_ib();
     attr.cur_qp_state = attr.qp_state;
-    inner.attrs.fill(attr);
-    let cap = qp.cap.to_ib();
+    super::abi::fill_qp_attr(&inner.attrs, attr);
+    let cap = super::abi::ib_caps(&qp.cap);
     attr.cap = cap;
     init.cap = cap;
     init.qp_type = bindings::ib_qp_type_IB_QPT_RC;

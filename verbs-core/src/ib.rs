@@ -180,8 +180,25 @@ pub mod access {
 pub mod mtu {
     /// `IB_MTU_256`.
     pub const MTU_256: u32 = 1;
+    /// `IB_MTU_512`.
+    pub const MTU_512: u32 = 2;
+    /// `IB_MTU_1024`.
+    pub const MTU_1024: u32 = 3;
+    /// `IB_MTU_2048`.
+    pub const MTU_2048: u32 = 4;
     /// `IB_MTU_4096`, the largest.
     pub const MTU_4096: u32 = 5;
+
+    /// The largest MTU code whose size fits in `bytes` (at least 256).
+    pub fn largest_within(bytes: u32) -> u32 {
+        match bytes {
+            4096.. => MTU_4096,
+            2048.. => MTU_2048,
+            1024.. => MTU_1024,
+            512.. => MTU_512,
+            _ => MTU_256,
+        }
+    }
 
     /// The MTU in bytes, if `code` is one.
     pub fn bytes(code: u32) -> Option<u32> {
@@ -243,6 +260,25 @@ pub mod wc_opcode {
     }
 }
 
+/// `enum ib_wc_flags`: the kernel's completion flags (kernel consumers' completions; a user
+/// CQ ring carries libibverbs' flags instead, [`WC_WITH_IMM`]).
+pub mod kernel_wc_flags {
+    /// `IB_WC_GRH`: a GRH precedes the payload.
+    pub const GRH: u32 = 1;
+    /// `IB_WC_WITH_IMM`.
+    pub const WITH_IMM: u32 = 1 << 1;
+    /// `IB_WC_WITH_NETWORK_HDR_TYPE`: `network_hdr_type` is set.
+    pub const WITH_NETWORK_HDR_TYPE: u32 = 1 << 6;
+}
+
+/// `enum rdma_network_type`: what a RoCEv2 GRH holds.
+pub mod network_type {
+    /// `RDMA_NETWORK_IPV4`.
+    pub const IPV4: u8 = 2;
+    /// `RDMA_NETWORK_IPV6`.
+    pub const IPV6: u8 = 3;
+}
+
 /// `IBV_WC_WITH_IMM`: libibverbs' `wc_flags` bit for a completion with immediate data (the
 /// CQ ring carries libibverbs' flags, which the provider passes through).
 pub const WC_WITH_IMM: u32 = 1 << 1;
@@ -274,5 +310,12 @@ mod tests {
         assert_eq!(mtu::bytes(3), Some(1024));
         assert_eq!(mtu::bytes(5), Some(4096));
         assert_eq!(mtu::bytes(6), None);
+        for b in [0, 255, 256, 511, 1500, 2048, 4095, 4096, 9000] {
+            let code = mtu::largest_within(b);
+            let size = mtu::bytes(code).unwrap();
+            assert!(
+                size <= b.max(256) && (code == mtu::MTU_4096 || mtu::bytes(code + 1).unwrap() > b)
+            );
+        }
     }
 }

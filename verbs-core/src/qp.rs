@@ -123,6 +123,12 @@ fn params(cur: QpState, next: QpState, t: QpType) -> Option<Params> {
     Some(r)
 }
 
+/// The attributes a `cur -> next` transition of a QP of type `t` requires and allows
+/// (besides `IB_QP_STATE` and `IB_QP_RATE_LIMIT`), or None if the transition does not exist.
+pub fn transition_attrs(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
+    params(cur, next, t).map(|p| (p.req, p.opt))
+}
+
 /// Whether `modify_qp` may take a QP of type `t` from `cur` to `next` with the attributes
 /// `mask` names (`ib_modify_qp_is_ok`).
 pub fn modify_is_ok(cur: QpState, next: QpState, t: QpType, mask: u32) -> bool {
