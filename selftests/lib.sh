@@ -228,4 +228,7 @@ net_window() {
 
 dmesg_mark() { dmesg | wc -l >"$TAP_DIR/dmesg-mark"; }
 dmesg_since_mark() { dmesg | tail -n +"$(($(cat "$TAP_DIR/dmesg-mark" 2>/dev/null || echo 0) + 1))"; }
-KERNEL_TROUBLE='BUG:|WARNING:|Oops|general protection|kernel BUG|refcount_t|unreferenced object|KASAN|UBSAN|lockdep|possible recursive|circular locking|list_(add|del) corruption|Call Trace'
+# A kernel general protection fault prints "general protection fault, probably for ..." (and
+# Oops); a user process's prints "traps: NAME[PID] general protection fault ip:...", which is
+# the crash of a test's tool, failed by its own check, not the kernel's trouble.
+KERNEL_TROUBLE='BUG:|WARNING:|Oops|general protection fault,|kernel BUG|refcount_t|unreferenced object|KASAN|UBSAN|lockdep|possible recursive|circular locking|list_(add|del) corruption|Call Trace'

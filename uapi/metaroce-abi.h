@@ -48,9 +48,11 @@ struct metaroce_alloc_ucontext_resp {
  * only publishes it here; it never reads it back, so rewriting it changes nothing in the kernel.
  * A `producer` that claims more than the ring holds (or lies behind `consumer`), or an SQ/RQ
  * entry the provider could not have written (an unknown opcode or send flag, a non-zero reserved
- * field, more SGEs or inline bytes than the entry holds) is fatal: the QP moves to the error
- * state, its work requests flush and IB_EVENT_QP_FATAL is raised (an SRQ: IB_EVENT_SRQ_ERR, and
- * it gives no more entries).
+ * field, more SGEs than the device carries (4, its max_sge) or more inline bytes than the entry
+ * holds) is fatal: the QP moves to the error state, its work requests flush and
+ * IB_EVENT_QP_FATAL is raised (an SRQ: IB_EVENT_SRQ_ERR, and it gives no more entries). An entry
+ * the provider could have written but the device cannot carry out (an SGE naming no key the
+ * device gave, lengths that overflow a message) completes in error instead.
  * The hardware counter ring_errors counts these.
  * The SQ doorbell is the uverbs POST_SEND command with no work requests (ibv_post_send on a
  * metaroce QP makes it); RQ/SRQ need none (the kernel looks when a message arrives).

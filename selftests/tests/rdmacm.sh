@@ -18,8 +18,18 @@ NS2_ADDR6=fd77::2
 SRV_TIMEOUT=60 # a server outlives its client's timeout by the second between them and more
 CLI_TIMEOUT=45
 
+# The server is ready once it listens: an rdma_cm ID in LISTEN (rping, ucmatose, rdma_server,
+# perftest -R) or, for qperf (whose rdma_cm ID comes with the client's request), its TCP
+# control socket in ns2. A client started a fixed second after its server was rejected
+# (RDMA_CM_EVENT_REJECTED, reason 8, IB_CM_REJ_INVALID_SERVICE_ID: no listener yet) when the
+# host was loaded, and perftest then crashed in librdmacm on its error path.
+cm_listening() {
+	$RDMA resource show cm_id 2>/dev/null | grep -q 'state LISTEN' ||
+		$IP netns exec ns2 ss -Hltn 2>/dev/null | grep -q .
+}
+
 # cm_run "what" REGEX SERVER_CMD... -- CLIENT_CMD...: the server in ns2 in the background, the
-# client in ns1 a second later. Succeeds when both exit 0 and the client's output matches
+# client in ns1 once the server listens (`cm_listening`, at most 15 s). Succeeds when both exit 0 and the client's output matches
 # REGEX; otherwise prints the ends of both logs as TAP diagnostics. The client's output is
 # left in $TAP_DIR/cm-client.log, the server's in $TAP_DIR/cm-server.log.
 cm_run() {
@@ -30,10 +40,15 @@ cm_run() {
 	shift
 	$IP netns exec ns2 timeout "$SRV_TIMEOUT" "${scmd[@]}" >"$TAP_DIR/cm-server.log" 2>&1 &
 	srv=$!
-	sleep 1
+	wait_for 15 cm_listening || echo "# $what: the server is not listening after 15 s"
 	$IP netns exec ns1 timeout "$CLI_TIMEOUT" "$@" >"$TAP_DIR/cm-client.log" 2>&1 || crc=$?
-	# A client that failed leaves its server waiting for nobody.
-	if [ "$crc" != 0 ]; then kill "$srv" 2>/dev/null; fi
+	# A client that failed leaves its server waiting for nobody; what rdma_cm held then is
+	# printed below.
+	local ids=""
+	if [ "$crc" != 0 ]; then
+		ids=$($RDMA resource show cm_id 2>&1)
+		kill "$srv" 2>/dev/null
+	fi
 	wait "$srv" || src=$?
 	if [ "$crc" = 0 ] && [ "$src" = 0 ] && grep -Eq -- "$re" "$TAP_DIR/cm-client.log"; then
 		return 0
@@ -42,6 +57,7 @@ cm_run() {
 	tail -n 12 "$TAP_DIR/cm-client.log" | sed 's/^/# client: /'
 	echo "# $what: server: ${scmd[*]}"
 	tail -n 6 "$TAP_DIR/cm-server.log" | sed 's/^/# server: /'
+	[ -z "$ids" ] || printf '%s\n' "$ids" | sed 's/^/# cm_id when the client failed: /'
 	echo "# (client exit $crc$([ "$crc" = 124 ] && echo ' timed out'), server exit $src$(
 		[ "$crc" != 0 ] && echo ', killed after the client failed'; [ "$src" = 124 ] && echo ' timed out'
 	), wanted /$re/ from the client)"
@@ -125,7 +141,7 @@ rdmacm_checks() {
 	# The qperf server outlives its four clients, each retried once at most.
 	$IP netns exec ns2 timeout $((CLI_TIMEOUT * 8 + 10)) qperf >"$TAP_DIR/qperf-server.log" 2>&1 &
 	local qsrv=$! t
-	sleep 1
+	wait_for 15 cm_listening || echo "# qperf: the server is not listening after 15 s"
 	for t in rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_bw; do
 		qperf_cm "$type" "$t"
 	done
