@@ -279,9 +279,9 @@ unsafe extern "C" fn query_device(
     // SAFETY: the core passes its live device and an attribute struct for us to fill.
     let (dev, attr) = unsafe { (state(ibdev), &mut *attr) };
     // SAFETY: `udata` is null (kernel caller) or the core's live udata.
-    if let Some(udata) = unsafe { udata.as_ref() } {
+    if let Some(udata) = unsafe { Udata::from_raw(udata) } {
         // No driver-specific input or output is defined for query_device.
-        if udata.inlen != 0 || udata.outlen != 0 {
+        if udata.inlen() != 0 || udata.outlen() != 0 {
             return EINVAL.to_errno();
         }
     }
@@ -374,19 +374,10 @@ unsafe extern "C" fn alloc_ucontext(
     udata: *mut bindings::ib_udata,
 ) -> c_int {
     // SAFETY: the core passes the live udata of the uverbs call.
-    let udata = unsafe { &mut *udata };
-    let mut resp = ucontext_response();
-    let len = size_of::<bindings::metaroce_alloc_ucontext_resp>().min(udata.outlen);
-    // SAFETY: `resp` is a live local of at least `len` bytes; the helper copies to the user
-    // buffer the core validated for `outlen` bytes.
-    let err = unsafe {
-        bindings::metaroce_glue_copy_to_udata(udata, ptr::addr_of_mut!(resp).cast(), len)
+    let Some(udata) = (unsafe { Udata::from_raw(udata) }) else {
+        return EINVAL.to_errno();
     };
-    to_errno(if err == 0 {
-        Ok(())
-    } else {
-        Err(Error::from_errno(err))
-    })
+    to_errno(udata.respond(&ucontext_response()))
 }
 
 /// # Safety
@@ -424,6 +415,7 @@ unsafe extern "C" fn dealloc_pd(
 }
 
 // What the device reports, from `crate::device`'s constants and the rules' limits.
+use super::udata::Udata;
 use crate::device::{FW_VERSION, MAX_PATHS, MAX_PD, MAX_PLANES, WIRE_OVERHEAD, WIRE_VERSION};
 use crate::verbs_core::{caps::limits, ib::mtu};
 

@@ -14,6 +14,7 @@
 //! - [`registration`]: the module-wide registrations (link type, netdev notifier).
 //! - [`udp`]: a plane's kernel UDP sockets (receive callback, send).
 //! - [`stats`]: the hardware counter ops.
+//! - [`udata`]: a uverbs call's driver data, copied in and out through the core's helpers.
 //! - [`kverbs`]: verbs for kernel consumers (the GSI QP, address handles, `poll_cq`).
 
 pub(crate) mod abi;
@@ -26,6 +27,7 @@ mod planes;
 mod registration;
 pub(crate) mod ring;
 mod stats;
+pub(crate) mod udata;
 pub(crate) mod udp;
 pub(crate) mod umem;
 mod verbs;

@@ -5,6 +5,7 @@
 //! `Option<Arc<...>>` to our safe object, set on create and taken on destroy; MRs we allocate
 //! ourselves. The objects live in `crate::verbs`.
 
+use super::udata::Udata;
 use super::{
     bhlock::{new_spinlock_bh, SpinLockBh},
     bindings,
@@ -21,6 +22,7 @@ use core::{
     mem::{offset_of, size_of},
     ptr::{self, NonNull},
 };
+use kernel::transmute::AsBytes;
 use kernel::{ffi::c_int, prelude::*, sync::Arc};
 
 #[repr(C)]
@@ -210,53 +212,10 @@ fn err_ptr<T>(e: Error) -> *mut T {
     e.to_errno() as isize as *mut T
 }
 
-/// The user context of a uverbs call, from its driver udata.
-///
-/// # Safety
-///
-/// `udata` must be null or the `driver_udata` of a live `uverbs_attr_bundle`.
-unsafe fn ucontext_of(udata: *mut bindings::ib_udata) -> Result<*mut bindings::ib_ucontext> {
-    if udata.is_null() {
-        // Kernel consumers (no udata) are not supported yet.
-        return Err(EOPNOTSUPP);
-    }
-    let offset = offset_of!(bindings::uverbs_attr_bundle, __bindgen_anon_1)
-        + offset_of!(
-            bindings::uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1,
-            driver_udata
-        );
-    // SAFETY: per the contract `udata` sits `offset` bytes into a bundle
-    // (`rdma_udata_to_drv_context` does the same `container_of`).
-    let ctx = unsafe {
-        let bundle = udata
-            .cast::<u8>()
-            .sub(offset)
-            .cast::<bindings::uverbs_attr_bundle>();
-        (*bundle).__bindgen_anon_1.__bindgen_anon_1.context
-    };
-    if ctx.is_null() {
-        return Err(EINVAL);
-    }
-    Ok(ctx)
-}
-
-/// Copies a driver response to userspace (as much of it as the caller's buffer takes).
-///
-/// # Safety
-///
-/// `udata` must be the live udata of the current uverbs call.
-unsafe fn respond<T>(udata: *mut bindings::ib_udata, resp: &mut T) -> Result {
-    // SAFETY: per the contract.
-    let outlen = unsafe { (*udata).outlen };
-    let len = size_of::<T>().min(outlen);
-    // SAFETY: `resp` is `len` or more readable bytes; the helper checks the user buffer.
-    let err =
-        unsafe { bindings::metaroce_glue_copy_to_udata(udata, ptr::from_mut(resp).cast(), len) };
-    if err == 0 {
-        Ok(())
-    } else {
-        Err(Error::from_errno(err))
-    }
+/// The user context of a uverbs call that must come from userspace.
+fn user_context(udata: Option<&Udata<'_>>) -> Result<*mut bindings::ib_ucontext> {
+    // Kernel consumers (no udata) have their own paths (`kverbs`) where they are supported.
+    udata.ok_or(EOPNOTSUPP)?.ucontext()
 }
 
 // ---- CQ ----
@@ -302,24 +261,22 @@ unsafe fn create_cq_inner(
         unsafe { install_cq(ibcq, verbs, cq, entries) };
         return Ok(());
     }
-    // SAFETY: `attrs` is the live bundle of this uverbs call.
-    let (udata, uctx) = unsafe {
+    // SAFETY: `attrs` is the live bundle of this uverbs call; its driver udata lives as long.
+    let udata = unsafe {
         let b = &mut (*attrs).__bindgen_anon_1.__bindgen_anon_1;
-        (ptr::addr_of_mut!(b.driver_udata), b.context)
-    };
-    if uctx.is_null() {
-        return Err(EINVAL);
+        Udata::from_raw(ptr::addr_of_mut!(b.driver_udata))
     }
+    .ok_or(EINVAL)?;
+    let uctx = udata.ucontext()?;
     // One slot more than asked for, so a full CQ of `cqe` entries fits.
     // SAFETY: `uctx` is a live context of our device.
     let ring = unsafe { UserRing::new(uctx, attr.cqe + 1) }?;
     let notifier = CqNotifier(NonNull::new(ibcq).ok_or(EINVAL)?);
     let cq = Arc::pin_init(Cq::new(CqRing::User(ring), notifier), GFP_KERNEL)?;
-    let mut resp = bindings::metaroce_create_cq_resp {
+    let resp = bindings::metaroce_create_cq_resp {
         ring: cq.ring_info().ok_or(EINVAL)?.into(),
     };
-    // SAFETY: `udata` is this call's.
-    unsafe { respond(udata, &mut resp) }?;
+    udata.respond(&resp)?;
     // The ring's extra slot is not the application's.
     let entries = cq.capacity() - 1;
     // SAFETY: per the contract.
@@ -421,7 +378,8 @@ unsafe fn create_srq_inner(
     udata: *mut bindings::ib_udata,
 ) -> Result {
     // SAFETY: `udata` is this call's (or null).
-    let uctx = unsafe { ucontext_of(udata) }?;
+    let udata = unsafe { Udata::from_raw(udata) };
+    let uctx = user_context(udata.as_ref())?;
     if init.srq_type != bindings::ib_srq_type_IB_SRQT_BASIC
         || init.attr.max_wr < 1
         || init.attr.max_wr > limits::MAX_SRQ_WR
@@ -448,13 +406,12 @@ unsafe fn create_srq_inner(
     };
     srq.limit
         .store(init.attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
-    let mut resp = bindings::metaroce_create_srq_resp {
+    let resp = bindings::metaroce_create_srq_resp {
         ring: srq.ring_info().into(),
         srq_num: srqn,
         reserved: 0,
     };
-    // SAFETY: `udata` is this call's.
-    if let Err(e) = unsafe { respond(udata, &mut resp) } {
+    if let Err(e) = udata.as_ref().ok_or(EINVAL).and_then(|u| u.respond(&resp)) {
         verbs.srqs.lock().remove(srqn);
         return Err(e);
     }
@@ -684,7 +641,8 @@ unsafe fn create_qp_inner(
         return unsafe { super::kverbs::create_gsi(ibqp, init) };
     }
     // SAFETY: `udata` is this call's.
-    let uctx = unsafe { ucontext_of(udata) }?;
+    let udata = unsafe { Udata::from_raw(udata) };
+    let uctx = user_context(udata.as_ref())?;
     if init.qp_type != bindings::ib_qp_type_IB_QPT_RC {
         return Err(EOPNOTSUPP);
     }
@@ -716,7 +674,7 @@ unsafe fn create_qp_inner(
     } else {
         None
     };
-    let mut resp = bindings::metaroce_create_qp_resp {
+    let resp = bindings::metaroce_create_qp_resp {
         sq: sq.info().into(),
         rq: rq.as_ref().map(|r| r.info().into()).unwrap_or_default(),
         max_inline_data: cap.max_inline_data,
@@ -752,8 +710,7 @@ unsafe fn create_qp_inner(
             return Err(e);
         }
     };
-    // SAFETY: `udata` is this call's.
-    if let Err(e) = unsafe { respond(udata, &mut resp) } {
+    if let Err(e) = udata.as_ref().ok_or(EINVAL).and_then(|u| u.respond(&resp)) {
         verbs.qps.lock().remove(qpn);
         return Err(e);
     }
@@ -801,7 +758,8 @@ pub(super) unsafe extern "C" fn modify_qp(
         return EINVAL.to_errno();
     };
     // SAFETY: the core passes this call's udata (or null, from a kernel consumer).
-    let dv = match unsafe { dv_command(udata) } {
+    let udata = unsafe { Udata::from_raw(udata) };
+    let dv = match dv_command(udata.as_ref()) {
         Ok(dv) => dv,
         Err(e) => return e.to_errno(),
     };
@@ -837,36 +795,21 @@ pub(super) unsafe extern "C" fn modify_qp(
     } else if let Some(planes) = dv.planes {
         qp.set_planes(planes);
     }
-    // SAFETY: as above.
-    to_errno(unsafe { dv_respond(udata, qp, engine) })
+    match &udata {
+        Some(u) => to_errno(dv_respond(u, qp, engine)),
+        None => 0,
+    }
 }
 
 /// Reads the driver data of a `modify_qp` (at most the command's size; the rest must be zero)
 /// and has the rules judge it (`verbs_core::udata::modify_qp_cmd`).
-///
-/// # Safety
-///
-/// `udata` must be null or the live udata of the current uverbs call.
-unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvModify> {
-    if udata.is_null() {
+fn dv_command(udata: Option<&Udata<'_>>) -> Result<DvModify> {
+    let Some(u) = udata else {
         return Ok(DvModify::default());
-    }
-    // SAFETY: per the contract.
-    let inlen = unsafe { (*udata).inlen };
+    };
     let mut head = [0u8; udata::MODIFY_QP_CMD_SIZE];
-    let n = inlen.min(head.len());
-    // SAFETY: `head` has `n` writable bytes; the helper checks the user buffer and copies at
-    // most `n`.
-    let err =
-        unsafe { bindings::metaroce_glue_copy_from_udata(head.as_mut_ptr().cast(), udata, n) };
-    if err != 0 {
-        return Err(Error::from_errno(err));
-    }
-    // SAFETY: per the contract.
-    let cleared = inlen <= head.len()
-        || unsafe {
-            bindings::metaroce_glue_is_udata_cleared(udata, head.len(), inlen - head.len())
-        };
+    let n = u.read_head(&mut head)?;
+    let cleared = u.cleared_from(head.len());
     udata::modify_qp_cmd(head.get(..n).unwrap_or(&[]), cleared).map_err(|e| match e {
         udata::UdataError::Unsupported => EOPNOTSUPP,
         udata::UdataError::Invalid => EINVAL,
@@ -876,20 +819,8 @@ unsafe fn dv_command(udata: *mut bindings::ib_udata) -> Result<DvModify> {
 /// Writes `struct metaroce_modify_qp_resp` and as many path entries as the caller's buffer
 /// takes, if it has room for the fixed part (the provider's direct verbs give it; a stock
 /// `modify_qp` gives none).
-///
-/// # Safety
-///
-/// `udata` must be null or the live udata of the current uverbs call.
-unsafe fn dv_respond(
-    udata: *mut bindings::ib_udata,
-    qp: &Qp,
-    engine: Option<&Arc<crate::datapath::Engine>>,
-) -> Result {
-    if udata.is_null() {
-        return Ok(());
-    }
-    // SAFETY: per the contract.
-    let outlen = unsafe { (*udata).outlen };
+fn dv_respond(udata: &Udata<'_>, qp: &Qp, engine: Option<&Arc<crate::datapath::Engine>>) -> Result {
+    let outlen = udata.outlen();
     let head = size_of::<bindings::metaroce_modify_qp_resp>();
     let entry = size_of::<bindings::metaroce_path_info>();
     if outlen < head {
@@ -922,19 +853,17 @@ unsafe fn dv_respond(
                 timeouts: pi.timeouts,
             };
             // Within the capacity reserved above: no allocation under the peer's lock.
-            // SAFETY: `metaroce_path_info` has explicit padding fields only.
-            nomem = out
-                .extend_from_slice(unsafe { c_bytes(&e) }, GFP_ATOMIC)
-                .is_err();
+            nomem = out.extend_from_slice(e.as_bytes(), GFP_ATOMIC).is_err();
             entries += 1;
         })
     });
     if nomem {
         return Err(ENOMEM);
     }
-    // SAFETY: a plain C struct of integers (and an empty flexible array): all-zero is valid.
-    let mut resp: bindings::metaroce_modify_qp_resp = unsafe { core::mem::zeroed() };
-    resp.plane_mask = qp.planes();
+    let mut resp = bindings::metaroce_modify_qp_resp {
+        plane_mask: qp.planes(),
+        ..Default::default()
+    };
     if let Some(c) = info {
         resp.connected = 1;
         resp.planes = c.planes;
@@ -945,29 +874,10 @@ unsafe fn dv_respond(
     }
     resp.response_length = out.len() as u32;
     if let Some(fixed) = out.get_mut(..head) {
-        // SAFETY: `metaroce_modify_qp_resp` is eight `__u32`s (its flexible array is empty).
-        fixed.copy_from_slice(unsafe { c_bytes(&resp) });
+        fixed.copy_from_slice(resp.as_bytes());
     }
-    // SAFETY: `out` is at most `outlen` readable bytes (the fixed part and at most `room`
-    // entries); the helper checks the user buffer.
-    let err =
-        unsafe { bindings::metaroce_glue_copy_to_udata(udata, out.as_mut_ptr().cast(), out.len()) };
-    if err != 0 {
-        return Err(Error::from_errno(err));
-    }
-    Ok(())
-}
-
-/// The bytes of `v`.
-///
-/// # Safety
-///
-/// `T` must have no padding bytes (every byte initialised): the ABI's response structs, plain
-/// C integers with explicit padding fields.
-unsafe fn c_bytes<T>(v: &T) -> &[u8] {
-    // SAFETY: `v` is `size_of::<T>()` readable bytes for the borrow, all initialised per the
-    // contract.
-    unsafe { core::slice::from_raw_parts(ptr::from_ref(v).cast::<u8>(), size_of::<T>()) }
+    // At most `outlen` bytes: the fixed part and at most `room` entries.
+    udata.write(&out)
 }
 
 /// # Safety
