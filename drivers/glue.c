@@ -36,6 +36,21 @@ unsigned int metaroce_glue_num_possible_cpus(void)
 	return num_possible_cpus();
 }
 
+unsigned int metaroce_glue_nr_cpu_ids(void)
+{
+	return nr_cpu_ids;
+}
+
+bool metaroce_glue_cpu_possible(unsigned int cpu)
+{
+	return cpu_possible(cpu);
+}
+
+bool metaroce_glue_cpu_online(unsigned int cpu)
+{
+	return cpu_online(cpu);
+}
+
 int metaroce_glue_copy_to_udata(struct ib_udata *udata, void *src, size_t len)
 {
 	return ib_copy_to_udata(udata, src, len);

@@ -156,11 +156,13 @@ unsafe extern "C" fn thread_fn<T: KthreadWork>(data: *mut c_void) -> c_int {
 }
 
 /// One [`Kthread`] per possible CPU serving the same work; [`CpuThreads::kick`] wakes the one
-/// of the calling CPU.
+/// of the calling CPU. CPU numbers may be sparse (`cpu_possible_mask` need not be 0..n) and
+/// CPUs may go offline: a kick only wakes the thread of an online CPU.
 pub(crate) struct CpuThreads<T: KthreadWork> {
     /// Declared first: dropped (the timer cancelled) before the threads it points to.
     alarm: Pin<KBox<Alarm<T>>>,
-    threads: KVec<Kthread<T>>,
+    /// By CPU number, up to `nr_cpu_ids`; None for a CPU that is not possible.
+    threads: KVec<Option<Kthread<T>>>,
 }
 
 /// Slack allowed when arming the alarm: lets the kernel fire it together with a nearby timer.
@@ -182,10 +184,9 @@ struct Alarm<T: KthreadWork> {
     /// When the timer is set to go off (ns, `CLOCK_MONOTONIC`); in the past once it has.
     #[pin]
     at: SpinLockIrq<u64>,
-    /// The `CpuThreads`' threads: the buffer of a `KVec` that is not changed while the
-    /// alarm lives (`CpuThreads` drops the alarm first).
-    threads: *const Kthread<T>,
-    count: usize,
+    /// The `CpuThreads`' first thread, in the buffer of a `KVec` that is not changed while
+    /// the alarm lives (`CpuThreads` drops the alarm first).
+    first: *const Kthread<T>,
 }
 
 // SAFETY: the raw pointer is only read, as a shared slice of `Kthread`s, which are `Sync`;
@@ -214,25 +215,31 @@ unsafe extern "C" fn alarm_fn<T: KthreadWork>(
     // SAFETY: `timer` is the first field of a `repr(C)` `Alarm<T>` (`Opaque` is transparent),
     // alive until its drop has cancelled the timer and waited for this callback.
     let alarm = unsafe { &*timer.cast::<Alarm<T>>() };
-    // SAFETY: `threads` and `count` describe the live slice of the `CpuThreads`' threads.
-    let threads = unsafe { core::slice::from_raw_parts(alarm.threads, alarm.count) };
+    // SAFETY: `first` points to a live thread of the `CpuThreads` (which has at least one).
+    let first = unsafe { &*alarm.first };
     // Every thread serves the same work.
-    if let Some(t) = threads.first() {
-        T::alarm(&t.shared.work);
-    }
+    T::alarm(&first.shared.work);
     bindings::hrtimer_restart::HRTIMER_NORESTART
 }
 
 impl<T: KthreadWork> CpuThreads<T> {
     /// Starts the threads (named `name` with `%u` replaced by the CPU number).
     pub(crate) fn new(name: &CStr, work: Arc<T>) -> Result<Self> {
-        // SAFETY: reads the CPU count.
-        let n = unsafe { bindings::metaroce_glue_num_possible_cpus() }.max(1);
+        // SAFETY: reads a variable set at boot.
+        let n = unsafe { bindings::metaroce_glue_nr_cpu_ids() }.max(1);
         let mut threads = KVec::with_capacity(n as usize, GFP_KERNEL)?;
         for cpu in 0..n {
-            threads.push(Kthread::new(name, cpu, work.clone())?, GFP_KERNEL)?;
+            // SAFETY: reads the possible mask (fixed at boot) for a CPU number below nr_cpu_ids.
+            let possible = unsafe { bindings::metaroce_glue_cpu_possible(cpu) };
+            let t = if possible {
+                Some(Kthread::new(name, cpu, work.clone())?)
+            } else {
+                None
+            };
+            threads.push(t, GFP_KERNEL)?;
         }
-        let (first, count) = (threads.as_ptr(), threads.len());
+        // CPU 0 is always possible; the buffer does not move from here on.
+        let first: *const Kthread<T> = threads.iter().flatten().next().ok_or(EINVAL)?;
         let alarm = KBox::pin_init(
             pin_init!(Alarm::<T> {
                 // SAFETY: `slot` is the timer's memory, pinned; `alarm_fn::<T>` is called with
@@ -246,8 +253,7 @@ impl<T: KthreadWork> CpuThreads<T> {
                     )
                 }),
                 at <- new_spinlock_irq!(0, "metaroce_alarm"),
-                threads: first,
-                count,
+                first,
             }),
             GFP_KERNEL,
         )?;
@@ -280,17 +286,33 @@ impl<T: KthreadWork> CpuThreads<T> {
     /// Each thread's pending work bits (`KICKED` 1), for diagnostics.
     pub(crate) fn pending(&self, mut f: impl FnMut(usize, u8)) {
         for (i, t) in self.threads.iter().enumerate() {
-            f(i, t.shared.pending.load(Ordering::Relaxed));
+            if let Some(t) = t {
+                f(i, t.shared.pending.load(Ordering::Relaxed));
+            }
         }
     }
 
-    /// Wakes the calling CPU's thread, or with `spread` the next CPU's (wrapping; another's
-    /// if CPU numbers are sparse). Any context.
+    /// Wakes the calling CPU's thread, or with `spread` the next online CPU's (wrapping).
+    /// Any context.
+    ///
+    /// A thread of an offline CPU is never picked: it cannot run until its CPU is back, and
+    /// what it was woken for would wait as long. The calling CPU is online (a stale number
+    /// read after a migration only picks another thread, which is checked alike).
     pub(crate) fn kick(&self, spread: bool) {
-        // SAFETY: reads the CPU number; a stale value only picks another thread.
-        let cpu = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
-        let cpu = cpu + usize::from(spread);
-        if let Some(t) = self.threads.get(cpu % self.threads.len().max(1)) {
+        // SAFETY: reads the CPU number.
+        let here = unsafe { bindings::metaroce_glue_smp_processor_id() } as usize;
+        let n = self.threads.len().max(1);
+        let online = |cpu: usize| {
+            // SAFETY: reads the online mask; `cpu < nr_cpu_ids`.
+            self.threads.get(cpu).is_some_and(Option::is_some)
+                && unsafe { bindings::metaroce_glue_cpu_online(cpu as u32) }
+        };
+        let start = here + usize::from(spread);
+        let pick = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&cpu| online(cpu))
+            .unwrap_or(here % n);
+        if let Some(Some(t)) = self.threads.get(pick) {
             t.kick();
         }
     }

@@ -1,8 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 # Teardown under traffic, as hot-unplug and crashes do it: the netdev removed, both ends killed
-# with SIGKILL, `rdma link delete`, and `rmmod`, each while ib_write_bw runs between the two
-# namespaces. The devices go at once (the core disassociates the processes' contexts: their
+# with SIGKILL, `rdma link delete`, a CPU taken offline, and `rmmod`, each while ib_write_bw
+# runs between the two namespaces. The devices go at once (the core disassociates the processes' contexts: their
 # later calls fail), the processes can be killed at once, nothing is left behind (`rdma
 # resource`: no QP or MR, the `peers` file: no QP), and the kernel log stays clean.
 source "$(dirname "$0")/../lib.sh"
@@ -80,6 +80,33 @@ check "rdma link delete mroce1 under traffic: gone within 10 s" wait_for 10 no_d
 kill -9 $CLI $SRV 2>/dev/null
 check "both ib_write_bw ends go at once when killed" gone 10 $CLI $SRV
 check "nothing is left on mroce2" wait_for 10 nothing_left mroce2
+teardown_pair
+
+# --- A CPU goes offline mid-transfer and comes back. The receive threads are per CPU, and a
+# kick never goes to an offline CPU's thread (which could not run until the CPU is back): the
+# transfer goes on while CPU 1 is offline and both ends finish well. The guest has 2 vCPUs.
+CPU1=/sys/devices/system/cpu/cpu1/online
+setup_pair metaroce mroce
+$IP netns exec ns2 ib_write_bw -d mroce2 -x 1 -F -D 8 -s 65536 >"$TAP_DIR/td-srv.log" 2>&1 &
+SRV=$!
+wait_for 20 sh -c "$IP netns exec ns2 ss -ltnH | grep -q ':18515 '"
+$IP netns exec ns1 ib_write_bw -d mroce1 -x 1 -F -D 8 -s 65536 $NS2_ADDR >"$TAP_DIR/td-cli.log" 2>&1 &
+CLI=$!
+tx() { cat /sys/class/infiniband/mroce1/ports/1/hw_counters/tx_packets; }
+sleep 2
+off=0
+echo 0 >"$CPU1" && off=1
+sleep 1
+tx0=$(tx)
+sleep 2
+tx1=$(tx)
+echo 1 >"$CPU1"
+crc=0 src=0
+wait $CLI || crc=$?
+wait $SRV || src=$?
+check "CPU 1 offline mid-transfer: it went offline ($off), ib_write_bw went on meanwhile ($tx0 -> $tx1 packets sent in 2 s), both ends exit 0 (client $crc, server $src)" \
+	test "$off" = 1 -a "$tx1" -gt "$((tx0 + 100))" -a "$crc" = 0 -a "$src" = 0
+check "CPU 1 is back online" grep -qx 1 "$CPU1"
 teardown_pair
 
 # --- rmmod mid-transfer: the module goes with its devices; the processes' contexts are
