@@ -37,6 +37,8 @@ step cargo-fmt cargo fmt --all --check
 # The module's crate is not a Cargo package: rustfmt follows its mod lines from the root.
 step drivers-fmt rustfmt --edition 2021 --check drivers/metaroce_main.rs
 if [ -x transport/fuzz/run-quick.sh ]; then step fuzz-quick transport/fuzz/run-quick.sh; fi
+# The kernel's judgments of user input (WQEs, modify_qp, ring indices, driver data).
+if [ -x verbs-core/fuzz/run-quick.sh ]; then step fuzz-verbs verbs-core/fuzz/run-quick.sh; fi
 
 if [ "${1:-all}" != host ]; then
 	step kernel make --no-print-directory kernel
