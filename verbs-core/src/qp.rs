@@ -285,7 +285,7 @@ pub enum ModifyError {
     RdAtomic,
     /// An address vector with no destination GID.
     NoDestination,
-    /// RTR with no address vector set, now or before.
+    /// RTR of a connected (RC, UC) QP with no address vector set, now or before.
     NoAddressVector,
 }
 
@@ -337,7 +337,10 @@ pub fn prepare(
     }
     let mut new = *attrs;
     new.apply(a, mask);
-    if next == QpState::Rtr && cur != QpState::Rtr && !new.av_set && t != QpType::Ud {
+    // Only the connected services have a destination; UD, GSI and SMI QPs take one per
+    // work request (and their transitions allow no IB_QP_AV).
+    let connected = matches!(t, QpType::Rc | QpType::Uc);
+    if next == QpState::Rtr && cur != QpState::Rtr && !new.av_set && connected {
         return Err(ModifyError::NoAddressVector);
     }
     Ok(QpChange {
@@ -422,13 +425,15 @@ mod tests {
     }
 
     #[test]
-    fn ud_needs_a_qkey_and_no_address_vector() {
+    fn datagram_qps_need_a_qkey_and_no_address_vector() {
         let init = m::STATE | m::PKEY_INDEX | m::PORT | m::QKEY;
         assert!(modify_is_ok(Reset, Init, QpType::Ud, init));
         assert!(modify_is_ok(Init, Rtr, QpType::Ud, m::STATE));
         assert!(!modify_is_ok(Init, Rtr, QpType::Ud, m::STATE | m::AV));
-        let c = prepare(Init, &QpAttrs::default(), QpType::Ud, &to(Rtr), m::STATE).unwrap();
-        assert_eq!(c.state, Rtr);
+        for t in [QpType::Ud, QpType::Gsi, QpType::Smi] {
+            let c = prepare(Init, &QpAttrs::default(), t, &to(Rtr), m::STATE).unwrap();
+            assert_eq!(c.state, Rtr, "{t:?}");
+        }
     }
 
     #[test]

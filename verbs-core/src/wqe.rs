@@ -5,7 +5,7 @@
 //! Userspace may write anything into its rings, so every WQE gets one of three verdicts:
 //! - [`Judged::Fatal`]: an entry the provider could not have written (an unknown opcode or
 //!   send flag, a non-zero reserved field, more SGEs than the device carries, more inline
-//!   bytes than the entry holds). The ring is broken: the QP goes to the error state with
+//!   bytes than the entry holds, an inline length without `IB_SEND_INLINE` or SGEs with it). The ring is broken: the QP goes to the error state with
 //!   `IB_EVENT_QP_FATAL` (an SRQ: `IB_EVENT_SRQ_ERR`), and the hardware counter ring_errors
 //!   counts it.
 //! - [`Judged::Refused`]: a well-formed request the device will not carry out (the inline

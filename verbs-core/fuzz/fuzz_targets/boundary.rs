@@ -361,7 +361,7 @@ fn check_modify(qp: &mut ModelQp, a: &ModifyAttr, mask: u32) {
     let no_destination = mask & m::AV != 0 && a.ah.dgid == [0; 16];
     let no_av = to == QpState::Rtr
         && cur != QpState::Rtr
-        && t != QpType::Ud
+        && matches!(t, QpType::Rc | QpType::Uc)
         && !old.av_set
         && mask & m::AV == 0;
     let refused = transition || path_mtu || rd_atomic || no_destination || no_av;
@@ -411,7 +411,7 @@ fn check_modify(qp: &mut ModelQp, a: &ModifyAttr, mask: u32) {
         c.access,
         (mask & m::ACCESS_FLAGS != 0).then_some(a.qp_access_flags)
     );
-    if c.state == QpState::Rtr && cur != QpState::Rtr && t != QpType::Ud {
+    if c.state == QpState::Rtr && cur != QpState::Rtr && matches!(t, QpType::Rc | QpType::Uc) {
         assert!(c.attrs.av_set, "RTR without an address vector");
     }
     assert!(
@@ -425,7 +425,9 @@ fn check_modify(qp: &mut ModelQp, a: &ModifyAttr, mask: u32) {
 /// What holds of every model QP between calls: a connected QP past INIT has a destination,
 /// PSNs are 24 bits, and no `modify_qp` took it to SQE (the model starts in RESET).
 fn check_model(qp: &ModelQp) {
-    if qp.t != QpType::Ud && matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+    if matches!(qp.t, QpType::Rc | QpType::Uc)
+        && matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    {
         assert!(qp.attrs.av_set, "{qp:?}");
     }
     assert!(qp.attrs.rq_psn <= PSN_MASK && qp.attrs.sq_psn <= PSN_MASK);
