@@ -282,9 +282,24 @@ impl Path {
     }
 
     /// Starts both PSN spaces again from `initial_psn` (the peer's connection is a new one);
-    /// the caller has resolved what was in flight (`InFlight::on_timeout`). Window, RTT,
-    /// health and statistics are the route's and stay.
+    /// the caller has resolved what was in flight (`InFlight::on_timeout`). An Active path's
+    /// window, RTT, health and statistics are the route's and stay. A path that timed out
+    /// (Suspect, Failed, Probing) timed out against the old connection, which dropped what
+    /// it sent (a peer made again answers nothing of the old PSN spaces): that history is
+    /// the old peer's, not the route's, so the path is Active again with a fresh window and
+    /// no loss, as a re-admitted one is, rather than waiting for its backed-off probes.
     pub fn restart_psns(&mut self, cfg: &PathConfig) {
+        if self.state != PathState::Active {
+            self.state = PathState::Active;
+            self.cc = self.cc_initial;
+            self.loss_rate = 0;
+            self.ecn_rate = 0;
+        }
+        self.backoff = 0;
+        self.consecutive_rtos = 0;
+        self.probation = 0;
+        self.limit_probe = false;
+        self.update_health();
         self.inflight.reset(cfg.initial_psn);
         self.inflight.set_reorder_floor(cfg.min_reorder_window);
         self.recv = PsnWindow::new(cfg.initial_psn);
