@@ -214,7 +214,9 @@ for n in 4 7; do
 				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-cli-$i.log" | tail -n 6 | sed 's/^/#   /'
 				echo "# its server:"
 				grep -Ev '^ (GID|local address|remote address)|^-+$' "$TAP_DIR/incast-srv-$i.log" | tail -n 6 | sed 's/^/#   /'
-				echo "# ms$i: $(for c in retransmits timeouts retry_exceeded nak_rcvd_rnr nak_rcvd_remote_op rx_nomem; do echo -n "$c $(hwsum $c ms$i) "; done)"
+				echo "# ms$i (since the suite's start): $(for c in retransmits timeouts retry_exceeded nak_rcvd_rnr nak_rcvd_remote_op rx_nomem; do echo -n "$c $(hwsum $c ms$i) "; done)"
+				# Its connection (it lingers after the QP): paths, their states and timeouts.
+				sed "s/^/#   ms$i peers: /" "/sys/class/infiniband/ms$i/peers" | head -n 24
 			done
 		fi
 		if [ $kind = m ]; then
