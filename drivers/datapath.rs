@@ -1179,7 +1179,9 @@ impl Engine {
                     Event::RecvCompletion(c) => p.queue_feed(c.stream),
                     // Unsignaled WQEs completed: the ring's held-back WQEs fit now.
                     Event::SendQueueRoom(sid) => p.queue_feed(*sid),
-                    Event::StreamError { .. } => {}
+                    // The rings flush at the next feed: after the completions of what the
+                    // transport held, which follow this event (`Qp::set_error`).
+                    Event::StreamError { stream, .. } => p.queue_feed(*stream),
                 }
                 deliver(&p.qps, ev);
             }

@@ -797,10 +797,11 @@ impl Qp {
     }
 
     /// The transport failed the QP's stream (retries exhausted, remote error): the QP is in
-    /// the error state; what is left in its rings is flushed.
+    /// the error state. Its rings are not flushed here: the WQEs the transport still holds are
+    /// older and complete first (their events follow the stream's error), and the rings flush
+    /// at the QP's next feed (`datapath::Engine::feed`), which the caller queues.
     pub(crate) fn set_error(&self) {
         self.inner.lock().state = QpState::Err;
-        self.flush();
     }
 
     /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`. A ring

@@ -419,7 +419,7 @@ class Client:
 
     def unreachable(self, name, how, status, within):
         """A WRITE to a peer that is not there completes with status within `within` s, the
-        WR behind it flushes, the QP is in ERR, later work flushes."""
+        24 WRs behind it flush in posting order, the QP is in ERR, later work flushes."""
         def run():
             point_at = {"noqp": {"qpn": 0xfff5a5},
                         "noaddr": {"gid": "0000:0000:0000:0000:0000:ffff:0a4d:0063"}}.get(how)
@@ -441,7 +441,10 @@ class Client:
                         ip("-n", "ns2", "link", "set", "veth2", "down")
                 t0 = time.monotonic()
                 wr = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, remote["rkey"], remote["addr"])
-                behind = self.post(ep, e.IBV_WR_SEND, 8)
+                # More behind it than the transport takes from the ring at once (a stream
+                # holds 16 WQEs): those still in the ring flush after the ones it held, all in
+                # posting order.
+                behind = [self.post(ep, e.IBV_WR_SEND, 8) for _ in range(24)]
                 self.expect(ep, wr, status, timeout=max(10, 2 * within))
                 took = time.monotonic() - t0
                 assert took < within, f"{status_name(status)} took {took:.2f} s"
@@ -452,9 +455,11 @@ class Client:
                     assert took >= least, \
                         f"RETRY_EXC_ERR after {took * 1000:.1f} ms, before 3 timeouts " \
                         f"({least * 1000:.1f} ms)"
-                self.expect(ep, behind, e.IBV_WC_WR_FLUSH_ERR, timeout=5)
+                for b in behind:
+                    self.expect(ep, b, e.IBV_WC_WR_FLUSH_ERR, timeout=5)
                 self.expect_error_state(ep)
-                return [f"{status_name(status)} after {took:.3f} s; mroce1 counters: "
+                return [f"{status_name(status)} after {took:.3f} s, the 24 behind it flushed "
+                        f"in order; mroce1 counters: "
                         + delta(c0, counters("mroce1"))]
             finally:
                 if how == "noaddr":
@@ -664,10 +669,10 @@ class Client:
         c_rnr = snap()
         self.idle("before the unreachable-peer checks")
         check("unreachable: peer address does not answer (10.77.0.99), retry_cnt=2 timeout=10"
-              " -> RETRY_EXC_ERR within 5 s, flushes",
+              " -> RETRY_EXC_ERR within 5 s, 24 behind flush in order",
               self.unreachable("noaddr", "noaddr", e.IBV_WC_RETRY_EXC_ERR, 5))
         check("unreachable: peer link down (veth2), retry_cnt=2 timeout=10"
-              " -> RETRY_EXC_ERR within 5 s, flushes",
+              " -> RETRY_EXC_ERR within 5 s, 24 behind flush in order",
               self.unreachable("down", "linkdown", e.IBV_WC_RETRY_EXC_ERR, 5))
         c_retry = snap()
         check("a dead peer gets no more packets once its QPs are destroyed (mroce1 sends"
@@ -676,9 +681,9 @@ class Client:
         # error" (docs/wire-format.md, "Unknown QP"), where IB/RoCE drop it silently and the
         # requester runs out of retries: fail fast with REM_OP_ERR.
         check("no such remote QPN (live peer) -> REM_OP_ERR at once (NAK, wire-format.md),"
-              " flushes", self.unreachable("noqp", "noqp", e.IBV_WC_REM_OP_ERR, 2))
+              " 24 behind flush in order", self.unreachable("noqp", "noqp", e.IBV_WC_REM_OP_ERR, 2))
         check("remote QP destroyed (live peer) -> REM_OP_ERR at once (NAK, wire-format.md),"
-              " flushes", self.unreachable("gone", "destroyed", e.IBV_WC_REM_OP_ERR, 2))
+              " 24 behind flush in order", self.unreachable("gone", "destroyed", e.IBV_WC_REM_OP_ERR, 2))
         c_remop = snap()
         self.data = self.pair("data")
         for what, label in (("write", "RDMA WRITE"), ("read", "RDMA READ"),
