@@ -1483,7 +1483,12 @@ impl Engine {
             drop(q);
             handled += 1;
             let PeerInner {
-                conn, qps, feed, ..
+                conn,
+                qps,
+                feed,
+                attached,
+                idle_since,
+                ..
             } = &mut *p;
             let data = item.buf.bytes();
             // Receive WQEs posted since the last run must be in the stream before the data
@@ -1505,7 +1510,16 @@ impl Engine {
             }
             match conn.handle_packet(now, data, item.ce, &mut mem) {
                 Ok(()) => {}
-                Err(RecvError::DeviceLevel) => self.on_hello(peer, conn, data, now),
+                Err(RecvError::DeviceLevel) => {
+                    // A peer made again proved its new connection to this one, which it now
+                    // uses: it lingers afresh. Else a QP of ours opened within the linger
+                    // would find it expired and make another connection, which the peer
+                    // (talking to this one) would have to learn anew; meanwhile its first
+                    // messages reach a connection without their QP.
+                    if self.on_hello(peer, conn, data, now) && *attached == 0 && *idle_since != 0 {
+                        *idle_since = now.max(1);
+                    }
+                }
                 Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
                     self.counters.inc(Counter::RxNoConnection);
                 }

@@ -405,14 +405,15 @@ impl Engine {
     /// id for the peer): the peer's id, planes and paths are recorded and used, and it is
     /// answered if it asks. Not proven: nothing changes; it is answered with a HELLO that
     /// proves us to its sender, and prompts our own when it names an id we do not know, both
-    /// at most every `HELLO_ANSWER_NS`.
-    pub(super) fn on_hello(&self, peer: &Peer, conn: &mut Conn, data: &[u8], now: u64) {
+    /// at most every `HELLO_ANSWER_NS`. Returns whether the peer proved a new connection id
+    /// (its connection to us is a new one, and ours restarted its paths).
+    pub(super) fn on_hello(&self, peer: &Peer, conn: &mut Conn, data: &[u8], now: u64) -> bool {
         let Ok(view) = Packet::parse(data) else {
             self.counters.inc(Counter::RxMalformed);
-            return;
+            return false;
         };
         let Ext::Hello(h) = view.header.ext else {
-            return;
+            return false;
         };
         let pp = &peer.planes;
         if view.header.base.conn_id != pp.local_id {
@@ -429,7 +430,7 @@ impl Engine {
                     now,
                 );
             }
-            return;
+            return false;
         }
         let mut addrs = [0u32; MAX_PLANES];
         let mut theirs_mtu = 0;
@@ -469,7 +470,8 @@ impl Engine {
         pp.epoch.store(h.epoch, Ordering::Relaxed);
         let old = pp.remote_id.swap(h.conn_id, Ordering::Relaxed);
         conn.set_remote_conn_id(h.conn_id);
-        if old != 0 && old != h.conn_id {
+        let restarted = old != 0 && old != h.conn_id;
+        if restarted {
             // The peer's connection to us is a new one (its device was created again, or it
             // freed its connection with its last QP): its PSN spaces start afresh, so ours do.
             conn.restart_paths(now);
@@ -487,6 +489,7 @@ impl Engine {
         if h.reply {
             self.send_hello(peer, conn.path_count(), false, h.conn_id, now);
         }
+        restarted
     }
 
     /// Closes every plane's socket (device going away).
