@@ -1520,8 +1520,10 @@ impl Engine {
                         *idle_since = now.max(1);
                     }
                 }
-                Err(RecvError::UnknownStream | RecvError::WrongConnection) => {
+                Err(RecvError::UnknownStream) => self.counters.inc(Counter::RxNoConnection),
+                Err(RecvError::WrongConnection) => {
                     self.counters.inc(Counter::RxNoConnection);
+                    self.on_wrong_connection(peer, conn.path_count(), now);
                 }
                 Err(RecvError::OutOfWindow) => self.counters.inc(Counter::RxOutOfWindow),
                 // Malformed for the transport: dropped (its own stats count it).

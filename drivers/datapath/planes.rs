@@ -382,6 +382,20 @@ impl Engine {
         Some(now + HELLO_INTERVAL_NS)
     }
 
+    /// A packet from `peer`'s address named a connection id that is not ours: the peer's
+    /// connection does not know this one (it missed the HELLO that proved it, and neither side
+    /// repeats HELLO once it has heard the other). Our HELLO, proving us with the peer's id as
+    /// we know it and asking for one back, mends that; at most every `HELLO_ANSWER_NS`, as
+    /// any answer to unproven input is.
+    pub(super) fn on_wrong_connection(&self, peer: &Peer, paths: usize, now: u64) {
+        let pp = &peer.planes;
+        if let Some(id) = pp.remote_id() {
+            if Self::answer_due(&pp.hello_sent_ns, now) {
+                self.send_hello(peer, paths, true, id, now);
+            }
+        }
+    }
+
     /// Whether the stamp `at` (0: never) is at least `HELLO_ANSWER_NS` old; if so, it is set
     /// to `now`.
     fn answer_due(at: &AtomicU64, now: u64) -> bool {
