@@ -13,6 +13,7 @@
 #                  rootfs/); also understood: a plugin file libmetaroce-rdmav34.so and
 #                  metaroce.driver at the top
 #   out/           mount point of the second share 'ciout', the caller's result directory
+#   checkers       written back on a debug kernel (CHECKERS in env): the checkers' verdict
 
 # No set -e: whatever happens, PID 1 must get to the power-off.
 set -uo pipefail
@@ -21,7 +22,7 @@ P=$CI/payload
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8 TERM=dumb
 export METAROCE_PAYLOAD=$P METAROCE_OUT=$CI/out METAROCE_SELFTESTS=/opt/metaroce/selftests
-MODE=batch
+MODE=batch CHECKERS=""
 # shellcheck disable=SC1091
 [ -f $CI/env ] && . $CI/env
 
@@ -98,6 +99,81 @@ if [ -d $P/rootfs ]; then
 	ldconfig
 fi
 
+# The debug kernel's checkers, CHECKERS from run-vm.sh (lockdep, kasan, kmemleak: what the
+# kernel's .config built in). A KASAN report taints the kernel, and lockdep turns itself off
+# at the first taint or report ("Disabling lock debugging due to kernel taint") for the rest
+# of the boot: a clean result from such a boot means nothing. So before the command every
+# checker must be on and the kernel untainted (else the boot is refused and the command does
+# not run), and after it every checker must still be on and have nothing to report. The
+# verdict goes to $CI/checkers, one line each: "ok: ...", "refused: ..." or "report: ..."
+# (run-vm.sh prints it and fails the run on a refusal or a report).
+CHECKERS_OUT=$CI/checkers
+KMEMLEAK=/sys/kernel/debug/kmemleak
+TAINT_LETTERS=PFSRMBUDAWCIOELKXTNJ # kernel/panic.c's taint_flags, bit 0 first
+# An out-of-tree (O, bit 12) or unsigned (E, bit 13) module is no report: metaroce.ko is one.
+TAINT_MODULE=$(((1 << 12) | (1 << 13)))
+has_checker() { [[ " $CHECKERS " == *" $1 "* ]]; }
+verdict() { echo "$*" >>$CHECKERS_OUT; say "checkers: $*"; }
+taint_letters() {
+	local t=$1 i s=""
+	for ((i = 0; i < ${#TAINT_LETTERS}; i++)); do
+		if (((t >> i) & 1)); then s+=${TAINT_LETTERS:i:1}; fi
+	done
+	echo "$s"
+}
+# lockdep_off: prints why lockdep is not on, if it is not.
+lockdep_off() {
+	local v
+	v=$(awk '$1 == "debug_locks:" { print $2 }' /proc/lockdep_stats 2>/dev/null)
+	[ "$v" = 1 ] && return 0
+	echo "lockdep is off (debug_locks ${v:-unreadable} in /proc/lockdep_stats):" \
+		"$(dmesg | grep -m1 -E 'Disabling lock debugging|turning off the locking correctness validator' || echo 'no reason in the log')"
+}
+# kmemleak_scan: two scans 6 s apart (an object is reported once older than 5 s and unreferenced
+# in kmemleak.min_unref_scans=2 consecutive scans, run-vm.sh), the first after a pause so that
+# what was just allocated is old enough; fails if kmemleak is off (the write returns EPERM).
+kmemleak_scan() {
+	sleep 6
+	echo scan >$KMEMLEAK 2>/dev/null || return 1
+	sleep 6
+	echo scan >$KMEMLEAK 2>/dev/null
+}
+if [ -n "$CHECKERS" ]; then
+	rm -f $CHECKERS_OUT
+	off=()
+	if has_checker lockdep; then
+		why=$(lockdep_off)
+		[ -z "$why" ] || off+=("$why")
+	fi
+	if has_checker kasan && ! dmesg | grep -q 'KernelAddressSanitizer initialized'; then
+		off+=("KASAN did not initialize (no 'KernelAddressSanitizer initialized' in the log)")
+	fi
+	if has_checker kmemleak; then
+		if [ ! -e $KMEMLEAK ]; then
+			off+=("kmemleak: no $KMEMLEAK")
+		elif ! kmemleak_scan; then
+			off+=("kmemleak is off (its scan is refused): $(dmesg | grep -m1 -i 'kmemleak' || echo 'no reason in the log')")
+		fi
+	fi
+	taint=$(cat /proc/sys/kernel/tainted)
+	if [ "$taint" != 0 ]; then
+		off+=("the kernel is tainted before the command ($taint: $(taint_letters "$taint")): $(dmesg | grep -m1 -E 'BUG:|WARNING:|Oops|taint' || echo 'no reason in the log')")
+	fi
+	if [ ${#off[@]} -gt 0 ]; then
+		for why in "${off[@]}"; do verdict "refused: $why"; done
+		say "the debug kernel's checkers are not all on: boot refused, the command does not run"
+		power_off
+	fi
+	if has_checker kmemleak; then
+		# What the boot left unreferenced is not ours: found by the scans above and painted
+		# grey, so that only what is left from here on is reported.
+		booted=$(grep -c '^unreferenced object' $KMEMLEAK)
+		echo clear >$KMEMLEAK
+		verdict "ok: kmemleak on; $booted objects left unreferenced by the boot cleared"
+	fi
+	verdict "ok: checkers on before the command:$CHECKERS; kernel not tainted"
+fi
+
 cd $CI/out || setup_failed "cannot cd to $CI/out"
 rc=0
 if [ -f $CI/cmd.sh ]; then
@@ -116,6 +192,33 @@ if [ "$MODE" = interactive ]; then
 	stty -F /dev/ttyS0 sane rows "${ROWS:-24}" cols "${COLS:-80}" 2>/dev/null
 	TERM=${HOST_TERM:-vt100} setsid -w -c bash -l <>/dev/ttyS0 >&0 2>&0
 	rc=$?
+fi
+if [ -n "$CHECKERS" ]; then
+	if has_checker kmemleak; then
+		if ! kmemleak_scan; then
+			verdict "report: kmemleak turned itself off during the command: $(dmesg | grep -m1 -i 'kmemleak' || echo 'no reason in the log')"
+		elif grep -q '^unreferenced object' $KMEMLEAK; then
+			cp $KMEMLEAK $CI/kmemleak
+			verdict "report: kmemleak: $(grep -c '^unreferenced object' $KMEMLEAK) objects left unreferenced (the list follows)"
+			sed 's/^/metaroce-ci: kmemleak: /' $KMEMLEAK | head -n 400
+		else
+			verdict "ok: kmemleak: no object left unreferenced"
+		fi
+	fi
+	if has_checker lockdep; then
+		why=$(lockdep_off)
+		if [ -n "$why" ]; then
+			verdict "report: $why"
+		else
+			verdict "ok: lockdep still on ($(awk '$1 == "direct" && $2 == "dependencies:" { print $3 }' /proc/lockdep_stats) lock dependencies seen)"
+		fi
+	fi
+	taint=$(cat /proc/sys/kernel/tainted)
+	if [ $((taint & ~TAINT_MODULE)) != 0 ]; then
+		verdict "report: the kernel is tainted ($taint: $(taint_letters "$taint"))"
+	else
+		verdict "ok: no taint but a module's (tainted: $taint $(taint_letters "$taint"))"
+	fi
 fi
 echo "$rc" >$CI/exit-status
 power_off

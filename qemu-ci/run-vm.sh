@@ -19,7 +19,10 @@
 # One COMMAND argument is a bash script ('modprobe x && ibv_devices; exit 3'); several are run
 # as a command with exactly those arguments. The kernel is $KDIR or build-kernel.sh's output.
 # Exit status: the command's, 124 on timeout, 125 if the guest reported none (panic, oops,
-# setup failure), 130 on Ctrl-C.
+# setup failure), 130 on Ctrl-C. On a debug kernel (lockdep, KASAN, kmemleak in its .config)
+# also 126: a checker was off before the command (the boot is refused, the command did not
+# run), and 123: the command succeeded but a checker reported something (kmemleak's list,
+# lockdep turned off, a taint, a kernel report on the console at any time of the boot).
 source "$(dirname "$0")/common.sh"
 
 usage() { sed -n '3,/^source/{/^source/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
@@ -56,6 +59,20 @@ KDIR="${KDIR:-$("$QEMU_CI_DIR/build-kernel.sh")}"
 [ -d "$KDIR/modules-install/lib/modules" ] || die "no modules-install/lib/modules in $KDIR"
 IMAGE="$("$QEMU_CI_DIR/build-image.sh")"
 
+# The checkers the kernel has built in; guest-init.sh checks that each is on before the command
+# and still on, with nothing to report, after it.
+kconfig_y() { grep -q "^CONFIG_$1=y\$" "$KDIR/.config" 2>/dev/null; }
+CHECKERS=""
+if kconfig_y PROVE_LOCKING; then CHECKERS+=" lockdep"; fi
+if kconfig_y KASAN; then CHECKERS+=" kasan"; fi
+if kconfig_y DEBUG_KMEMLEAK; then CHECKERS+=" kmemleak"; fi
+# What the console must never show, on a debug kernel, at any time of the boot: selftests/lib.sh's
+# KERNEL_TROUBLE (the reports each suite looks for in its part of the log) and lockdep turning
+# itself off. Kernel lines only: they start with the printk time.
+KERNEL_REPORT="$(sed -n "s/^KERNEL_TROUBLE='\(.*\)'\$/\1/p" "$REPO_DIR/selftests/lib.sh")"
+[ -n "$KERNEL_REPORT" ] || die "no KERNEL_TROUBLE in selftests/lib.sh"
+KERNEL_REPORT="^\[ *[0-9]+\.[0-9]+\] .*($KERNEL_REPORT|Disabling lock debugging|turning off the locking correctness validator)"
+
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/metaroce-vm.XXXXXX")
 SHARE="$TMP/share"
 QEMU_PID=""
@@ -82,6 +99,7 @@ elif [ $# -gt 1 ]; then
 fi
 {
 	echo "MODE=$MODE"
+	printf 'CHECKERS=%q\n' "$CHECKERS"
 	if [ "$MODE" = interactive ]; then
 		printf 'HOST_TERM=%q\n' "${TERM:-vt100}"
 		read -r rows cols < <(stty size 2>/dev/null || true)
@@ -100,7 +118,10 @@ cmdline="console=ttyS0 root=/dev/vda rw init=/sbin/metaroce-ci-init panic=-1 oop
 # marks it unstable mid-run; that flips the sched_clock static key, and patching kernel text while
 # another vCPU runs it sometimes dies in an oops under TCG (seen in CI at 19 s into a bench run).
 # TCG's TSC comes from the host clock and is monotonic and the same on every vCPU.
-cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off tsc=reliable $APPEND"
+cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off tsc=reliable"
+# kmemleak: an object is a leak once unreferenced in two scans in a row, not one (guest-init.sh).
+if [[ "$CHECKERS" == *kmemleak* ]]; then cmdline+=" kmemleak.min_unref_scans=2"; fi
+cmdline+=" $APPEND"
 qemu=(
 	qemu-system-x86_64 -accel tcg -cpu max -smp "$CPUS" -m "$MEMORY"
 	-nodefaults -display none -no-reboot -nic none
@@ -144,7 +165,8 @@ else
 		done
 		wait "$QEMU_PID" || log "qemu exited with status $?"
 		QEMU_PID=""
-		if [ -f "$SHARE/exit-status" ] || grep -q 'metaroce-ci: running the command' "$TMP/console.log"; then
+		if [ -f "$SHARE/exit-status" ] || [ -f "$SHARE/checkers" ] ||
+			grep -q 'metaroce-ci: running the command' "$TMP/console.log"; then
 			break
 		fi
 		[ "$boot" = 3 ] || log "run-vm: the guest died while booting; booting it again"
@@ -152,6 +174,26 @@ else
 fi
 
 [ "$OUT" = "$TMP/out" ] || log "results in $OUT"
+# A debug kernel's checkers: guest-init.sh's verdict, and the console (the whole boot's) free of
+# kernel reports. The verdict is also left in $OUT/checkers.
+if [ -n "$CHECKERS" ]; then
+	if [ ! -f "$SHARE/checkers" ] && [ -f "$SHARE/exit-status" ]; then
+		echo "report: the guest gave no verdict of the checkers" >"$SHARE/checkers"
+	fi
+	if [ -f "$TMP/console.log" ] && grep -qaE "$KERNEL_REPORT" "$TMP/console.log"; then
+		grep -m 20 -aE "$KERNEL_REPORT" "$TMP/console.log" |
+			sed 's/^/report: console: /' >>"$SHARE/checkers"
+	fi
+	touch "$SHARE/checkers"
+	cp "$SHARE/checkers" "$OUT/checkers"
+	[ ! -f "$SHARE/kmemleak" ] || cp "$SHARE/kmemleak" "$OUT/kmemleak"
+	sed 's/^/run-vm: checkers: /' "$SHARE/checkers" >&2
+	if grep -q '^refused' "$SHARE/checkers" && [ ! -f "$SHARE/exit-status" ]; then
+		log "run-vm: REFUSED: the debug kernel's checkers were not all on before the command" \
+			"(it did not run)"
+		exit 126
+	fi
+fi
 if [ ! -f "$SHARE/exit-status" ]; then
 	log "run-vm: the guest reported no exit status after $((SECONDS - start)) s" \
 		"(kernel panic or oops, guest setup failure or QEMU quit: see the console output above)"
@@ -159,4 +201,9 @@ if [ ! -f "$SHARE/exit-status" ]; then
 fi
 rc=$(cat "$SHARE/exit-status")
 log "run-vm: guest command exited with status $rc after $((SECONDS - start)) s"
+if [ -n "$CHECKERS" ] && grep -q '^report' "$SHARE/checkers"; then
+	log "run-vm: the debug kernel's checkers reported $(grep -c '^report' "$SHARE/checkers")" \
+		"problems (run-vm: checkers: report: ... above)"
+	[ "$rc" != 0 ] || rc=123
+fi
 exit "$rc"
