@@ -119,6 +119,15 @@ cmdline="console=ttyS0 root=/dev/vda rw init=/sbin/metaroce-ci-init panic=-1 oop
 # another vCPU runs it sometimes dies in an oops under TCG (seen in CI at 19 s into a bench run).
 # TCG's TSC comes from the host clock and is monotonic and the same on every vCPU.
 cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off tsc=reliable"
+# KASAN: every report, not only the first. no5lvl: 4-level paging, as without KASAN it makes no
+# difference to us. With 5-level paging (QEMU's -cpu max has LA57) KASAN takes an address in the
+# direct map (0xff11...) for one without shadow whenever pgtable_l5_enabled() reads false, and it
+# does for a moment in every boot: identify_boot_cpu() clears boot_cpu_data's capabilities
+# (memset) before it reads CPUID again, with interrupts on, and before the alternatives are
+# patched cpu_feature_enabled(X86_FEATURE_LA57) reads them. A timer interrupt in that window
+# (handle_edge_irq taking its irq_desc's lock) is reported "BUG: KASAN: wild-memory-access in
+# do_raw_spin_lock" at 0.004 s, taints the kernel and turns lockdep off for the whole boot.
+if [[ "$CHECKERS" == *kasan* ]]; then cmdline+=" no5lvl kasan_multi_shot"; fi
 # kmemleak: an object is a leak once unreferenced in two scans in a row, not one (guest-init.sh).
 if [[ "$CHECKERS" == *kmemleak* ]]; then cmdline+=" kmemleak.min_unref_scans=2"; fi
 cmdline+=" $APPEND"
