@@ -128,6 +128,11 @@ cmdline+=" panic_on_warn=0 loglevel=5 mitigations=off tsc=reliable"
 # (handle_edge_irq taking its irq_desc's lock) is reported "BUG: KASAN: wild-memory-access in
 # do_raw_spin_lock" at 0.004 s, taints the kernel and turns lockdep off for the whole boot.
 if [[ "$CHECKERS" == *kasan* ]]; then cmdline+=" no5lvl kasan_multi_shot"; fi
+# acpi=noirq on a debug kernel: its ACPI interpreter is so slow under TCG that the i440FX
+# DSDT's _PRT (PCI interrupt routing, a loop) hits ACPICA's 30 s loop timeout, once per virtio
+# device ("ACPI Error: ... AE_AML_LOOP_TIMEOUT", "PCI INT A: no GSI"): 90 s of every boot. The
+# virtio devices use MSI-X, so the legacy routing is not needed; the rest of ACPI stays.
+if [ -n "$CHECKERS" ]; then cmdline+=" acpi=noirq"; fi
 # kmemleak: an object is a leak once unreferenced in two scans in a row, not one (guest-init.sh).
 if [[ "$CHECKERS" == *kmemleak* ]]; then cmdline+=" kmemleak.min_unref_scans=2"; fi
 cmdline+=" $APPEND"
