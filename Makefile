@@ -18,7 +18,8 @@ KDIR_FILE := $(BUILD)/kdir
 KERNEL_PROFILE ?= fast
 export KERNEL_PROFILE
 
-.PHONY: all setup kernel module provider image payload vm shell demo check check-host bench bench-quick clean
+.PHONY: all setup kernel module provider image payload vm shell demo check check-host check-debug \
+	bench bench-quick clean
 
 all: payload
 
@@ -75,6 +76,12 @@ check-host:
 
 check:
 	selftests/check.sh all
+
+# make check-debug: the guest suites that check behaviour (not speed) on the debug kernel
+# (lockdep, KASAN, kmemleak, DEBUG_LIST); fails on any checker's report or a boot whose
+# checkers were off (selftests/check.sh debug; DEBUG_SUITES to choose).
+check-debug:
+	KERNEL_PROFILE=debug selftests/check.sh debug
 
 # make bench: metaroce, rxe and kernel TCP side by side in one guest boot (selftests/bench/);
 # report in build/bench/report.md. PROFILE=quick (or make bench-quick) takes a few minutes.

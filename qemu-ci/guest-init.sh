@@ -152,7 +152,7 @@ if [ -n "$CHECKERS" ]; then
 		if [ ! -e $KMEMLEAK ]; then
 			off+=("kmemleak: no $KMEMLEAK")
 		elif ! kmemleak_scan; then
-			off+=("kmemleak is off (its scan is refused): $(dmesg | grep -m1 -i 'kmemleak' || echo 'no reason in the log')")
+			off+=("kmemleak is off (its scan is refused): $(dmesg | grep -m1 'kmemleak: ' || echo 'no reason in the log')")
 		fi
 	fi
 	taint=$(cat /proc/sys/kernel/tainted)
@@ -196,7 +196,7 @@ fi
 if [ -n "$CHECKERS" ]; then
 	if has_checker kmemleak; then
 		if ! kmemleak_scan; then
-			verdict "report: kmemleak turned itself off during the command: $(dmesg | grep -m1 -i 'kmemleak' || echo 'no reason in the log')"
+			verdict "report: kmemleak turned itself off during the command: $(dmesg | grep -m1 'kmemleak: ' || echo 'no reason in the log')"
 		elif grep -q '^unreferenced object' $KMEMLEAK; then
 			cp $KMEMLEAK $CI/kmemleak
 			verdict "report: kmemleak: $(grep -c '^unreferenced object' $KMEMLEAK) objects left unreferenced (the list follows)"

@@ -216,8 +216,8 @@ fi
 rc=$(cat "$SHARE/exit-status")
 log "run-vm: guest command exited with status $rc after $((SECONDS - start)) s"
 if [ -n "$CHECKERS" ] && grep -q '^report' "$SHARE/checkers"; then
-	log "run-vm: the debug kernel's checkers reported $(grep -c '^report' "$SHARE/checkers")" \
-		"problems (run-vm: checkers: report: ... above)"
+	log "run-vm: the debug kernel's checkers reported problems: $(grep -c "^report" "$SHARE/checkers")" \
+		"(run-vm: checkers: report: ... above)"
 	[ "$rc" != 0 ] || rc=123
 fi
 exit "$rc"
