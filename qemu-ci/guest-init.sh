@@ -175,6 +175,9 @@ if [ -n "$CHECKERS" ]; then
 fi
 
 cd $CI/out || setup_failed "cannot cd to $CI/out"
+# The command may ask which checkers run (a KASAN kernel's quarantine keeps freed memory a while,
+# so free-memory counts do not come back at once).
+export METAROCE_KERNEL_CHECKERS="$CHECKERS"
 rc=0
 if [ -f $CI/cmd.sh ]; then
 	read -r up _ </proc/uptime

@@ -12,7 +12,8 @@ MODE="${1:-all}"
 case "$MODE" in all | host | debug) ;; *) echo "usage: $0 [all|host|debug]" >&2; exit 2 ;; esac
 # The suites that check behaviour, not speed: incast, multipath and planes' rate ratio judge
 # throughput and fairness, which mean nothing at KASAN's pace under TCG. netfuzz sends
-# NETFUZZ_COUNT datagrams (200,000 here, 10^6 in make check).
+# NETFUZZ_COUNT datagrams (200,000 here, 10^6 in make check); scale makes SCALE_QPS QPs at once
+# (500 here, 2,000 in make check).
 DEBUG_SUITES="${DEBUG_SUITES:-device verbs udp errors traffic forge hostile teardown rdmacm scale netfuzz}"
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -138,7 +139,7 @@ if [ "$MODE" != host ]; then
 			step checkers-report-taint vm_expect 123 'report: the kernel is tainted \([0-9]+: U\)' \
 				-- 'echo 64 >/proc/sys/kernel/tainted'
 			# shellcheck disable=SC2086 # DEBUG_SUITES is a list
-			GUEST_ENV="NETFUZZ_COUNT=${NETFUZZ_COUNT:-200000}" \
+			GUEST_ENV="NETFUZZ_COUNT=${NETFUZZ_COUNT:-200000} SCALE_QPS=${SCALE_QPS:-500}" \
 				guest_selftests "${SELFTEST_TIMEOUT:-5400}" $DEBUG_SUITES
 			checkers_verdict build/vm-out/checkers
 		fi

@@ -17,7 +17,9 @@ perftest "ib_send_bw 64 QPs" ib_send_bw -s 16384 -n 10 -q 64
 meminfo() { awk -v k="$1" '$1 == k":" { print $2 }' /proc/meminfo; }
 snapshot() { echo "$(meminfo Slab) $(meminfo VmallocUsed) $(meminfo MemFree)"; }
 
-QPS=2000
+# SCALE_QPS: fewer on the debug kernel (make check-debug), where creating 2,000 QPs under
+# KASAN and lockdep takes longer than perftest's timeout.
+QPS=${SCALE_QPS:-2000}
 read -r slab0 vm0 free0 <<<"$(snapshot)"
 during="$TAP_DIR/scale-during"
 rm -f "$during"
@@ -52,8 +54,14 @@ fi
 sleep 1
 read -r slab2 vm2 free2 <<<"$(snapshot)"
 echo "# after: Slab $((slab2 - slab0)) KiB, VmallocUsed $((vm2 - vm0)) KiB, MemFree $((free0 - free2)) KiB from the start"
-check "the memory of $QPS QPs is given back (MemFree within 8 MiB of before)" \
-	test $((free0 - free2)) -lt 8192
+if [[ " ${METAROCE_KERNEL_CHECKERS:-} " == *" kasan "* ]]; then
+	# KASAN's quarantine holds freed objects (up to 1/32 of memory) before they go back, so
+	# free memory does not return at once; there kmemleak judges what is left (run.sh).
+	echo "# KASAN kernel: the memory given back is kmemleak's check after this suite"
+else
+	check "the memory of $QPS QPs is given back (MemFree within 8 MiB of before)" \
+		test $((free0 - free2)) -lt 8192
+fi
 check_output "no transport errors with $QPS QPs (rx_no_connection, retry_exceeded 0)" \
 	'rx_no_connection 0 .*retry_exceeded 0' \
 	sh -c "$RDMA statistic show link mroce1/1 | tr '\n' ' '"
