@@ -211,7 +211,7 @@ impl GsiQp {
         self.inner.lock().state
     }
 
-    /// `modify_qp`, after its transition was checked (`sys::kverbs::modify_gsi`).
+    /// `modify_qp`, after its transition was checked (`crate::ops`).
     pub(crate) fn modify(&self, attr: &ModifyAttr, mask: u32) -> Result {
         let mut inner = self.inner.lock();
         if mask & m::QKEY != 0 {

@@ -13,6 +13,7 @@ mod datapath;
 mod device;
 mod gsi;
 mod net;
+mod ops;
 mod sys;
 
 /// The MetaRoCE transport core: the same `no_std`, sans-IO source the host tests drive.

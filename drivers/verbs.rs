@@ -510,8 +510,7 @@ pub(crate) struct Srq {
     pub(crate) limit: AtomicU32,
     /// Userspace broke the ring (see [`Srq::take_with`]): no entry is taken from it any more.
     broken: AtomicBool,
-    #[pin]
-    pub(crate) events: SrqEvents,
+    pub(crate) events: Arc<SrqEvents>,
 }
 
 /// What [`Srq::take`] took.
@@ -531,14 +530,14 @@ impl Srq {
     pub(crate) fn new(
         srqn: u32,
         ring: UserRing<RecvWqe>,
-        events: impl PinInit<SrqEvents>,
+        events: Arc<SrqEvents>,
     ) -> impl PinInit<Self> {
         pin_init!(Srq {
             srqn,
             ring <- new_spinlock_bh!(ring, "metaroce_srq"),
             limit: AtomicU32::new(0),
             broken: AtomicBool::new(false),
-            events <- events,
+            events,
         })
     }
 
@@ -620,8 +619,7 @@ pub(crate) struct Qp {
     /// on one QP, and each must see the state the other left.
     #[pin]
     pub(crate) modify: Mutex<()>,
-    #[pin]
-    pub(crate) events: QpEvents,
+    pub(crate) events: Arc<QpEvents>,
 }
 
 // The inline SGE's lkey (`INLINE_LKEY`, from the rules) stands for a payload kept in the
@@ -715,7 +713,7 @@ pub(crate) struct QpParts {
 }
 
 impl Qp {
-    pub(crate) fn new(p: QpParts, events: impl PinInit<QpEvents>) -> impl PinInit<Self> {
+    pub(crate) fn new(p: QpParts, events: Arc<QpEvents>) -> impl PinInit<Self> {
         pin_init!(Qp {
             qpn: p.qpn,
             pd: p.pd,
@@ -737,7 +735,7 @@ impl Qp {
                 "metaroce_qp"
             ),
             modify <- new_mutex!((), "metaroce_qp_modify"),
-            events <- events,
+            events,
         })
     }
 

@@ -69,6 +69,7 @@ same! {
     ib::access::REMOTE_WRITE => b::ib_access_flags_IB_ACCESS_REMOTE_WRITE,
     ib::access::REMOTE_READ => b::ib_access_flags_IB_ACCESS_REMOTE_READ,
     ib::access::REMOTE_ATOMIC => b::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC,
+    ib::srq_type::BASIC => b::ib_srq_type_IB_SRQT_BASIC,
     ib::mtu::MTU_256 => b::ib_mtu_IB_MTU_256,
     ib::mtu::MTU_512 => b::ib_mtu_IB_MTU_512,
     ib::mtu::MTU_1024 => b::ib_mtu_IB_MTU_1024,

@@ -5,15 +5,16 @@
 //! Each trampoline checks nothing the core already guarantees, turns the raw pointers it is
 //! given into references and hands them to safe code in [`crate::device`].
 
-use super::{bindings, netdev::HeldNetDev, netdev::NetDev, ring, to_errno, verbs, DRIVER_ID};
+use super::{
+    bindings, netdev::HeldNetDev, netdev::NetDev, ops::VerbsOps, ring, to_errno, DRIVER_ID,
+};
 use crate::{datapath::Engine, device::Device, verbs::Verbs};
 use core::{
     mem::{offset_of, size_of, ManuallyDrop},
     ptr::{self, NonNull},
-    sync::atomic::{AtomicPtr, Ordering},
 };
 use kernel::sync::Arc;
-use kernel::{ffi::c_char, ffi::c_int, prelude::*};
+use kernel::{ffi::c_char, ffi::c_int, prelude::*, ModuleMetadata};
 
 /// The memory the RDMA core allocates for each device: its `ib_device` first (the core frees
 /// it as such), then ours.
@@ -44,18 +45,16 @@ const _: () = assert!(offset_of!(MetaDev, ibdev) == 0);
 const _: () = assert!(offset_of!(MetaUcontext, ibuc) == 0);
 const _: () = assert!(offset_of!(MetaPd, ibpd) == 0);
 
-/// Our `struct module`, for `ib_device_ops.owner`: the core pins the module while user
-/// contexts are open. Set once at module init.
-static OWNER: AtomicPtr<bindings::module> = AtomicPtr::new(ptr::null_mut());
-
-pub(super) fn set_owner(module: &'static ThisModule) {
-    OWNER.store(module.as_ptr().cast(), Ordering::Release);
-}
+/// The driver of the verbs objects' ops (`sys::ops`).
+type Driver = crate::ops::MetaRoceOps;
 
 /// The ops the RDMA core calls. Built per device: `ib_set_device_ops` copies it.
 fn device_ops() -> bindings::ib_device_ops {
-    bindings::ib_device_ops {
-        owner: OWNER.load(Ordering::Acquire),
+    let mut ops = bindings::ib_device_ops {
+        // The core pins the module while user contexts are open.
+        owner: <<Driver as VerbsOps>::OwnerModule as ModuleMetadata>::THIS_MODULE
+            .as_ptr()
+            .cast(),
         driver_id: DRIVER_ID,
         uverbs_abi_ver: super::UVERBS_ABI_VERSION,
         dealloc_driver: Some(dealloc_driver),
@@ -77,30 +76,36 @@ fn device_ops() -> bindings::ib_device_ops {
         size_ib_pd: size_of::<MetaPd>(),
         mmap: Some(ring::mmap),
         mmap_free: Some(ring::mmap_free),
-        create_cq: Some(verbs::create_cq),
-        destroy_cq: Some(verbs::destroy_cq),
-        req_notify_cq: Some(verbs::req_notify_cq),
-        size_ib_cq: verbs::SIZE_CQ,
-        create_srq: Some(verbs::create_srq),
-        modify_srq: Some(verbs::modify_srq),
-        query_srq: Some(verbs::query_srq),
-        destroy_srq: Some(verbs::destroy_srq),
-        size_ib_srq: verbs::SIZE_SRQ,
-        reg_user_mr: Some(verbs::reg_user_mr),
-        dereg_mr: Some(verbs::dereg_mr),
-        get_dma_mr: Some(verbs::get_dma_mr),
-        create_qp: Some(verbs::create_qp),
-        modify_qp: Some(verbs::modify_qp),
-        query_qp: Some(verbs::query_qp),
-        destroy_qp: Some(verbs::destroy_qp),
-        post_send: Some(verbs::post_send),
-        post_recv: Some(super::kverbs::post_recv),
-        poll_cq: Some(super::kverbs::poll_cq),
         create_ah: Some(super::kverbs::create_ah),
         destroy_ah: Some(super::kverbs::destroy_ah),
         size_ib_ah: super::kverbs::SIZE_AH,
-        size_ib_qp: verbs::SIZE_QP,
         ..Default::default()
+    };
+    // CQs, SRQs, MRs, QPs: the driver's `VerbsOps`.
+    super::ops::fill::<Driver>(&mut ops);
+    ops
+}
+
+/// The parts of a device that its verbs ops work with.
+pub(crate) struct DeviceCtx<'a> {
+    /// The verbs objects (MRs, QPs, SRQs by number).
+    pub(crate) verbs: &'a Arc<Verbs>,
+    /// The data path, if the device has a socket to send on.
+    pub(crate) engine: Option<&'a Arc<Engine>>,
+}
+
+/// The parts of the device behind `ibdev`.
+///
+/// # Safety
+///
+/// As for [`state`], for `'a`.
+pub(super) unsafe fn ctx<'a>(ibdev: *const bindings::ib_device) -> DeviceCtx<'a> {
+    // SAFETY: per the contract.
+    unsafe {
+        DeviceCtx {
+            verbs: verbs_of(ibdev),
+            engine: engine_of(ibdev),
+        }
     }
 }
 
@@ -121,7 +126,7 @@ pub(super) unsafe fn state<'a>(ibdev: *const bindings::ib_device) -> &'a Device 
 /// # Safety
 ///
 /// As for [`state`].
-pub(super) unsafe fn verbs_of<'a>(ibdev: *const bindings::ib_device) -> &'a Verbs {
+pub(super) unsafe fn verbs_of<'a>(ibdev: *const bindings::ib_device) -> &'a Arc<Verbs> {
     // SAFETY: as in `state`; `verbs` is written together with `state`.
     unsafe { &(*ibdev.cast::<MetaDev>()).verbs }
 }

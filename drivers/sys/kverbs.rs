@@ -1,26 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! Verbs for kernel consumers: what the MAD layer needs for the GSI QP of each port (and so the
-//! connection manager, `rdma_cm`): address handles, the GSI QP itself, `post_send` and
-//! `post_recv` with work request chains, and `poll_cq` on kernel CQs. The objects live in
-//! `crate::gsi` and `crate::verbs`.
+//! connection manager, `rdma_cm`): address handles, the work request chains of `post_send` and
+//! `post_recv` as iterators of decoded requests, and the work completions `poll_cq` returns.
+//! The objects live in `crate::gsi` and `crate::verbs`; their ops in `crate::ops`.
 //!
 //! The device does virtual DMA (it registers with no DMA device, as rxe and siw do), so an
 //! SGE's address from a kernel consumer is a kernel virtual address, and every SGE names the
 //! PD's `local_dma_lkey` ([`KERNEL_LKEY`]).
 
-use super::{
-    bindings,
-    ibdev::engine_of,
-    to_errno,
-    verbs::{cq_of, MetaQp},
-};
+use super::bindings;
 use crate::{
-    gsi::{GsiQp, GsiRecv, GsiSend, KernelSgl, PostError, GSI_MAX_SGE, GSI_MAX_WR, GSI_QPN},
+    gsi::{GsiRecv, GsiSend, KernelSgl, PostError, GSI_MAX_SGE},
     verbs::KernelWc,
 };
-use core::{mem::offset_of, mem::size_of, ptr};
-use kernel::{ffi::c_int, prelude::*, sync::Arc};
+use core::{marker::PhantomData, mem::offset_of, mem::size_of, ptr};
+use kernel::{ffi::c_int, prelude::*};
 
 /// The lkey of kernel memory (the device's `local_dma_lkey`, which every kernel PD gets). No
 /// MR has it (their keys are below 2^24), and user WQEs naming it find no MR.
@@ -148,30 +143,10 @@ pub(super) unsafe extern "C" fn destroy_ah(_ibah: *mut bindings::ib_ah, _flags: 
     0
 }
 
-// ---- CQ ----
+// ---- work completions ----
 
-/// # Safety
-///
-/// Called only by the RDMA core for a CQ we created, with room for `num` completions at `wc`.
-pub(super) unsafe extern "C" fn poll_cq(
-    ibcq: *mut bindings::ib_cq,
-    num: c_int,
-    wc: *mut bindings::ib_wc,
-) -> c_int {
-    // SAFETY: per the contract.
-    let Ok(cq) = (unsafe { cq_of(ibcq) }) else {
-        return EINVAL.to_errno();
-    };
-    let max = usize::try_from(num).unwrap_or(0);
-    let n = cq.poll(max, |i, k: &KernelWc| {
-        // SAFETY: `i < max = num`, and the core gave us `num` entries.
-        let out = unsafe { &mut *wc.add(i) };
-        fill_wc(out, k);
-    });
-    n as c_int
-}
-
-fn fill_wc(out: &mut bindings::ib_wc, k: &KernelWc) {
+/// A kernel work completion as the core's `ib_wc`.
+pub(super) fn fill_wc(out: &mut bindings::ib_wc, k: &KernelWc) {
     let c = &k.cqe;
     *out = bindings::ib_wc::default();
     // `wr_id` and `wr_cqe` share the union: the consumer's 64-bit value comes back as posted.
@@ -189,138 +164,103 @@ fn fill_wc(out: &mut bindings::ib_wc, k: &KernelWc) {
     out.network_hdr_type = k.network_hdr_type;
 }
 
-// ---- the GSI QP ----
+// ---- work request chains ----
 
-/// `create_qp` from a kernel consumer: only the GSI QP (the MAD layer's, one per port).
-///
-/// # Safety
-///
-/// As `verbs::create_qp`, with no udata.
-pub(super) unsafe fn create_gsi(
-    ibqp: *mut bindings::ib_qp,
-    init: &mut bindings::ib_qp_init_attr,
-) -> Result {
-    if init.qp_type != bindings::ib_qp_type_IB_QPT_GSI {
-        return Err(EOPNOTSUPP);
-    }
-    if init.create_flags != 0
-        || !init.srq.is_null()
-        || init.port_num == 0
-        || init.port_num > crate::device::MAX_PLANES
-        || init.cap.max_send_wr > GSI_MAX_WR
-        || init.cap.max_recv_wr > GSI_MAX_WR
-        || init.cap.max_send_sge as usize > GSI_MAX_SGE
-        || init.cap.max_recv_sge as usize > GSI_MAX_SGE
-    {
-        return Err(EINVAL);
-    }
-    // SAFETY: `ibqp` is live with `device` set by the core; the CQs are live CQs of ours.
-    let (engine, send_cq, recv_cq) = unsafe {
-        (
-            engine_of((*ibqp).device).ok_or(ENODEV)?,
-            cq_of(init.send_cq)?,
-            cq_of(init.recv_cq)?,
-        )
-    };
-    let max_send_wr = init.cap.max_send_wr.max(1);
-    let max_recv_wr = init.cap.max_recv_wr.max(1);
-    let qp = Arc::pin_init(
-        GsiQp::new(
-            init.port_num,
-            ibqp as usize,
-            send_cq,
-            recv_cq,
-            init.sq_sig_type == bindings::ib_sig_type_IB_SIGNAL_ALL_WR,
-            max_send_wr,
-            max_recv_wr,
-        )?,
-        GFP_KERNEL,
-    )?;
-    engine.set_gsi(init.port_num, Some(qp.clone()))?;
-    init.cap = super::abi::ib_caps(&qp.cap);
-    // SAFETY: the core's zeroed allocation of our size; not yet visible to anyone else.
-    unsafe {
-        (*ibqp).qp_num = GSI_QPN;
-        ptr::addr_of_mut!((*ibqp.cast::<MetaQp>()).gsi).write(Some(qp));
-    }
-    Ok(())
+/// A kernel work request type whose chains [`WrChain`] walks.
+pub(crate) trait KernelWr {
+    /// The request as the driver takes it.
+    type Decoded;
+
+    fn next(&self) -> *const Self;
+
+    /// Checks and copies the request.
+    ///
+    /// # Safety
+    ///
+    /// `self` must be a live request posted to one of our kernel QPs (for a send, on a UD QP:
+    /// the `wr` field of an `ib_ud_wr`).
+    unsafe fn decode(&self) -> core::result::Result<Self::Decoded, PostError>;
 }
 
-/// Our GSI QP behind an `ib_qp`, if it is one.
-///
-/// # Safety
-///
-/// `ibqp` must be a live QP of ours.
-pub(super) unsafe fn gsi_of<'a>(ibqp: *mut bindings::ib_qp) -> Option<&'a Arc<GsiQp>> {
-    // SAFETY: per the contract.
-    unsafe { (*ibqp.cast::<MetaQp>()).gsi.as_ref() }
+impl KernelWr for bindings::ib_send_wr {
+    type Decoded = GsiSend;
+
+    fn next(&self) -> *const Self {
+        self.next
+    }
+
+    unsafe fn decode(&self) -> core::result::Result<GsiSend, PostError> {
+        // SAFETY: per the contract.
+        unsafe { gsi_send(self) }
+    }
 }
 
-/// `destroy_qp` of the GSI QP: after this nothing touches its buffers or completes.
-///
-/// # Safety
-///
-/// `ibqp` must be a live QP of ours, being destroyed.
-pub(super) unsafe fn destroy_gsi(ibqp: *mut bindings::ib_qp) {
-    // SAFETY: per the contract; the core frees the `ib_qp` after we return.
-    unsafe {
-        if let Some(qp) = (*ibqp.cast::<MetaQp>()).gsi.take() {
-            qp.kill();
-            if let Some(engine) = engine_of((*ibqp).device) {
-                let _ = engine.set_gsi(qp.port, None);
-            }
+impl KernelWr for bindings::ib_recv_wr {
+    type Decoded = GsiRecv;
+
+    fn next(&self) -> *const Self {
+        self.next
+    }
+
+    unsafe fn decode(&self) -> core::result::Result<GsiRecv, PostError> {
+        // SAFETY: per the contract the SGE list is the request's; `wr_id` and `wr_cqe` share
+        // the union, either is 64 bits we hand back.
+        let (sgl, wr_id) = unsafe {
+            (
+                kernel_sgl(self.sg_list, self.num_sge),
+                self.__bindgen_anon_1.wr_id,
+            )
+        };
+        sgl.map(|sgl| GsiRecv { wr_id, sgl })
+            .ok_or(PostError::Invalid)
+    }
+}
+
+/// A kernel consumer's chain of work requests, decoded one by one.
+pub(crate) struct WrChain<'a, W: KernelWr> {
+    next: *const W,
+    current: *const W,
+    _chain: PhantomData<&'a W>,
+}
+
+/// A chain of send work requests (on a UD QP).
+pub(crate) type KernelSends<'a> = WrChain<'a, bindings::ib_send_wr>;
+/// A chain of receive work requests.
+pub(crate) type KernelRecvs<'a> = WrChain<'a, bindings::ib_recv_wr>;
+
+impl<W: KernelWr> WrChain<'_, W> {
+    /// # Safety
+    ///
+    /// `first` must start a live chain of requests that [`KernelWr::decode`] may take, for
+    /// the chain's life.
+    pub(super) unsafe fn new(first: *const W) -> Self {
+        WrChain {
+            next: first,
+            current: first,
+            _chain: PhantomData,
         }
     }
+
+    /// The request last taken (the first before any): the consumer's `bad_wr` on an error.
+    pub(super) fn current(&self) -> *const W {
+        self.current
+    }
 }
 
-fn post_errno(e: PostError) -> c_int {
-    match e {
-        PostError::Invalid => EINVAL.to_errno(),
-        PostError::Full => ENOMEM.to_errno(),
-    }
-}
+impl<W: KernelWr> Iterator for WrChain<'_, W> {
+    type Item = core::result::Result<W::Decoded, PostError>;
 
-/// `post_send` with work requests (a kernel consumer): queues each; the receive thread sends.
-///
-/// # Safety
-///
-/// Called only by the RDMA core for a QP of ours with a live chain of work requests.
-pub(super) unsafe fn post_send_kernel(
-    ibqp: *mut bindings::ib_qp,
-    mut wr: *const bindings::ib_send_wr,
-    bad_wr: *mut *const bindings::ib_send_wr,
-) -> c_int {
-    // SAFETY: per the contract.
-    let Some(qp) = (unsafe { gsi_of(ibqp) }) else {
-        // SAFETY: the core passes a valid out pointer.
-        unsafe { *bad_wr = wr };
-        return EOPNOTSUPP.to_errno();
-    };
-    let mut err = 0;
-    let mut queued = false;
-    while !wr.is_null() {
-        // SAFETY: a live work request of the chain; on a UD QP every one is the `wr` field at
-        // the start of an `ib_ud_wr` (`ud_wr()` in the core).
-        let result = unsafe { gsi_send(&*wr) }.and_then(|s| qp.post_send(s));
-        if let Err(e) = result {
-            err = post_errno(e);
-            break;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next.is_null() {
+            return None;
         }
-        queued = true;
-        // SAFETY: as above.
-        wr = unsafe { (*wr).next };
+        self.current = self.next;
+        // SAFETY: a live request of the chain (type invariant).
+        let wr = unsafe { &*self.next };
+        self.next = wr.next();
+        // SAFETY: as above, one `decode` may take.
+        Some(unsafe { wr.decode() })
     }
-    if err != 0 {
-        // SAFETY: the core passes a valid out pointer.
-        unsafe { *bad_wr = wr };
-    }
-    if queued {
-        // SAFETY: the QP's device is live while the core calls us for it.
-        if let Some(engine) = unsafe { engine_of((*ibqp).device) } {
-            engine.kick_datagrams();
-        }
-    }
-    err
 }
 
 /// One UD send work request, checked and copied.
@@ -356,84 +296,4 @@ unsafe fn gsi_send(wr: &bindings::ib_send_wr) -> core::result::Result<GsiSend, P
         remote_qkey: ud.remote_qkey,
         sgl,
     })
-}
-
-/// # Safety
-///
-/// Called only by the RDMA core for a QP of ours with a live chain of work requests.
-pub(super) unsafe extern "C" fn post_recv(
-    ibqp: *mut bindings::ib_qp,
-    mut wr: *const bindings::ib_recv_wr,
-    bad_wr: *mut *const bindings::ib_recv_wr,
-) -> c_int {
-    // SAFETY: per the contract.
-    let Some(qp) = (unsafe { gsi_of(ibqp) }) else {
-        // User QPs post receives into their rings.
-        // SAFETY: the core passes a valid out pointer.
-        unsafe { *bad_wr = wr };
-        return EOPNOTSUPP.to_errno();
-    };
-    while !wr.is_null() {
-        // SAFETY: a live work request of the chain, on one of our kernel QPs.
-        let (sgl, wr_id, next) = unsafe {
-            let w = &*wr;
-            (
-                kernel_sgl(w.sg_list, w.num_sge),
-                w.__bindgen_anon_1.wr_id,
-                w.next,
-            )
-        };
-        let result = sgl
-            .ok_or(PostError::Invalid)
-            .and_then(|sgl| qp.post_recv(GsiRecv { wr_id, sgl }));
-        if let Err(e) = result {
-            // SAFETY: the core passes a valid out pointer.
-            unsafe { *bad_wr = wr };
-            return post_errno(e);
-        }
-        wr = next;
-    }
-    0
-}
-
-/// `modify_qp` of the GSI QP.
-pub(super) fn modify_gsi(
-    qp: &GsiQp,
-    attr: &bindings::ib_qp_attr,
-    mask: u32,
-    qp_type: bindings::ib_qp_type,
-) -> c_int {
-    use crate::verbs_core::{ib, qp::modify_is_ok};
-    let a = super::abi::modify_attr(attr);
-    let cur = qp.state();
-    let next = if mask & ib::attr_mask::STATE != 0 {
-        ib::QpState::from_ib(a.qp_state)
-    } else {
-        Some(cur)
-    };
-    match (next, ib::QpType::from_ib(qp_type)) {
-        (Some(next), Some(t)) if modify_is_ok(cur, next, t, mask) => to_errno(qp.modify(&a, mask)),
-        _ => EINVAL.to_errno(),
-    }
-}
-
-/// `query_qp` of the GSI QP.
-pub(super) fn query_gsi(
-    qp: &GsiQp,
-    attr: &mut bindings::ib_qp_attr,
-    init: &mut bindings::ib_qp_init_attr,
-) {
-    *attr = bindings::ib_qp_attr::default();
-    let (state, qkey, sq_psn, pkey_index) = qp.attrs();
-    attr.qp_state = state.to_ib();
-    attr.cur_qp_state = attr.qp_state;
-    attr.qkey = qkey;
-    attr.sq_psn = sq_psn;
-    attr.pkey_index = pkey_index;
-    attr.port_num = qp.port;
-    let cap = super::abi::ib_caps(&qp.cap);
-    attr.cap = cap;
-    init.cap = cap;
-    init.qp_type = bindings::ib_qp_type_IB_QPT_GSI;
-    init.port_num = qp.port;
 }

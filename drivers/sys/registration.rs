@@ -40,7 +40,7 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    pub(crate) fn new(module: &'static ThisModule) -> Result<Self> {
+    pub(crate) fn new(_module: &'static ThisModule) -> Result<Self> {
         // The host-tested QP transition table must be the core's: refuse to load otherwise.
         if let Err((cur, next, t, mask)) = super::abi::check_transition_table() {
             pr_err!(
@@ -48,7 +48,6 @@ impl Registration {
             );
             return Err(EINVAL);
         }
-        ibdev::set_owner(module);
         planes::init();
         // SAFETY: the notifier is a static, so it outlives its registration, which `drop`
         // undoes; it is registered once.

@@ -13,7 +13,7 @@
 //! use and bounded against the ring size, and each entry is copied out whole before it is
 //! looked at.
 
-use super::bindings;
+use super::{bindings, udata::Ucontext};
 use crate::verbs_core::queue;
 use core::{
     mem::size_of,
@@ -91,11 +91,7 @@ impl From<RingInfo> for bindings::metaroce_mmap_info {
 impl<T: RingEntry> UserRing<T> {
     /// A ring of at least `min_entries` entries (rounded up to a power of two), mappable in
     /// `uctx`.
-    ///
-    /// # Safety
-    ///
-    /// `uctx` must be a live user context of one of our devices.
-    pub(super) unsafe fn new(uctx: *mut bindings::ib_ucontext, min_entries: u32) -> Result<Self> {
+    pub(crate) fn new(uctx: &Ucontext<'_>, min_entries: u32) -> Result<Self> {
         let num_entries = min_entries
             .max(1)
             .checked_next_power_of_two()
@@ -123,11 +119,11 @@ impl<T: RingEntry> UserRing<T> {
                 return Err(e.into());
             }
         };
-        // SAFETY: `uctx` is live; on success the core owns a reference to the entry until it
-        // calls `mmap_free`.
+        // SAFETY: `uctx` is live for the call (its type's invariant); on success the core owns a
+        // reference to the entry until it calls `mmap_free`.
         let err = unsafe {
             bindings::rdma_user_mmap_entry_insert(
-                uctx,
+                uctx.as_ptr(),
                 ptr::addr_of_mut!((*entry.as_ptr()).rdma),
                 length,
             )

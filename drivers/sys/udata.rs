@@ -5,8 +5,13 @@
 //! core's helpers (`ib_copy_from_udata`, `ib_copy_to_udata`, `ib_is_udata_cleared`), which check
 //! the user buffer, so nothing here can touch memory the caller did not give.
 
-use super::bindings;
-use core::{marker::PhantomData, mem::offset_of, ptr::NonNull};
+use super::{bindings, ring::RingInfo};
+use crate::datapath::{ConnInfo, PathInfo};
+use core::{
+    marker::PhantomData,
+    mem::{offset_of, size_of},
+    ptr::NonNull,
+};
 use kernel::{prelude::*, transmute::AsBytes};
 
 /// The driver udata of the current uverbs call.
@@ -93,7 +98,7 @@ impl<'call> Udata<'call> {
     }
 
     /// The user context of the call (the `uverbs_attr_bundle` this udata is part of).
-    pub(super) fn ucontext(&self) -> Result<*mut bindings::ib_ucontext> {
+    pub(crate) fn ucontext(&self) -> Result<Ucontext<'call>> {
         let offset = offset_of!(bindings::uverbs_attr_bundle, __bindgen_anon_1)
             + offset_of!(
                 bindings::uverbs_attr_bundle__bindgen_ty_1__bindgen_ty_1,
@@ -111,10 +116,107 @@ impl<'call> Udata<'call> {
                 .cast::<bindings::uverbs_attr_bundle>();
             (*bundle).__bindgen_anon_1.__bindgen_anon_1.context
         };
-        if ctx.is_null() {
-            return Err(EINVAL);
+        Ok(Ucontext {
+            raw: NonNull::new(ctx).ok_or(EINVAL)?,
+            _call: PhantomData,
+        })
+    }
+
+    /// Answers a `create_cq` with its ring.
+    pub(crate) fn respond_cq(&self, ring: RingInfo) -> Result {
+        self.respond(&bindings::metaroce_create_cq_resp { ring: ring.into() })
+    }
+
+    /// Answers a `create_srq` with its ring and number.
+    pub(crate) fn respond_srq(&self, ring: RingInfo, srqn: u32) -> Result {
+        self.respond(&bindings::metaroce_create_srq_resp {
+            ring: ring.into(),
+            srq_num: srqn,
+            reserved: 0,
+        })
+    }
+
+    /// Answers a `create_qp` with its rings (no RQ with an SRQ) and inline room.
+    pub(crate) fn respond_qp(&self, sq: RingInfo, rq: Option<RingInfo>, max_inline: u32) -> Result {
+        self.respond(&bindings::metaroce_create_qp_resp {
+            sq: sq.into(),
+            rq: rq.map(Into::into).unwrap_or_default(),
+            max_inline_data: max_inline,
+            reserved: 0,
+        })
+    }
+
+    /// How many path entries the direct verbs' `modify_qp` answer has room for, if it has room
+    /// for its fixed part (a stock `modify_qp` gives none).
+    pub(crate) fn modify_qp_path_room(&self) -> Option<usize> {
+        let head = size_of::<bindings::metaroce_modify_qp_resp>();
+        let entry = size_of::<bindings::metaroce_path_info>();
+        let outlen = self.outlen();
+        (outlen >= head).then(|| (outlen - head) / entry)
+    }
+
+    /// Answers a direct verbs' `modify_qp`: the QP's planes and connection, and its paths (as
+    /// many as [`Self::modify_qp_path_room`] allows).
+    pub(crate) fn respond_modify_qp(
+        &self,
+        plane_mask: u32,
+        conn: Option<&ConnInfo>,
+        paths: &[PathInfo],
+    ) -> Result {
+        let Some(room) = self.modify_qp_path_room() else {
+            return Ok(());
+        };
+        let paths = paths.get(..room.min(paths.len())).unwrap_or(&[]);
+        let head = size_of::<bindings::metaroce_modify_qp_resp>();
+        let entry = size_of::<bindings::metaroce_path_info>();
+        let mut out: KVec<u8> = KVec::with_capacity(head + paths.len() * entry, GFP_KERNEL)?;
+        let mut resp = bindings::metaroce_modify_qp_resp {
+            plane_mask,
+            ..Default::default()
+        };
+        if let Some(c) = conn {
+            resp.connected = 1;
+            resp.planes = c.planes;
+            resp.planes_up = c.planes_up;
+            resp.num_paths = c.paths;
+            resp.qps = c.qps;
+            resp.num_path_info = paths.len() as u32;
         }
-        Ok(ctx)
+        resp.response_length = (head + paths.len() * entry) as u32;
+        out.extend_from_slice(resp.as_bytes(), GFP_KERNEL)?;
+        for p in paths {
+            let e = bindings::metaroce_path_info {
+                path_id: p.id,
+                plane: p.plane,
+                state: p.state,
+                udp_sport: p.sport,
+                reserved: 0,
+                srtt_us: p.srtt_us,
+                cwnd: p.cwnd,
+                in_flight: p.in_flight,
+                reserved1: 0,
+                packets_sent: p.sent,
+                retransmits: p.retransmits,
+                ecn_marks: p.ecn_marks,
+                timeouts: p.timeouts,
+            };
+            out.extend_from_slice(e.as_bytes(), GFP_KERNEL)?;
+        }
+        // At most `outlen` bytes: the fixed part and at most `room` entries.
+        self.write(&out)
+    }
+}
+
+/// The user context (`ibv_open_device`) of a uverbs call, for the call.
+pub(crate) struct Ucontext<'call> {
+    raw: NonNull<bindings::ib_ucontext>,
+    _call: PhantomData<&'call bindings::ib_ucontext>,
+}
+
+impl Ucontext<'_> {
+    /// The live context of one of our devices, for the call (type invariant).
+    pub(super) fn as_ptr(&self) -> *mut bindings::ib_ucontext {
+        self.raw.as_ptr()
     }
 }
 

@@ -176,6 +176,12 @@ pub mod access {
     pub const REMOTE_ATOMIC: u32 = 1 << 3;
 }
 
+/// `enum ib_srq_type`.
+pub mod srq_type {
+    /// `IB_SRQT_BASIC`: a plain SRQ (no XRC, no tag matching).
+    pub const BASIC: u32 = 0;
+}
+
 /// `enum ib_mtu`.
 pub mod mtu {
     /// `IB_MTU_256`.

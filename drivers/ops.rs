@@ -1,0 +1,528 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The device's verbs ops (rxe_verbs.c's role): creating, changing and destroying CQs, SRQs,
+//! MRs and QPs, the doorbell, and the kernel consumers' work requests on the GSI QP. Safe
+//! code: `crate::sys::ops` turns the core's calls into these, and the rules that judge user
+//! input (`crate::verbs_core`) are host-tested.
+
+use crate::datapath::PathInfo;
+use crate::gsi::{GsiQp, PostError, GSI_MAX_SGE, GSI_MAX_WR, GSI_QPN};
+use crate::sys::ops::{MrRequest, QpInit, QpMade, QpQuery, SrqAttr, VerbsOps};
+use crate::sys::udata::Udata;
+use crate::sys::{
+    ring::UserRing, CqNotifier, DeviceCtx, KernelRecvs, KernelSends, QpEvents, SrqEvents,
+    KERNEL_LKEY,
+};
+use crate::verbs::{
+    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelWc, Mr, Qp, QpParts, QpQueues,
+    QpState, Srq,
+};
+use crate::verbs_core::{
+    ib::{self, access, QpType},
+    qp::{modify_is_ok, ModifyAttr},
+    udata::{self, DvModify},
+};
+use kernel::{prelude::*, sync::Arc};
+
+/// The driver of `sys::ops`.
+pub(crate) struct MetaRoceOps;
+
+/// What the core's `ib_qp` holds: a user RC QP, or the GSI QP of a port (the MAD layer's).
+pub(crate) enum QpObject {
+    User(Arc<Qp>),
+    Gsi(Arc<GsiQp>),
+}
+
+fn post_error(e: PostError) -> Error {
+    match e {
+        PostError::Invalid => EINVAL,
+        PostError::Full => ENOMEM,
+    }
+}
+
+#[vtable]
+impl VerbsOps for MetaRoceOps {
+    type Cq = Arc<Cq>;
+    type Srq = Arc<Srq>;
+    type Qp = QpObject;
+    type Mr = Arc<Mr>;
+
+    fn create_cq(
+        dev: &DeviceCtx<'_>,
+        cqe: u32,
+        flags: u32,
+        udata: Option<&Udata<'_>>,
+        notifier: CqNotifier,
+    ) -> Result<(Arc<Cq>, u32)> {
+        if flags != 0 || !(1..=limits::MAX_CQE).contains(&cqe) {
+            return Err(EINVAL);
+        }
+        if dev.verbs.cqs.load(core::sync::atomic::Ordering::Relaxed) >= limits::MAX_CQ {
+            return Err(ENOMEM);
+        }
+        let (cq, entries) = match udata {
+            // A kernel consumer's CQ (the MAD layer's): completions wait in kernel memory for
+            // `poll_cq`.
+            None => {
+                let cq = Arc::pin_init(
+                    Cq::new(CqRing::Kernel(Fifo::new(cqe)?), notifier),
+                    GFP_KERNEL,
+                )?;
+                let entries = cq.capacity();
+                (cq, entries)
+            }
+            Some(udata) => {
+                // One slot more than asked for, so a full CQ of `cqe` entries fits.
+                let ring = UserRing::new(&udata.ucontext()?, cqe + 1)?;
+                let cq = Arc::pin_init(Cq::new(CqRing::User(ring), notifier), GFP_KERNEL)?;
+                udata.respond_cq(cq.ring_info().ok_or(EINVAL)?)?;
+                // The ring's extra slot is not the application's.
+                let entries = cq.capacity() - 1;
+                (cq, entries)
+            }
+        };
+        dev.verbs
+            .cqs
+            .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        Ok((cq, entries))
+    }
+
+    fn destroy_cq(dev: &DeviceCtx<'_>, cq: Arc<Cq>) {
+        // QPs hold their own references, so their in-flight completions finish.
+        drop(cq);
+        dev.verbs
+            .cqs
+            .fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn req_notify_cq(cq: &Arc<Cq>, solicited: bool, report_missed: bool) -> bool {
+        cq.arm(solicited);
+        // Kernel consumers may ask whether completions arrived before they armed.
+        report_missed && cq.has_completions()
+    }
+
+    fn poll_cq(cq: &Arc<Cq>, max: usize, each: &mut dyn FnMut(usize, &KernelWc)) -> usize {
+        cq.poll(max, each)
+    }
+
+    fn create_srq(
+        dev: &DeviceCtx<'_>,
+        srq_type: u32,
+        attr: &SrqAttr,
+        udata: Option<&Udata<'_>>,
+        events: Arc<SrqEvents>,
+    ) -> Result<(Arc<Srq>, SrqAttr)> {
+        // Kernel consumers' SRQs are not supported.
+        let udata = udata.ok_or(EOPNOTSUPP)?;
+        let uctx = udata.ucontext()?;
+        if srq_type != ib::srq_type::BASIC
+            || attr.max_wr < 1
+            || attr.max_wr > limits::MAX_SRQ_WR
+            || attr.max_sge > limits::MAX_SGE
+        {
+            return Err(EINVAL);
+        }
+        let ring = UserRing::new(&uctx, attr.max_wr)?;
+        let srqn = dev.verbs.srqs.lock().reserve(1)?;
+        let srq = match Arc::pin_init(Srq::new(srqn, ring, events), GFP_KERNEL) {
+            Ok(srq) => srq,
+            Err(e) => {
+                dev.verbs.srqs.lock().remove(srqn);
+                return Err(e);
+            }
+        };
+        srq.limit
+            .store(attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = udata.respond_srq(srq.ring_info(), srqn) {
+            dev.verbs.srqs.lock().remove(srqn);
+            return Err(e);
+        }
+        dev.verbs.srqs.lock().insert(srqn, srq.clone());
+        let got = SrqAttr {
+            max_wr: srq.capacity(),
+            max_sge: limits::MAX_SGE,
+            srq_limit: attr.srq_limit,
+        };
+        Ok((srq, got))
+    }
+
+    fn modify_srq(srq: &Arc<Srq>, attr: &SrqAttr, resize: bool, limit: bool) -> Result {
+        if resize {
+            // Resizing would move the ring under the provider's mapping.
+            return Err(EOPNOTSUPP);
+        }
+        if limit {
+            if attr.srq_limit > srq.capacity() {
+                return Err(EINVAL);
+            }
+            srq.limit
+                .store(attr.srq_limit, core::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn query_srq(srq: &Arc<Srq>) -> SrqAttr {
+        SrqAttr {
+            max_wr: srq.capacity(),
+            max_sge: limits::MAX_SGE,
+            srq_limit: srq.limit.load(core::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    fn destroy_srq(dev: &DeviceCtx<'_>, srq: Arc<Srq>) {
+        dev.verbs.srqs.lock().remove(srq.srqn);
+    }
+
+    fn reg_user_mr(dev: &DeviceCtx<'_>, pd: usize, req: &MrRequest<'_>) -> Result<(Arc<Mr>, u32)> {
+        if req.length == 0 || req.iova.checked_add(req.length).is_none() {
+            return Err(EINVAL);
+        }
+        let mem = req.pin()?;
+        let key = reserve_in(&dev.verbs.mrs, 1)?;
+        let mr = Mr::new(key, req.iova, req.length, req.access, pd, mem);
+        match Arc::new(mr, GFP_KERNEL) {
+            Ok(mr) => {
+                dev.verbs.mrs.lock().insert(key, mr.clone());
+                Ok((mr, key))
+            }
+            Err(e) => {
+                dev.verbs.mrs.lock().remove(key);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The DMA MR of a kernel PD: local access to kernel memory under [`KERNEL_LKEY`] (the
+    /// device's `local_dma_lkey`, so the core only asks for one with
+    /// `IB_PD_UNSAFE_GLOBAL_RKEY`). Remote access to all of kernel memory is refused.
+    fn get_dma_mr(_dev: &DeviceCtx<'_>, flags: u32) -> Result<(Option<Arc<Mr>>, u32)> {
+        if flags & (access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0 {
+            return Err(EOPNOTSUPP);
+        }
+        Ok((None, KERNEL_LKEY))
+    }
+
+    fn dereg_mr(dev: &DeviceCtx<'_>, mr: Option<Arc<Mr>>, key: u32) {
+        // Dropped outside the table's lock: the last reference releases the pages, which may
+        // sleep. The data path uses an MR only under that lock (`Verbs::with_mr`), so once it
+        // is out of the table nothing copies to or from its pages.
+        let removed = if mr.is_some() {
+            dev.verbs.mrs.lock().remove(key)
+        } else {
+            None
+        };
+        drop(removed);
+        drop(mr);
+    }
+
+    fn create_qp(
+        dev: &DeviceCtx<'_>,
+        init: &QpInit<'_, Self>,
+        udata: Option<&Udata<'_>>,
+        events: Arc<QpEvents>,
+    ) -> Result<QpMade<QpObject>> {
+        match udata {
+            Some(udata) => create_user_qp(dev, init, udata, events),
+            None => create_gsi(dev, init),
+        }
+    }
+
+    fn modify_qp(
+        dev: &DeviceCtx<'_>,
+        qp: &QpObject,
+        attr: &ModifyAttr,
+        mask: u32,
+        udata: Option<&Udata<'_>>,
+    ) -> Result {
+        match qp {
+            QpObject::User(qp) => modify_user_qp(dev, qp, attr, mask, udata),
+            QpObject::Gsi(qp) => {
+                let cur = qp.state();
+                let next = if mask & ib::attr_mask::STATE != 0 {
+                    QpState::from_ib(attr.qp_state).ok_or(EINVAL)?
+                } else {
+                    cur
+                };
+                if !modify_is_ok(cur, next, QpType::Gsi, mask) {
+                    return Err(EINVAL);
+                }
+                qp.modify(attr, mask)
+            }
+        }
+    }
+
+    fn query_qp(qp: &QpObject) -> Result<QpQuery> {
+        Ok(match qp {
+            QpObject::User(qp) => {
+                let inner = qp.inner.lock();
+                QpQuery::Connected {
+                    state: inner.state,
+                    qp_type: QpType::Rc,
+                    attrs: inner.attrs,
+                    caps: qp.cap,
+                    sig_all: qp.sq_sig_all,
+                }
+            }
+            QpObject::Gsi(qp) => {
+                let (state, qkey, sq_psn, pkey_index) = qp.attrs();
+                QpQuery::Gsi {
+                    state,
+                    qkey,
+                    sq_psn,
+                    pkey_index,
+                    port: qp.port,
+                    caps: qp.cap,
+                }
+            }
+        })
+    }
+
+    fn destroy_qp(dev: &DeviceCtx<'_>, qp: QpObject) {
+        match qp {
+            QpObject::User(qp) => {
+                if let Some(engine) = dev.engine {
+                    engine.detach(&qp);
+                }
+                // Dropped outside the table's lock (and after it, with `qp`, in process
+                // context).
+                let removed = dev.verbs.qps.lock().remove(qp.qpn);
+                drop(removed);
+            }
+            QpObject::Gsi(qp) => {
+                // After this nothing touches its buffers or completes.
+                qp.kill();
+                if let Some(engine) = dev.engine {
+                    let _ = engine.set_gsi(qp.port, None);
+                }
+            }
+        }
+    }
+
+    fn doorbell(dev: &DeviceCtx<'_>, qp: &QpObject) -> Result {
+        let QpObject::User(qp) = qp else {
+            return Err(EINVAL);
+        };
+        match dev.engine {
+            Some(engine) => engine.doorbell(qp),
+            None => {
+                if qp.state() == QpState::Err {
+                    qp.flush();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues each; the receive thread sends.
+    fn post_send_kernel(dev: &DeviceCtx<'_>, qp: &QpObject, wrs: &mut KernelSends<'_>) -> Result {
+        let QpObject::Gsi(qp) = qp else {
+            return Err(EOPNOTSUPP);
+        };
+        let mut queued = false;
+        let mut result = Ok(());
+        for wr in wrs {
+            if let Err(e) = wr.and_then(|s| qp.post_send(s)) {
+                result = Err(post_error(e));
+                break;
+            }
+            queued = true;
+        }
+        if queued {
+            if let Some(engine) = dev.engine {
+                engine.kick_datagrams();
+            }
+        }
+        result
+    }
+
+    fn post_recv_kernel(_dev: &DeviceCtx<'_>, qp: &QpObject, wrs: &mut KernelRecvs<'_>) -> Result {
+        // User QPs post receives into their rings.
+        let QpObject::Gsi(qp) = qp else {
+            return Err(EOPNOTSUPP);
+        };
+        for wr in wrs {
+            wr.and_then(|r| qp.post_recv(r)).map_err(post_error)?;
+        }
+        Ok(())
+    }
+}
+
+/// A user RC QP: its rings mapped in the caller's context, its number in the device's table.
+fn create_user_qp(
+    dev: &DeviceCtx<'_>,
+    init: &QpInit<'_, MetaRoceOps>,
+    udata: &Udata<'_>,
+    events: Arc<QpEvents>,
+) -> Result<QpMade<QpObject>> {
+    let uctx = udata.ucontext()?;
+    if init.qp_type != QpType::Rc.to_ib() {
+        return Err(EOPNOTSUPP);
+    }
+    if init.create_flags != 0 {
+        return Err(EINVAL);
+    }
+    let (Some(send_cq), Some(recv_cq)) = (init.send_cq, init.recv_cq) else {
+        return Err(EINVAL);
+    };
+    let srq = init.srq.cloned();
+    let cap = Caps::check(&init.caps, srq.is_some()).map_err(|_| EINVAL)?;
+    let sq = UserRing::new(&uctx, cap.max_send_wr)?;
+    let rq = if srq.is_none() {
+        Some(UserRing::new(&uctx, cap.max_recv_wr)?)
+    } else {
+        None
+    };
+    let (sq_info, rq_info) = (sq.info(), rq.as_ref().map(|r| r.info()));
+    let inline = if cap.max_inline_data > 0 {
+        Some(InlineStore::new()?)
+    } else {
+        None
+    };
+    let qpn = reserve_in(&dev.verbs.qps, 1)?;
+    let parts = QpParts {
+        qpn,
+        pd: init.pd,
+        send_cq: send_cq.clone(),
+        recv_cq: recv_cq.clone(),
+        srq,
+        sq_sig_all: init.sig_all,
+        cap,
+        queues: QpQueues { sq, rq },
+        inline,
+    };
+    let qp = match Arc::pin_init(Qp::new(parts, events), GFP_KERNEL) {
+        Ok(qp) => qp,
+        Err(e) => {
+            dev.verbs.qps.lock().remove(qpn);
+            return Err(e);
+        }
+    };
+    if let Err(e) = udata.respond_qp(sq_info, rq_info, cap.max_inline_data) {
+        dev.verbs.qps.lock().remove(qpn);
+        return Err(e);
+    }
+    dev.verbs.qps.lock().insert(qpn, qp.clone());
+    Ok(QpMade {
+        qp: QpObject::User(qp),
+        qpn,
+        caps: cap,
+    })
+}
+
+/// A kernel consumer's QP: only the GSI QP (the MAD layer's, one per port).
+fn create_gsi(dev: &DeviceCtx<'_>, init: &QpInit<'_, MetaRoceOps>) -> Result<QpMade<QpObject>> {
+    if init.qp_type != QpType::Gsi.to_ib() {
+        return Err(EOPNOTSUPP);
+    }
+    let c = &init.caps;
+    if init.create_flags != 0
+        || init.srq.is_some()
+        || init.port == 0
+        || init.port > crate::device::MAX_PLANES
+        || c.max_send_wr > GSI_MAX_WR
+        || c.max_recv_wr > GSI_MAX_WR
+        || c.max_send_sge as usize > GSI_MAX_SGE
+        || c.max_recv_sge as usize > GSI_MAX_SGE
+    {
+        return Err(EINVAL);
+    }
+    let engine = dev.engine.ok_or(ENODEV)?;
+    let (Some(send_cq), Some(recv_cq)) = (init.send_cq, init.recv_cq) else {
+        return Err(EINVAL);
+    };
+    let qp = Arc::pin_init(
+        GsiQp::new(
+            init.port,
+            init.handle,
+            send_cq.clone(),
+            recv_cq.clone(),
+            init.sig_all,
+            c.max_send_wr.max(1),
+            c.max_recv_wr.max(1),
+        )?,
+        GFP_KERNEL,
+    )?;
+    engine.set_gsi(init.port, Some(qp.clone()))?;
+    Ok(QpMade {
+        caps: qp.cap,
+        qp: QpObject::Gsi(qp),
+        qpn: GSI_QPN,
+    })
+}
+
+fn modify_user_qp(
+    dev: &DeviceCtx<'_>,
+    qp: &Arc<Qp>,
+    attr: &ModifyAttr,
+    mask: u32,
+    udata: Option<&Udata<'_>>,
+) -> Result {
+    let dv = dv_command(udata)?;
+    // One modify at a time per QP: the check, the attach and the commit see one state.
+    let _serial = qp.modify.lock();
+    // Validate and attach with the new attributes first, then commit: a call that fails (an
+    // IPv6 destination, no memory for the connection) leaves the QP as it was.
+    let prev = qp.state();
+    let engine = dev.engine;
+    // The transition and every attribute are judged by the rules (`verbs_core::qp::prepare`;
+    // a zero mask, the direct verbs' call, changes nothing in any state).
+    let change = qp.prepare(attr, mask)?;
+    match (prev, change.state, engine) {
+        (QpState::Init, QpState::Rtr, Some(engine)) => engine.attach(qp, &change.attrs)?,
+        (QpState::Rtr, QpState::Rts, Some(engine)) => engine.start_sending(qp, &change.attrs)?,
+        _ => {}
+    }
+    qp.commit(&change);
+    match (change.state, engine) {
+        (QpState::Err, Some(engine)) => engine.fail(qp),
+        (QpState::Err, None) => qp.flush(),
+        _ => {}
+    }
+    match (dv.planes, engine) {
+        (Some(planes), Some(engine)) => engine.set_qp_planes(qp, planes),
+        (Some(planes), None) => qp.set_planes(planes),
+        _ => {}
+    }
+    match udata {
+        Some(u) => dv_respond(u, qp, engine),
+        None => Ok(()),
+    }
+}
+
+/// Reads the driver data of a `modify_qp` (at most the command's size; the rest must be zero)
+/// and has the rules judge it (`verbs_core::udata::modify_qp_cmd`).
+fn dv_command(udata: Option<&Udata<'_>>) -> Result<DvModify> {
+    let Some(u) = udata else {
+        return Ok(DvModify::default());
+    };
+    let mut head = [0u8; udata::MODIFY_QP_CMD_SIZE];
+    let n = u.read_head(&mut head)?;
+    let cleared = u.cleared_from(head.len());
+    udata::modify_qp_cmd(head.get(..n).unwrap_or(&[]), cleared).map_err(|e| match e {
+        udata::UdataError::Unsupported => EOPNOTSUPP,
+        udata::UdataError::Invalid => EINVAL,
+    })
+}
+
+/// The direct verbs' answer to a `modify_qp`: the QP's planes, its connection and as many of
+/// its paths as the caller's buffer takes (a stock `modify_qp` has no room and gets none).
+fn dv_respond(udata: &Udata<'_>, qp: &Qp, engine: Option<&Arc<crate::datapath::Engine>>) -> Result {
+    let Some(room) = udata.modify_qp_path_room() else {
+        return Ok(());
+    };
+    let room = room.min(crate::device::MAX_PATHS as usize);
+    let mut paths: KVec<PathInfo> = KVec::with_capacity(room, GFP_KERNEL)?;
+    let mut nomem = false;
+    let conn = engine.and_then(|e| {
+        e.qp_connection(qp, |pi| {
+            if paths.len() < room && !nomem {
+                // Within the capacity reserved above: no allocation under the peer's lock.
+                nomem = paths.push(pi, GFP_ATOMIC).is_err();
+            }
+        })
+    });
+    if nomem {
+        return Err(ENOMEM);
+    }
+    udata.respond_modify_qp(qp.planes(), conn.as_ref(), &paths)
+}
