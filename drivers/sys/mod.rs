@@ -16,6 +16,7 @@
 //! - [`planes`]: the `planes` sysfs file and the planes' netdev events.
 //! - [`registration`]: the module-wide registrations (link type, netdev notifier).
 //! - [`udp`]: a plane's kernel UDP sockets (receive callback, send).
+//! - [`skb`]: owned skbs and routes, freed or put back when dropped.
 //! - [`stats`]: the hardware counter ops.
 //! - [`udata`]: a uverbs call's driver data, copied in and out through the core's helpers.
 //! - [`kverbs`]: for kernel consumers: address handles, work request chains, work completions.
@@ -31,6 +32,7 @@ pub(crate) mod ops;
 mod planes;
 mod registration;
 pub(crate) mod ring;
+mod skb;
 mod stats;
 pub(crate) mod udata;
 pub(crate) mod udp;

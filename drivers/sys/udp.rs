@@ -21,17 +21,21 @@
 //!   its namespace is dismantled: the driver closes it when the netdev unregisters, which
 //!   happens (under RTNL) before the namespace's UDP state goes away.
 
-use super::{bindings, netdev::NetDev};
+use super::{
+    bindings,
+    netdev::NetDev,
+    skb::{Dst, Dst6, Route4, Skb},
+};
 use crate::counters::{Counter, Counters};
 use crate::net::{parse_ip_header, IpAddr, RxDrop, RxHandler, RxPacket, ECN_ECT0};
 use core::{
     mem::size_of,
-    ptr::{self, NonNull},
+    ptr,
     sync::atomic::{AtomicPtr, Ordering},
 };
 use kernel::{
     error::from_err_ptr,
-    ffi::{c_int, c_uint},
+    ffi::c_int,
     prelude::*,
     sync::{rcu, Arc},
 };
@@ -213,29 +217,24 @@ impl PlaneSocket {
             sport: src_port.to_be(),
         };
         // SAFETY: `sk` is open (we are in the RCU section that `close` waits for after
-        // unpublishing it), so its namespace `net` is alive; `fl4` is a live, initialised flow.
+        // unpublishing it), so its namespace `net` is alive; `fl4` is a live, initialised flow;
+        // the result is a held route or an error pointer.
         let rt = unsafe { bindings::metaroce_glue_ip_route_output_key(self.net, &mut fl4) };
         let rt = from_err_ptr(rt).inspect_err(|_| self.counters.inc(Counter::TxNoRoute))?;
-        // SAFETY: `rt` is a route we hold a reference on.
-        let dst = unsafe { bindings::metaroce_glue_rt_dst(rt) };
-        let skb = match self.build_skb(dst, IPV4_HEADER, payload, seg) {
-            Ok(skb) => skb,
-            Err(e) => {
-                // SAFETY: we hold the route's reference and give it back.
-                unsafe { bindings::metaroce_glue_ip_rt_put(rt) };
-                return Err(e);
-            }
-        };
-        // SAFETY: `dst` is the live route's entry.
-        let ttl = unsafe { bindings::metaroce_glue_ip4_dst_hoplimit(dst) } as u8;
-        // SAFETY: `rt` (whose reference the call consumes), `sk` (open, see above) and `skb`
-        // (ours, with headroom for the UDP and IP headers the call pushes) are valid; the
-        // addresses are the ones the route was looked up for (saddr chosen by the lookup).
+        // SAFETY: a route whose reference the lookup gave us.
+        let rt = unsafe { Route4::from_raw(rt) }.ok_or(ENETUNREACH)?;
+        let dst = rt.dst();
+        let skb = self.build_skb(dst, IPV4_HEADER, payload, seg)?;
+        let ttl = dst.ip4_hoplimit();
+        // SAFETY: `rt` and `skb`, whose ownership the call takes, are a held route and our
+        // skb with headroom for the UDP and IP headers the call pushes; `sk` is open (see
+        // above); the addresses are the ones the route was looked up for (saddr chosen by the
+        // lookup).
         unsafe {
             bindings::udp_tunnel_xmit_skb(
-                rt,
+                rt.into_raw(),
                 sk,
-                skb,
+                skb.into_raw(),
                 fl4.saddr,
                 fl4.daddr,
                 tos,
@@ -271,32 +270,23 @@ impl PlaneSocket {
         // the call fills in the source address and returns a held entry or an error pointer.
         let dst = unsafe { bindings::ip6_dst_lookup_flow(self.net, sk, &mut fl6, ptr::null()) };
         let dst = from_err_ptr(dst).inspect_err(|_| self.counters.inc(Counter::TxNoRoute))?;
-        // SAFETY: `dst` is a live entry we hold a reference on.
-        let route_error = unsafe { (*dst).error };
+        // SAFETY: an entry whose reference the lookup gave us.
+        let dst = unsafe { Dst6::from_raw(dst) }.ok_or(ENETUNREACH)?;
+        let route_error = dst.dst().error();
         if route_error != 0 {
-            // SAFETY: we hold the reference and give it back.
-            unsafe { bindings::dst_release(dst) };
             self.counters.inc(Counter::TxNoRoute);
-            return Err(Error::from_errno(route_error.into()));
+            return Err(Error::from_errno(route_error));
         }
-        let skb = match self.build_skb(dst, IPV6_HEADER, payload, payload.len()) {
-            Ok(skb) => skb,
-            Err(e) => {
-                // SAFETY: we hold the reference and give it back.
-                unsafe { bindings::dst_release(dst) };
-                return Err(e);
-            }
-        };
-        // SAFETY: `dst` is live.
-        let hop_limit = unsafe { bindings::ip6_dst_hoplimit(dst) } as u8;
-        // SAFETY: `dst` (whose reference the call consumes), `sk` (open) and `skb` (ours, with
-        // headroom for the UDP and IPv6 headers) are valid; the addresses are the flow's, the
-        // source chosen by the lookup. No tunnel netdev, so no device statistics.
+        let skb = self.build_skb(dst.dst(), IPV6_HEADER, payload, payload.len())?;
+        let hop_limit = dst.dst().ip6_hoplimit();
+        // SAFETY: `dst` and `skb`, whose ownership the call takes, are a held entry and our
+        // skb with headroom for the UDP and IPv6 headers; `sk` is open; the addresses are the
+        // flow's, the source chosen by the lookup. No tunnel netdev, so no device statistics.
         unsafe {
             bindings::udp_tunnel6_xmit_skb(
-                dst,
+                dst.into_raw(),
                 sk,
-                skb,
+                skb.into_raw(),
                 ptr::null_mut(),
                 &fl6.saddr,
                 &fl6.daddr,
@@ -312,67 +302,22 @@ impl PlaneSocket {
         Ok(())
     }
 
-    /// A new skb holding `payload`, with room in front for the link layer of `dst`'s device,
-    /// an IP header of `ip_header` bytes and the UDP header; `EMSGSIZE` if the datagram does
+    /// An skb holding `payload`, with room in front for the link layer of `dst`'s device, an
+    /// IP header of `ip_header` bytes and the UDP header: one datagram, or (`seg` shorter than
+    /// `payload`) a UDP GSO packet of datagrams of `seg` bytes. `EMSGSIZE` if a datagram does
     /// not fit the route's MTU.
-    /// An skb holding `payload`, with room for the UDP and IP headers in front: one datagram,
-    /// or (`seg` shorter than `payload`) a UDP GSO packet of datagrams of `seg` bytes.
-    fn build_skb(
-        &self,
-        dst: *mut bindings::dst_entry,
-        ip_header: usize,
-        payload: &[u8],
-        seg: usize,
-    ) -> Result<*mut bindings::sk_buff> {
-        // SAFETY: `dst` is a live entry the caller holds.
-        let mtu = unsafe { bindings::metaroce_glue_dst_mtu(dst) } as usize;
+    fn build_skb(&self, dst: Dst<'_>, ip_header: usize, payload: &[u8], seg: usize) -> Result<Skb> {
         let seg = seg_len(seg, payload.len());
         let datagram = ip_header + UDP_HEADER + seg;
         let total = ip_header + UDP_HEADER + payload.len();
         let segs = segments(payload.len(), seg);
-        if datagram > mtu || total > usize::from(u16::MAX) || segs > MAX_GSO_SEGS {
+        if datagram > dst.mtu() || total > usize::from(u16::MAX) || segs > MAX_GSO_SEGS {
             return Err(EMSGSIZE);
         }
-        // SAFETY: as above.
-        let ll = unsafe { bindings::metaroce_glue_dst_ll_reserved_space(dst) } as usize;
-        let headroom = ll + ip_header + UDP_HEADER;
-        // Both terms are bounded (link-layer reserve, 64 KiB datagram): no overflow.
-        let size = c_uint::try_from(headroom + payload.len()).map_err(|_| EMSGSIZE)?;
-        // SAFETY: plain allocation, atomic so any context may call it.
-        let skb = unsafe { bindings::metaroce_glue_alloc_skb_atomic(size) };
-        if skb.is_null() {
-            return Err(ENOMEM);
-        }
-        // SAFETY: `skb` is our fresh, empty skb of `size` bytes: reserving `headroom` and then
-        // putting `payload.len()` bytes stays within it; `skb_put` returns the start of the
-        // `payload.len()` bytes it added, which cannot overlap `payload`.
-        unsafe {
-            bindings::metaroce_glue_skb_reserve(skb, headroom as c_int);
-            let data = bindings::skb_put(skb, payload.len() as c_uint);
-            ptr::copy_nonoverlapping(payload.as_ptr(), data.cast::<u8>(), payload.len());
-        }
+        let headroom = dst.ll_reserved_space() + ip_header + UDP_HEADER;
+        let mut skb = Skb::with_payload(headroom, payload)?;
         if segs > 1 {
-            // UDP GSO as `udp_sendmsg` makes it: the checksum left partial (the stack finishes
-            // it per datagram), starting at the UDP header `udp_tunnel_xmit_skb` will push
-            // just in front of the payload, and the segment size and count in the shared info.
-            // SAFETY: `skb` is ours and has `headroom` >= 8 bytes in front of the payload:
-            // pushing the 8 bytes of the UDP header and pulling them back leaves it as it was;
-            // in between, `skb_partial_csum_set` records that place (offset 0 from `data`, the
-            // checksum field 6 bytes in), which lies within the skb. `skb_shinfo` is the
-            // skb's own shared info, which nobody else sees yet.
-            unsafe {
-                bindings::skb_push(skb, UDP_HEADER as c_uint);
-                let ok = bindings::skb_partial_csum_set(skb, 0, UDP_CHECK_OFFSET);
-                bindings::skb_pull(skb, UDP_HEADER as c_uint);
-                if !ok {
-                    bindings::metaroce_glue_kfree_skb(skb);
-                    return Err(EINVAL);
-                }
-                let info = bindings::metaroce_glue_skb_shinfo(skb);
-                (*info).gso_size = seg as u16;
-                (*info).gso_segs = segs as u16;
-                (*info).gso_type = bindings::SKB_GSO_UDP_L4 as c_uint;
-            }
+            skb.set_udp_gso(seg as u16, segs as u16, UDP_CHECK_OFFSET)?;
         }
         Ok(skb)
     }
@@ -492,47 +437,11 @@ fn open_socket(
     Ok(sk)
 }
 
-/// The bytes of a linear skb: the IP header (network header up to the transport header) and
-/// the UDP header plus payload (transport header up to the end of the data).
-///
-/// # Safety
-///
-/// `skb` must be a live, linear skb whose network and transport headers are set.
-unsafe fn skb_headers<'a>(skb: *mut bindings::sk_buff) -> Option<(&'a [u8], &'a [u8])> {
-    // SAFETY: per the contract, `skb` is live and its header offsets are set.
-    let (head, data, len, nh, th) = unsafe {
-        (
-            (*skb).head.cast_const(),
-            (*skb).data.cast_const(),
-            (*skb).len as usize,
-            bindings::metaroce_glue_skb_network_header(skb).cast_const(),
-            bindings::metaroce_glue_skb_transport_header(skb).cast_const(),
-        )
-    };
-    // SAFETY: a linear skb's `len` bytes from `data` are its data, inside its head buffer.
-    let end = unsafe { data.add(len) };
-    // The IP header lies between the buffer's start and the UDP header, which lies in the data:
-    // check it instead of trusting it, comparing addresses only.
-    let (head_a, nh_a, th_a, data_a, end_a) =
-        (head.addr(), nh.addr(), th.addr(), data.addr(), end.addr());
-    if !(head_a <= nh_a && nh_a <= th_a && data_a <= th_a && th_a <= end_a) {
-        return None;
-    }
-    // SAFETY: `nh..th` and `th..end` lie within the skb's head buffer (checked above: from
-    // `head` to the end of the linear data), which stays allocated and unmodified while the
-    // skb is ours, i.e. for the caller's use of the slices.
-    unsafe {
-        Some((
-            core::slice::from_raw_parts(nh, th_a - nh_a),
-            core::slice::from_raw_parts(th, end_a - th_a),
-        ))
-    }
-}
-
 /// A received datagram's UDP payload, left in the skb the stack handed us (no copy); the skb
-/// is freed when this is dropped.
+/// is freed (as used) when this is dropped.
 pub(crate) struct RxBuf {
-    skb: NonNull<bindings::sk_buff>,
+    /// Never None but in `drop`.
+    skb: Option<Skb>,
     data: *const u8,
     len: usize,
 }
@@ -544,10 +453,13 @@ unsafe impl Send for RxBuf {}
 impl RxBuf {
     /// # Safety
     ///
-    /// `skb` must be a linear skb we own (handed over by the stack), and `data..data+len`
-    /// lie in its data; this takes the ownership.
-    unsafe fn new(skb: NonNull<bindings::sk_buff>, data: *const u8, len: usize) -> Self {
-        RxBuf { skb, data, len }
+    /// `skb` must be linear, and `data..data+len` lie in its data.
+    unsafe fn new(skb: Skb, data: *const u8, len: usize) -> Self {
+        RxBuf {
+            skb: Some(skb),
+            data,
+            len,
+        }
     }
 
     /// The payload.
@@ -560,8 +472,9 @@ impl RxBuf {
 
 impl Drop for RxBuf {
     fn drop(&mut self) {
-        // SAFETY: the skb is ours (see `new`) and freed once, here.
-        unsafe { bindings::consume_skb(self.skb.as_ptr()) };
+        if let Some(skb) = self.skb.take() {
+            skb.consume();
+        }
     }
 }
 
@@ -572,41 +485,34 @@ impl Drop for RxBuf {
 /// Called only by the UDP stack, in softirq under RCU, for a socket we set up, with an skb we
 /// then own (the UDP checksum verified, `data` at the UDP header, trimmed to the UDP length).
 unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_buff) -> c_int {
+    // SAFETY: the skb is ours (see the contract); dropped, it is freed.
+    let Some(mut skb) = (unsafe { Skb::from_raw(skb) }) else {
+        return 0;
+    };
     // SAFETY: `sk` is live for the callback; the caller holds the RCU read lock.
     let ctx = unsafe { bindings::metaroce_glue_sk_user_data(sk) }.cast::<RxContext>();
     // SAFETY: a non-null `sk_user_data` is our `RxContext`, kept alive until a grace period
     // after it is cleared (see `PlaneSocket::close`), and we are inside that RCU section.
     let Some(ctx) = (unsafe { ctx.as_ref() }) else {
-        // Closing: drop the datagram.
-        // SAFETY: the skb is ours to free.
-        unsafe { bindings::metaroce_glue_kfree_skb(skb) };
+        // Closing: the datagram is dropped.
         return 0;
     };
-    // SAFETY: the skb is ours; linearising may reallocate its head, so headers are read after.
-    if unsafe { bindings::metaroce_glue_skb_linearize(skb) } != 0 {
+    // Linearising may reallocate the head, so the headers are read after.
+    if skb.linearize().is_err() {
         ctx.handler.dropped(RxDrop::NoMemory);
-        // SAFETY: the skb is ours to free.
-        unsafe { bindings::metaroce_glue_kfree_skb(skb) };
         return 0;
     }
-    // SAFETY: the skb is ours, now linear, and the stack set its network and transport headers.
-    let headers = unsafe { skb_headers(skb) };
-    let parsed = headers.and_then(|(ip, udp)| {
+    let parsed = skb.headers().and_then(|(ip, udp)| {
         let (src, dst, ecn_ce) = parse_ip_header(ip)?;
         let src_port = u16::from_be_bytes([*udp.first()?, *udp.get(1)?]);
         let payload = udp.get(UDP_HEADER..)?;
         Some((src, dst, src_port, ecn_ce, payload.as_ptr(), payload.len()))
     });
-    // SAFETY: the skb is ours. The stack walks the datagrams it cut a GSO packet into as a
-    // list (`udp_queue_rcv_skb`) without unlinking them: all but the last have a next one.
-    let more = unsafe { bindings::metaroce_glue_skb_more(skb) };
+    let more = skb.more();
     match parsed {
         Some((src, dst, src_port, ecn_ce, data, len)) => {
-            let Some(skb) = NonNull::new(skb) else {
-                return 0;
-            };
             // The skb goes to the handler with the packet (no copy).
-            // SAFETY: `skb` is ours and linear; `data..data+len` lies in its data.
+            // SAFETY: `skb` is linear; `data..data+len` lies in its data.
             let payload = unsafe { RxBuf::new(skb, data, len) };
             ctx.handler.receive(RxPacket {
                 src,
@@ -617,11 +523,7 @@ unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_b
                 payload,
             });
         }
-        None => {
-            ctx.handler.dropped(RxDrop::BadHeaders);
-            // SAFETY: the skb is ours to free.
-            unsafe { bindings::metaroce_glue_kfree_skb(skb) };
-        }
+        None => ctx.handler.dropped(RxDrop::BadHeaders),
     }
     0
 }
