@@ -265,6 +265,11 @@ struct Evented<E, O> {
 }
 
 impl<E, O> Evented<E, O> {
+    const EMPTY: Self = Evented {
+        events: None,
+        object: None,
+    };
+
     fn get(&self) -> Option<&O> {
         self.object.as_ref()
     }
@@ -277,7 +282,7 @@ impl<E, O> Evented<E, O> {
     ///
     /// `raw` must be the core's object being created, with `device`, `event_handler` and its
     /// context set (as the core does before the driver's create), and `slot` its `Evented` in
-    /// the core's zeroed allocation of our size, not yet seen by anyone else.
+    /// the core's allocation of our size, empty, not yet seen by anyone else.
     unsafe fn create<R>(
         slot: *mut Self,
         raw: NonNull<E>,
@@ -292,7 +297,7 @@ impl<E, O> Evented<E, O> {
                     events: Some(events),
                     object: Some(object),
                 };
-                // SAFETY: per the contract.
+                // SAFETY: per the contract (an empty slot: nothing to drop).
                 unsafe { slot.write(e) };
                 Ok(r)
             }
@@ -322,10 +327,15 @@ struct MetaMr<T: VerbsOps> {
 
 /// The object behind a core object, if the driver's create succeeded.
 ///
+/// Every create trampoline writes its slot empty before anything else (the core's allocation
+/// is zeroed, and zero bytes need not be a valid `Option` of the driver's type), so a slot is
+/// valid from then on, also after a failed create.
+///
 /// # Safety
 ///
 /// `raw` must be null or a live object of our device whose allocation is a `Meta` of `T`
-/// (every object of its kind on our device is), and the result must not outlive it.
+/// (every object of its kind on our device is) and whose create began, and the result must
+/// not outlive it.
 unsafe fn slot<'a, M: 'a, O: 'a>(
     raw: *mut M,
     get: impl FnOnce(&'a M) -> Option<&'a O>,
@@ -384,6 +394,8 @@ unsafe extern "C" fn create_cq<T: VerbsOps>(
     attrs: *mut bindings::uverbs_attr_bundle,
 ) -> c_int {
     const { assert!(offset_of!(MetaCq<T>, ibcq) == 0) };
+    // SAFETY: the core's allocation of our size, being created (see `slot`).
+    unsafe { ptr::addr_of_mut!((*ibcq.cast::<MetaCq<T>>()).cq).write(None) };
     // SAFETY: per the contract; `attr` is the core's, `attrs` null for kernel consumers or the
     // live bundle of this uverbs call, whose driver udata lives as long.
     let (dev, attr, udata) = unsafe {
@@ -403,7 +415,8 @@ unsafe extern "C" fn create_cq<T: VerbsOps>(
     };
     match T::create_cq(&dev, attr.cqe, attr.flags, udata.as_ref(), CqNotifier(raw)) {
         Ok((cq, entries)) => {
-            // SAFETY: the core's zeroed allocation of our size, not yet seen by anyone else.
+            // SAFETY: the core's allocation of our size, its slot empty (written above), not yet
+            // seen by anyone else.
             unsafe {
                 (*ibcq).cqe = entries as c_int;
                 ptr::addr_of_mut!((*ibcq.cast::<MetaCq<T>>()).cq).write(Some(cq));
@@ -489,6 +502,8 @@ unsafe extern "C" fn create_srq<T: VerbsOps>(
     udata: *mut bindings::ib_udata,
 ) -> c_int {
     const { assert!(offset_of!(MetaSrq<T>, ibsrq) == 0) };
+    // SAFETY: the core's allocation of our size, being created (see `slot`).
+    unsafe { ptr::addr_of_mut!((*ibsrq.cast::<MetaSrq<T>>()).srq).write(Evented::EMPTY) };
     // SAFETY: per the contract; `udata` is this call's (or null).
     let (dev, init, udata) = unsafe { (ctx((*ibsrq).device), &mut *init, Udata::from_raw(udata)) };
     let Some(raw) = NonNull::new(ibsrq) else {
@@ -706,6 +721,8 @@ unsafe extern "C" fn create_qp<T: VerbsOps>(
     udata: *mut bindings::ib_udata,
 ) -> c_int {
     const { assert!(offset_of!(MetaQp<T>, ibqp) == 0) };
+    // SAFETY: the core's allocation of our size, being created (see `slot`).
+    unsafe { ptr::addr_of_mut!((*ibqp.cast::<MetaQp<T>>()).qp).write(Evented::EMPTY) };
     // SAFETY: per the contract: `ibqp` has `device` and `pd` set, `init` is the core's, and
     // its CQs and SRQ are live objects of ours (the core resolved them), for this call.
     let (dev, init, udata, pd) = unsafe {
