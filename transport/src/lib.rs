@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! MetaRoCE sans-IO transport core.
 //!
 //! The protocol logic with no I/O, no allocation and no clock of its own: the caller feeds

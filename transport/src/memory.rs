@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! The core's only window onto memory: a trait the caller implements with its memory-region
 //! table (the kernel: MRs and umem pages; the simulator: `Vec`s).
 //!

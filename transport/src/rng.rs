@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! A small seeded PRNG (xorshift64*) for path entropy. Not cryptographic: the caller seeds it
 //! (the kernel from `get_random_u64`), tests with fixed seeds.
 

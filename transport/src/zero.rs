@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Types whose all-zero bytes are a valid value: what a zero-allocated connection is made of.
 //!
 //! A [`Connection`](super::connection::Connection) is too large for the stack, so a caller

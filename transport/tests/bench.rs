@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Rough CPU cost of the core per datagram, without the simulator's overheads: two
 //! connections wired back to back (no loss, zero delay), bulk 4 KiB WRITEs.
 //! `cargo test --release -p metaroce-transport --test bench -- --ignored --nocapture`

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! End-to-end tests over the simulated fabric.
 
 mod sim;

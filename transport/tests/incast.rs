@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Incast: N senders (N = 2..64) write to one receiver through one switch port that marks
 //! ECN above a threshold and drops when its buffer is full (`sim::fabric`). For the full
 //! algorithm, for ECN alone and for the receiver's rate alone: utilisation of the bottleneck,

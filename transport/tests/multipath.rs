@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Native multipathing over an ECMP fabric (issue 4): packet spraying over many paths,
 //! reordering that is not loss, link and plane failures routed around, a lossy path that
 //! costs little, a failed plane re-admitted, 256 paths. Every run is seeded and

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Property tests over the simulated fabric: whatever the loss (below 100%), reordering and
 //! duplication, every message is delivered exactly once, byte-exact, with completions in
 //! posting order.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Unified connections at scale: thousands of streams (QPs) on one connection, the memory a
 //! stream takes, and a packet's cost not growing with the number of idle streams.
 

@@ -1,10 +1,12 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Feeds arbitrary datagrams (and timer ticks) to a connection that has work outstanding in
 //! both roles; nothing may panic. Input: a sequence of records `[kind, len_hi, len_lo, bytes..]`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use metaroce_transport::connection::{Config, Connection};
-use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, Sge, SgList};
+use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
 use metaroce_transport::stream::{RecvWqe, SendWqe, StreamConfig, WrOpcode};
 
 /// One 64 KiB region at address 0 under key 1.
@@ -25,25 +27,64 @@ impl Mem {
 }
 
 impl Memory for Mem {
-    fn read_local(&mut self, _qp: u32, sge: &Sge, offset: u32, out: &mut [u8]) -> Result<(), AccessError> {
-        let r = self.range(sge.lkey, sge.addr.wrapping_add(u64::from(offset)), out.len())?;
+    fn read_local(
+        &mut self,
+        _qp: u32,
+        sge: &Sge,
+        offset: u32,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
+        let r = self.range(
+            sge.lkey,
+            sge.addr.wrapping_add(u64::from(offset)),
+            out.len(),
+        )?;
         out.copy_from_slice(&self.0[r]);
         Ok(())
     }
-    fn write_local(&mut self, _qp: u32, sge: &Sge, offset: u32, data: &[u8]) -> Result<(), AccessError> {
-        let r = self.range(sge.lkey, sge.addr.wrapping_add(u64::from(offset)), data.len())?;
+    fn write_local(
+        &mut self,
+        _qp: u32,
+        sge: &Sge,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        let r = self.range(
+            sge.lkey,
+            sge.addr.wrapping_add(u64::from(offset)),
+            data.len(),
+        )?;
         self.0[r].copy_from_slice(data);
         Ok(())
     }
-    fn check_remote(&mut self, _qp: u32, rkey: u32, va: u64, len: u32, _: Access) -> Result<(), AccessError> {
+    fn check_remote(
+        &mut self,
+        _qp: u32,
+        rkey: u32,
+        va: u64,
+        len: u32,
+        _: Access,
+    ) -> Result<(), AccessError> {
         self.range(rkey, va, len as usize).map(|_| ())
     }
-    fn write_remote(&mut self, _qp: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+    fn write_remote(
+        &mut self,
+        _qp: u32,
+        rkey: u32,
+        va: u64,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
         let r = self.range(rkey, va, data.len())?;
         self.0[r].copy_from_slice(data);
         Ok(())
     }
-    fn read_remote(&mut self, _qp: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read_remote(
+        &mut self,
+        _qp: u32,
+        rkey: u32,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
         let r = self.range(rkey, va, out.len())?;
         out.copy_from_slice(&self.0[r]);
         Ok(())
@@ -61,18 +102,42 @@ fuzz_target!(|data: &[u8]| {
     let mut cfg = Config::new(7, 9);
     cfg.num_paths = 4;
     cfg.mtu = 256;
-    let Ok(mut c) = Connection::<metaroce_transport::connection::Paths<4>, [metaroce_transport::stream::Stream; 2]>::new(cfg).map(Box::new) else { return };
+    let Ok(mut c) = Connection::<
+        metaroce_transport::connection::Paths<4>,
+        [metaroce_transport::stream::Stream; 2],
+    >::new(cfg)
+    .map(Box::new) else {
+        return;
+    };
     let s = c.open_stream(StreamConfig::new(1, 2)).unwrap();
     let mut mem = Mem(vec![0; 64 << 10]);
     let sgl = |addr, len| SgList::single(Sge { addr, len, lkey: 1 });
     for i in 0..2 {
-        let _ = c.post_recv(s, RecvWqe { wr_id: i, local: sgl(4096 * i, 4096) });
+        let _ = c.post_recv(
+            s,
+            RecvWqe {
+                wr_id: i,
+                local: sgl(4096 * i, 4096),
+            },
+        );
     }
     let now = 1_000u64;
     let _ = c.post_send(now, s, SendWqe::new(1, WrOpcode::Send, sgl(0, 1000)));
-    let _ = c.post_send(now, s, SendWqe::new(2, WrOpcode::RdmaWrite, sgl(0, 700)).remote(0, 1));
-    let _ = c.post_send(now, s, SendWqe::new(3, WrOpcode::RdmaRead, sgl(8192, 600)).remote(0, 1));
-    let _ = c.post_send(now, s, SendWqe::new(4, WrOpcode::FetchAdd, sgl(16384, 8)).remote(64, 1));
+    let _ = c.post_send(
+        now,
+        s,
+        SendWqe::new(2, WrOpcode::RdmaWrite, sgl(0, 700)).remote(0, 1),
+    );
+    let _ = c.post_send(
+        now,
+        s,
+        SendWqe::new(3, WrOpcode::RdmaRead, sgl(8192, 600)).remote(0, 1),
+    );
+    let _ = c.post_send(
+        now,
+        s,
+        SendWqe::new(4, WrOpcode::FetchAdd, sgl(16384, 8)).remote(64, 1),
+    );
     let mut buf = vec![0u8; 1024];
     let mut now = now;
     let mut rest = data;

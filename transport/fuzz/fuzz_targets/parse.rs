@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Parses arbitrary bytes; whatever parses must re-emit to the same bytes.
 #![no_main]
 
@@ -5,7 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use metaroce_transport::wire::{AckWriter, Ext, Packet};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(view) = Packet::parse(data) else { return };
+    let Ok(view) = Packet::parse(data) else {
+        return;
+    };
     let mut out = vec![0u8; data.len() + 64];
     let n = match view.header.ext {
         Ext::Ack(info) => {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! The receiver's side: one [`RateAllocator`] per receiving device divides its inbound
 //! capacity among the senders that are sending to it; every connection into the device
 //! reports to it and returns the grant to its sender in every ACK.

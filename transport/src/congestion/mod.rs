@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Congestion control (the algorithm, its parameters and the reasoning: `docs/congestion.md`).
 //!
 //! Sender side, per connection ([`ConnCc`]) and per path ([`Window`] in each path):

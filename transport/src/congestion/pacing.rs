@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Pacing: data packets leave no faster than a rate, with a bounded burst.
 
 use super::super::zero::{zero_valid, ZeroValid};

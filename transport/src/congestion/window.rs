@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! A congestion window in packets with DCTCP-style ECN response (see `docs/congestion.md`).
 
 use super::super::zero::{zero_valid, ZeroValid};

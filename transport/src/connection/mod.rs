@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! A connection between two devices: its paths below, its streams above.
 //!
 //! Sans-IO, in the manner of quinn-proto: the caller feeds datagrams

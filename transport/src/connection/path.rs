@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! A path: one ECMP route (a UDP source port on a plane) with its own PSN space in each
 //! direction, congestion window, RTT estimate, timers and state.
 //!

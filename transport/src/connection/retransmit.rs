@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Sender-side loss detection on one path: the in-flight table of the path's PSN space.
 //!
 //! Every path has its own PSN space, so reordering *across* paths (the normal case when

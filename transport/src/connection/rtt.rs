@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Smoothed RTT and retransmission timeout, RFC 6298 style, in integer nanoseconds.
 
 use super::super::zero::{zero_valid, ZeroValid};

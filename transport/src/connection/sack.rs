@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Selective acknowledgement state.
 //!
 //! - [`PsnWindow`]: the receiver's view of one path's PSN space: a cumulative PSN plus the

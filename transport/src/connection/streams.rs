@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Where a connection keeps its streams, and how it finds the few that need attention without
 //! looking at the others.
 //!

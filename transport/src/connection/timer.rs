@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! The timers a connection asks its caller to arm. The caller arms one timer at
 //! [`super::Connection::poll_timeout`] and calls [`super::Connection::handle_timeout`] when it
 //! fires (or earlier; firing early is harmless).

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! A stream: one QP's ordered sequence of messages on a connection, in both roles.
 //!
 //! - [`requester`]: posted send WQEs, message numbering, segmentation, completion in order,

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Requester side of a stream: the send queue.
 //!
 //! Each posted WQE gets the next MSN (and, if it consumes a receive WQE at the peer, the next

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Responder side of a stream: the receive queue, message assembly, READ/atomic responses.
 //!
 //! Data is placed the moment it arrives, in any order: a SEND names its receive WQE (RSN) and

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! ACK body: a 12-byte ACK header, then per-path entries (48 bytes each), then per-stream
 //! entries (8 bytes each).
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Bounds-checked big-endian (network order) reader and writer over byte slices.
 //!
 //! Every access goes through `get`/`get_mut`, so a short buffer is an error, never a panic.

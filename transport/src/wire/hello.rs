@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! HELLO: how two devices tell each other their planes (docs/wire-format.md, "HELLO").
 //!
 //! A device with several planes (independent networks, one netdev each) reaches a peer on plane

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! MetaRoCE wire format, version 1. The normative description, with every field's offset and
 //! width, is `docs/wire-format.md`; this module is its implementation.
 //!

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! Base header, per-opcode extension headers, and whole-packet parse/emit.
 
 use super::ack::{AckHeader, PathAck, StreamAck, ACK_HEADER_LEN, PATH_ACK_LEN, STREAM_ACK_LEN};

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! `zero_valid!`: a [`ZeroValid`](super::ZeroValid) implementation the compiler checks.
 //!
 //! A file of its own so that the documentation tests of `ZeroValid` can include it (they

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! An N-to-1 fabric for congestion tests: hosts with a NIC each (serialisation at a rate,
 //! FIFO), all connected to one switch whose egress port towards each host is a FIFO queue
 //! with a rate, a buffer (drops when full) and ECN marking above a threshold (instantaneous

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+
 //! A deterministic fabric simulator: two endpoints, Vec-backed memory regions, and a link
 //! model with loss, per-path delay and jitter (FIFO per path, so jitter reorders packets
 //! across paths only, like ECMP routes), duplication and a serialisation rate; time advances
