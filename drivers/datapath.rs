@@ -218,8 +218,9 @@ fn head_src(q: &RxQueue) -> Option<[u8; 4]> {
 #[pin_data]
 pub(crate) struct Engine {
     verbs: Arc<Verbs>,
-    /// Payload bytes per packet, the same on both ends (derived from the netdev MTU).
-    mtu: u32,
+    /// Payload bytes per packet of new connections, the same on both ends (derived from the
+    /// first plane's netdev MTU, `device::payload_mtu`; see `set_link_mtu`).
+    mtu: AtomicU32,
     /// The device's planes (their sockets), by plane number; taken out (and released) when
     /// the device goes away.
     #[pin]
@@ -385,10 +386,10 @@ struct QpSlot {
     qp: Option<Arc<Qp>>,
     /// On the feed queue.
     queued: bool,
-    /// Userspace broke one of the QP's rings and its stream was failed: the flushes of what
-    /// the transport held come out of the next round of the run, the rings' at a feed after
-    /// that (see [`Engine::feed`]).
-    ring_failed: bool,
+    /// The QP was failed (userspace broke one of its rings, or its connection was retired)
+    /// and so was its stream: the flushes of what the transport held come out of the next
+    /// round of the run, the rings' at a feed after that (see [`Engine::feed`]).
+    failed: bool,
 }
 
 impl QpSlot {
@@ -533,7 +534,7 @@ impl Engine {
         let engine = Arc::pin_init(
             pin_init!(Engine {
                 verbs,
-                mtu,
+                mtu: AtomicU32::new(mtu),
                 planes <- new_spinlock_bh!([const { None }; MAX_PLANES], "metaroce_planes"),
                 epoch: Engine::new_epoch(),
                 counters: own_counters,
@@ -698,7 +699,7 @@ impl Engine {
         // Our id for the peer: random and nonzero; the peer's is learned from its HELLO.
         let local_id = (work::random_u64() as u32).max(1);
         let mut cfg = Config::new(local_id, 0);
-        cfg.mtu = self.mtu;
+        cfg.mtu = self.mtu();
         cfg.num_paths = self.paths();
         cfg.seed = work::random_u64() | 1;
         // ACK at the end of each processed batch (or sooner, see `ACK_DELAY_NS`): batches are
@@ -789,6 +790,11 @@ impl Engine {
                 chunk = Some(crate::sys::zeroed_box::<[Stream; CHUNK]>()?);
             }
         }
+    }
+
+    /// Payload bytes per packet of new connections.
+    pub(crate) fn mtu(&self) -> u32 {
+        self.mtu.load(Ordering::Acquire)
     }
 
     /// Peer devices this device connects to at most.
@@ -890,7 +896,7 @@ impl Engine {
                 *slot = QpSlot {
                     qp: Some(qp.clone()),
                     queued: false,
-                    ring_failed: false,
+                    failed: false,
                 };
             }
             p.attached += 1;
@@ -1282,13 +1288,13 @@ impl Engine {
         for &sid in feed.iter() {
             if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
                 // Failed before this round: its transport flushes come out of this round.
-                let failed_before = slot.ring_failed;
+                let failed_before = slot.failed;
                 let fed = Self::feed(conn, slot, sid, now);
                 if fed == Fed::RingError {
                     self.counters.inc(Counter::RingErrors);
                 }
                 if failed_before {
-                    slot.ring_failed = false;
+                    slot.failed = false;
                 }
                 slot.queued = fed != Fed::Done;
                 again |= slot.queued;
@@ -1306,19 +1312,17 @@ impl Engine {
     ///
     /// Userspace may have written anything into its rings: a producer index claiming more
     /// than a ring holds, or a WQE the provider could not have written
-    /// (`sys::send_wqe_decodes`, `sys::recv_wqe_decodes`), fails the QP (`Qp::ring_error`:
+    /// (`sys::send_wqe_decodes`, `sys::recv_wqe_decodes`), fails the QP (`Qp::fatal`:
     /// the error state, `IB_EVENT_QP_FATAL`) and its stream. The WQE stays in the ring and
     /// flushes with the others, after what the transport held for the QP: that flushes as
     /// the run's next round delivers its completions, and the rings wait for a feed after
-    /// that ([`QpSlot::ring_failed`]).
+    /// that ([`QpSlot::failed`]).
     fn feed(conn: &mut Conn, slot: &mut QpSlot, sid: StreamId, now: u64) -> Fed {
-        let QpSlot {
-            qp, ring_failed, ..
-        } = slot;
+        let QpSlot { qp, failed, .. } = slot;
         let Some(qp) = qp.as_ref() else {
             return Fed::Done;
         };
-        if *ring_failed {
+        if *failed {
             return Fed::Again;
         }
         let mut inner = qp.inner.lock();
@@ -1430,10 +1434,10 @@ impl Engine {
                 }
             }
         }
-        if broken && qp.ring_error(&mut inner) {
+        if broken && qp.fatal(&mut inner) {
             drop(inner);
             let _ = conn.fail_stream(sid);
-            *ring_failed = true;
+            *failed = true;
             return Fed::RingError;
         }
         Fed::Done

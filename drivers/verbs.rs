@@ -781,11 +781,12 @@ impl Qp {
         self.planes.store(planes, Ordering::Release);
     }
 
-    /// Userspace broke one of the QP's rings (a producer index beyond it, a WQE that does not
-    /// decode): the QP moves to the error state and `IB_EVENT_QP_FATAL` is raised. Once: a QP
-    /// already in the error state stays there quietly (returns false). The caller holds
+    /// The QP cannot go on: userspace broke one of its rings (a producer index beyond it, a
+    /// WQE that does not decode), or its connection was retired (`datapath::Engine::
+    /// set_link_mtu`). It moves to the error state and `IB_EVENT_QP_FATAL` is raised. Once: a
+    /// QP already in the error state stays there quietly (returns false). The caller holds
     /// `inner`, fails the QP's stream and has the rings flushed (see `datapath::Engine::feed`).
-    pub(crate) fn ring_error(&self, inner: &mut QpInner) -> bool {
+    pub(crate) fn fatal(&self, inner: &mut QpInner) -> bool {
         if inner.state == QpState::Err {
             return false;
         }

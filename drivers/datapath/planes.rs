@@ -17,7 +17,7 @@
 //!   peer's id is known. Others are answered (rate-limited) and counted, and change nothing.
 //! - Lock order: a peer's lock, then the planes' lock. Nothing is taken under the latter.
 
-use super::{Conn, Engine, Peer, MAX_DATAGRAM};
+use super::{Conn, Engine, Peer, StreamId, MAX_DATAGRAM};
 use crate::{
     counters::Counter,
     device::DeviceRx,
@@ -201,6 +201,55 @@ impl Engine {
         }
     }
 
+    /// The device's first plane's netdev changed its MTU to `link_mtu` (`NETDEV_CHANGEMTU`).
+    /// When that changes the device's packet size (`device::payload_mtu`), new connections take
+    /// the new size, and each connection made with another one is retired: it cannot talk to a
+    /// peer that made its own with the new size (each end rejects the other's full-size
+    /// packets), nor, when the size shrank, fit the link. Its QPs move to the error state with
+    /// `IB_EVENT_QP_FATAL` (what the transport held flushes first, then the rings, as for a
+    /// broken ring), and its peer leaves the table, so that a new QP toward that device makes a
+    /// new connection. The others' planes keep their own links: a plane whose link cannot carry
+    /// the packets fails its paths (`EMSGSIZE`), and the connections avoid it.
+    ///
+    /// Process context.
+    pub(crate) fn set_link_mtu(self: &Arc<Self>, link_mtu: u32) {
+        let mtu = crate::device::payload_mtu(link_mtu);
+        let old = self.mtu.swap(mtu, Ordering::AcqRel);
+        if old == mtu {
+            return;
+        }
+        let mut retired = 0u32;
+        for peer in self.peer_list().iter() {
+            let mut p = peer.inner.lock();
+            if p.conn.config().mtu == mtu {
+                continue;
+            }
+            let inner = &mut *p;
+            for (i, slot) in inner.qps.iter_mut().enumerate() {
+                let Some(qp) = slot.qp.clone() else {
+                    continue;
+                };
+                let sid = StreamId(i as u16);
+                if qp.fatal(&mut qp.inner.lock()) {
+                    let _ = inner.conn.fail_stream(sid);
+                    slot.failed = true;
+                }
+                slot.queue(&mut inner.feed, sid);
+            }
+            self.run(peer, &mut p);
+            if !p.removed {
+                p.removed = true;
+                let addrs = peer.planes.addrs();
+                let gone = self.peers.lock().remove(peer, &addrs);
+                drop(gone);
+            }
+            retired += 1;
+        }
+        pr_info!(
+            "link MTU {link_mtu}: packets of {mtu} payload bytes (were {old}); {retired} connections retired\n"
+        );
+    }
+
     /// The local plane set changed: every peer is told again (HELLO until answered).
     fn planes_changed(self: &Arc<Self>) {
         for peer in self.peer_list().iter() {
@@ -310,7 +359,7 @@ impl Engine {
     /// `conn_id`, the peer's id as we know it or as the HELLO we answer gave it (0: none).
     fn send_hello(&self, peer: &Peer, paths: usize, reply: bool, echo: u32, now: u64) {
         let planes = self.planes.lock();
-        let mtu = u16::try_from(self.mtu).unwrap_or(u16::MAX);
+        let mtu = u16::try_from(self.mtu()).unwrap_or(u16::MAX);
         let mut entries = [HelloEntry {
             plane: 0,
             addr: PlaneAddr::V4([0; 4]),
@@ -461,14 +510,14 @@ impl Engine {
         // Both ends derive the payload MTU from their links' (`device::payload_mtu`); with
         // different ones each rejects the other's full-size packets (not at its MTU's
         // offsets), and QPs fail with retries exceeded. Said, as it cannot be mended here.
-        if theirs_mtu != 0 && u32::from(theirs_mtu) != self.mtu {
+        if theirs_mtu != 0 && u32::from(theirs_mtu) != self.mtu() {
             self.counters.inc(Counter::HelloMtuMismatch);
             if !pp.mtu_mismatch.swap(true, Ordering::Relaxed) {
                 let [a, b, c, d] = pp.addr(0).unwrap_or([0; 4]);
                 pr_warn!(
                     "peer {a}.{b}.{c}.{d} sends {theirs_mtu}-byte packets, this device \
                      {}: their links' MTUs must match\n",
-                    self.mtu
+                    self.mtu()
                 );
             }
         }

@@ -468,9 +468,11 @@ fn detach_plane(ibdev: *mut bindings::ib_device, port: u32) {
 }
 
 /// A netdev event (under RTNL): for a netdev that is one of our planes, removes the plane
-/// (or the device, for port 1) when it unregisters, and follows its link state otherwise.
+/// (or the device, for port 1) when it unregisters, follows the first plane's MTU, and each
+/// plane's link state otherwise.
 pub(super) fn netdev_event(event: c_ulong, ndev: &NetDev<'_>) {
     let unregister = event == bindings::netdev_cmd_NETDEV_UNREGISTER as c_ulong;
+    let mtu = event == bindings::netdev_cmd_NETDEV_CHANGEMTU as c_ulong;
     let link = [
         bindings::netdev_cmd_NETDEV_UP,
         bindings::netdev_cmd_NETDEV_DOWN,
@@ -478,7 +480,7 @@ pub(super) fn netdev_event(event: c_ulong, ndev: &NetDev<'_>) {
     ]
     .iter()
     .any(|&e| event == e as c_ulong);
-    if !unregister && !link {
+    if !unregister && !mtu && !link {
         return;
     }
     // SAFETY: `ndev` is alive for the call; a non-null result is a reference we put below.
@@ -489,6 +491,14 @@ pub(super) fn netdev_event(event: c_ulong, ndev: &NetDev<'_>) {
     match port_of(ibdev, ndev) {
         Some(1) if unregister => ibdev::remove_device_of(ndev),
         Some(port) if unregister => detach_plane(ibdev, port),
+        // The device's packet size follows its first plane's link.
+        Some(1) if mtu => {
+            // SAFETY: we hold a reference, so the device is live.
+            if let Some(engine) = unsafe { ibdev::engine_of(ibdev) } {
+                engine.set_link_mtu(ndev.mtu());
+            }
+        }
+        Some(_) if mtu => {}
         Some(port) => {
             // SAFETY: we hold a reference, so the device is live.
             if let Some(engine) = unsafe { ibdev::engine_of(ibdev) } {

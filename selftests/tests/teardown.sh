@@ -1,7 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 # Teardown under traffic, as hot-unplug and crashes do it: the netdev removed, both ends killed
-# with SIGKILL, `rdma link delete`, a CPU taken offline, and `rmmod`, each while ib_write_bw
+# with SIGKILL, `rdma link delete`, the link MTU changed, a CPU taken offline, and `rmmod`, each
+# while ib_write_bw
 # runs between the two namespaces. The devices go at once (the core disassociates the processes' contexts: their
 # later calls fail), the processes can be killed at once, nothing is left behind (`rdma
 # resource`: no QP or MR, the `peers` file: no QP), and the kernel log stays clean.
@@ -80,6 +81,41 @@ check "rdma link delete mroce1 under traffic: gone within 10 s" wait_for 10 no_d
 kill -9 $CLI $SRV 2>/dev/null
 check "both ib_write_bw ends go at once when killed" gone 10 $CLI $SRV
 check "nothing is left on mroce2" wait_for 10 nothing_left mroce2
+teardown_pair
+
+# --- The link MTU changes on both ends mid-transfer, 1500 -> 1280 (1344-byte packets become
+# 1024-byte ones) and back. A connection made with the old size cannot carry on (each end would
+# reject the other's packets, and the old ones no longer fit the link): it is retired, its QPs
+# fail (IB_EVENT_QP_FATAL), nothing is left, and new QPs get a connection of the new size.
+# pingpong: ibv_rc_pingpong (50 x 4 KiB, data checked) from ns1 to ns2.
+pingpong() {
+	$IP netns exec ns2 timeout 60 ibv_rc_pingpong -d mroce2 -g 1 -n 50 -s 4096 -c >/dev/null 2>&1 &
+	sleep 1
+	$IP netns exec ns1 timeout 60 ibv_rc_pingpong -d mroce1 -g 1 -n 50 -s 4096 -c $NS2_ADDR
+}
+setup_pair metaroce mroce
+bw_start
+$IP -n ns1 link set veth1 mtu 1280
+$IP -n ns2 link set veth2 mtu 1280
+exited=0
+wait_for 15 sh -c "for p in $CLI $SRV; do kill -0 \$p 2>/dev/null && exit 1; done; exit 0" && exited=1
+kill -9 $CLI $SRV 2>/dev/null
+crc=0
+wait $CLI 2>/dev/null || crc=$?
+wait $SRV 2>/dev/null
+check "link MTU 1500 -> 1280 under traffic: ib_write_bw's QP fails, both ends exit within 15 s ($exited; client status $crc)" \
+	test "$exited" = 1 -a "$crc" != 0
+retired() { dmesg_since_mark | grep -c 'packets of 1024 payload bytes (were 1344); 1 connections retired'; }
+check "both devices retired their connection of 1344-byte packets ($(retired) of 2 said so)" \
+	test "$(retired)" = 2
+both_clean() { nothing_left mroce1 && nothing_left mroce2; }
+check "nothing is left on mroce1 or mroce2" wait_for 10 both_clean
+check "a new transfer works with 1024-byte packets" pingpong
+$IP -n ns1 link set veth1 mtu 1500
+$IP -n ns2 link set veth2 mtu 1500
+check "and back at MTU 1500, with 1344-byte packets" pingpong
+check "the peers never saw each other's packets of another size (hello_mtu_mismatch 0)" \
+	test "$(cat /sys/class/infiniband/mroce1/ports/1/hw_counters/hello_mtu_mismatch)" = 0
 teardown_pair
 
 # --- A CPU goes offline mid-transfer and comes back. The receive threads are per CPU, and a
