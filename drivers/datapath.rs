@@ -43,7 +43,7 @@
 
 use crate::{
     counters::{Counter, Counters, COUNTED_PATHS, PATH_COUNTERS},
-    net::RxBuf,
+    net::{NodeAddr, RxBuf},
     sys::{
         bhlock::{new_spinlock_bh, SpinLockBh, SpinLockBhGuard},
         netdev::NetDev,
@@ -73,6 +73,7 @@ use kernel::{
     sync::{Arc, SpinLockIrq},
 };
 
+mod addrcell;
 mod datagrams;
 mod peers;
 mod planes;
@@ -201,7 +202,7 @@ const RX_MARK: usize = 384;
 
 /// A queued datagram.
 struct RxItem {
-    src: [u8; 4],
+    src: NodeAddr,
     ce: bool,
     buf: RxBuf,
 }
@@ -210,7 +211,7 @@ struct RxItem {
 type RxQueue<T = RxItem> = verbs::Fifo<T>;
 
 /// The source of the oldest datagram of `q`.
-fn head_src(q: &RxQueue) -> Option<[u8; 4]> {
+fn head_src(q: &RxQueue) -> Option<NodeAddr> {
     q.peek().map(|i| i.src)
 }
 
@@ -585,7 +586,7 @@ impl Engine {
     /// (bulk traffic, `rx_spread`) the queue goes to another CPU's receive thread instead,
     /// so that this CPU, which is sending them (a veth delivers in the sender's context),
     /// keeps sending while that one receives.
-    pub(crate) fn receive(self: &Arc<Self>, src: [u8; 4], ce: bool, more: bool, buf: RxBuf) {
+    pub(crate) fn receive(self: &Arc<Self>, src: NodeAddr, ce: bool, more: bool, buf: RxBuf) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
         // A long one marks it Congestion Experienced, as a switch queue past its ECN threshold
         // would: the senders' windows shrink before our queue adds delay that fires their
@@ -634,7 +635,7 @@ impl Engine {
     }
 
     /// The peer with address `addr` on any plane.
-    fn peer(&self, addr: [u8; 4]) -> Option<Arc<Peer>> {
+    fn peer(&self, addr: NodeAddr) -> Option<Arc<Peer>> {
         self.peers.lock().find(addr).cloned()
     }
 
@@ -643,7 +644,7 @@ impl Engine {
         self.peers.lock().get(i).cloned()
     }
 
-    fn peer_or_new(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
+    fn peer_or_new(&self, addr: NodeAddr) -> Result<Arc<Peer>> {
         // A peer idle past its linger is not reused: it goes (`reap_idle`), and the QP gets a
         // new connection. Otherwise the side that reaped its peer made a new connection while
         // the other reused its stale one (two incast senders stalled from their first WQE).
@@ -695,7 +696,7 @@ impl Engine {
     }
 
     /// A peer at `addr` with a connection of `paths()` paths and no streams. Process context.
-    fn new_peer(&self, addr: [u8; 4]) -> Result<Arc<Peer>> {
+    fn new_peer(&self, addr: NodeAddr) -> Result<Arc<Peer>> {
         // Our id for the peer: random and nonzero; the peer's is learned from its HELLO.
         let local_id = (work::random_u64() as u32).max(1);
         let mut cfg = Config::new(local_id, 0);
@@ -858,7 +859,11 @@ impl Engine {
             if inner.binding.is_some() {
                 return Ok(());
             }
-            let dest = a.av.dest_ipv4().ok_or(EAFNOSUPPORT)?;
+            // IPv4 (an IPv4-mapped GID) or IPv6; a group address has no connection.
+            let dest = NodeAddr::from_gid(&a.av.dgid);
+            if dest.is_none() || dest.is_group() {
+                return Err(EINVAL);
+            }
             let cfg = StreamConfig {
                 local_qp: qp.qpn,
                 remote_qp: a.dest_qp_num,

@@ -9,7 +9,7 @@ use crate::transport::wire::{Flags, BASE_HEADER_LEN};
 use crate::{
     counters::{Counter, Counters},
     datapath::Engine,
-    net::{IpAddr, RxDrop, RxHandler, RxPacket},
+    net::{NodeAddr, RxDrop, RxHandler, RxPacket},
     sys::netdev::NetDev,
     verbs_core::ib::mtu,
 };
@@ -126,11 +126,12 @@ impl RxHandler for DeviceRx {
                 .receive_datagram(self.plane, pkt.src, pkt.dst, pkt.payload);
             return;
         }
-        match pkt.src {
-            IpAddr::V4(src) => self.engine.receive(src, pkt.ecn_ce, pkt.more, pkt.payload),
-            // The data path has IPv4 peers only, so far.
-            IpAddr::V6(_) => self.counters.inc(Counter::RxNoConnection),
-        }
+        self.engine.receive(
+            NodeAddr::from_ip(pkt.src),
+            pkt.ecn_ce,
+            pkt.more,
+            pkt.payload,
+        );
     }
 
     fn dropped(&self, why: RxDrop) {

@@ -38,6 +38,116 @@ impl IpAddr {
     }
 }
 
+/// A node's address as the data path keys peers by it: 16 bytes, an IPv4 address as its
+/// IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, as RoCE's GIDs write it); all zeros: none.
+/// Ordered bytewise, so that an index of them can be searched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub(crate) struct NodeAddr(pub(crate) [u8; 16]);
+
+impl NodeAddr {
+    /// No address (unknown, or a plane with none).
+    pub(crate) const NONE: NodeAddr = NodeAddr([0; 16]);
+
+    /// The address a GID names (the GID is already in this form).
+    pub(crate) const fn from_gid(g: &[u8; 16]) -> NodeAddr {
+        NodeAddr(*g)
+    }
+
+    pub(crate) fn from_ip(a: IpAddr) -> NodeAddr {
+        match a.to_v6() {
+            IpAddr::V6(b) => NodeAddr(b),
+            IpAddr::V4(_) => NodeAddr::NONE,
+        }
+    }
+
+    /// The address to send to: IPv4 if it is IPv4-mapped, else IPv6. `None` for none.
+    pub(crate) fn ip(self) -> Option<IpAddr> {
+        (!self.is_none()).then(|| IpAddr::from_gid(&self.0))
+    }
+
+    pub(crate) fn is_none(self) -> bool {
+        self.0 == [0; 16] || self.v4() == Some([0; 4])
+    }
+
+    /// The IPv4 address, if IPv4-mapped.
+    pub(crate) fn v4(self) -> Option<[u8; 4]> {
+        match IpAddr::from_gid(&self.0) {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// A multicast address (IPv6 `ff00::/8`, IPv4 `224.0.0.0/4`), or IPv4 limited broadcast:
+    /// not one a connection can have at its other end.
+    pub(crate) fn is_group(self) -> bool {
+        match self.v4() {
+            Some(a) => a[0] & 0xf0 == 0xe0 || a == [255; 4],
+            None => self.0[0] == 0xff,
+        }
+    }
+
+    /// The address as four words (for [`crate::datapath`]'s lock-free cells).
+    pub(crate) fn words(self) -> [u32; 4] {
+        core::array::from_fn(|i| {
+            let b = &self.0[i * 4..i * 4 + 4];
+            u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+        })
+    }
+
+    pub(crate) fn from_words(w: [u32; 4]) -> NodeAddr {
+        let mut a = [0u8; 16];
+        for (chunk, word) in a.chunks_exact_mut(4).zip(w) {
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+        NodeAddr(a)
+    }
+}
+
+/// For `pr_*!` (the kernel's own `Display`): as below.
+impl kernel::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Display::fmt(self, f)
+    }
+}
+
+/// `a.b.c.d` for an IPv4 address, else IPv6 text with the longest run of zero groups
+/// (of two or more) written `::` (RFC 5952).
+impl core::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if let Some([a, b, c, d]) = self.v4() {
+            return write!(f, "{a}.{b}.{c}.{d}");
+        }
+        let g: [u16; 8] =
+            core::array::from_fn(|i| u16::from_be_bytes([self.0[2 * i], self.0[2 * i + 1]]));
+        // The longest run of zero groups, the first of equals.
+        let (mut best, mut best_len, mut i) = (0, 0, 0);
+        while i < 8 {
+            let start = i;
+            while i < 8 && g[i] == 0 {
+                i += 1;
+            }
+            if i - start > best_len {
+                (best, best_len) = (start, i - start);
+            }
+            i += 1;
+        }
+        let mut k = 0;
+        while k < 8 {
+            if best_len >= 2 && k == best {
+                f.write_str(if k == 0 { "::" } else { ":" })?;
+                k += best_len;
+                continue;
+            }
+            write!(f, "{:x}", g[k])?;
+            if k < 7 {
+                f.write_str(":")?;
+            }
+            k += 1;
+        }
+        Ok(())
+    }
+}
+
 /// One received MetaRoCE datagram: its addresses and its UDP payload, which it owns (in the
 /// buffer the stack received it in, freed when the packet is dropped).
 #[allow(dead_code)] // `dst` and `src_port` are for the multi-plane data path.

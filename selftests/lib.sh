@@ -124,8 +124,20 @@ perftest_uncalibrated() { grep -q 'Correlation coefficient' "$1"; }
 # after PREFIX.
 perftest_errors() { grep -iE 'correlation|produce a report|fail|error' "$1" | sed "s/^/$2/"; }
 
+# gid_index DEV REGEX: the first GID index of DEV's port 1 whose GID matches REGEX.
+gid_index() {
+	local f
+	for f in $(ls /sys/class/infiniband/"$1"/ports/1/gids/ | sort -n); do
+		if grep -Eq -- "$2" /sys/class/infiniband/"$1"/ports/1/gids/"$f"; then
+			echo "$f"
+			return 0
+		fi
+	done
+	return 1
+}
+
 # perftest "what" TOOL ARGS...: TOOL's server in ns2 on mroce2, its client in ns1 on mroce1
-# (GID index 1, the IPv4 RoCEv2 GID); both must succeed and the client must report a result
+# (GID index PERF_GID, by default 1, the IPv4 RoCEv2 GID); both must succeed and the client must report a result
 # line. Under TCG perftest's clock calibration sometimes fails (more often on a loaded host):
 # such a run is retried, twice at most.
 # The client's result line is kept in $TAP_DIR/last-result.
@@ -133,11 +145,11 @@ perftest() {
 	local what="$1" tool="$2" try out rc srv
 	shift 2
 	for try in 1 2 3; do
-		$IP netns exec ns2 timeout 120 "$tool" -d mroce2 -x 1 --report_gbits "$@" \
+		$IP netns exec ns2 timeout 120 "$tool" -d mroce2 -x "${PERF_GID:-1}" --report_gbits "$@" \
 			>"$TAP_DIR/perf-server.log" 2>&1 &
 		srv=$!
 		sleep 1
-		out=$($IP netns exec ns1 timeout 120 "$tool" -d mroce1 -x 1 --report_gbits "$@" \
+		out=$($IP netns exec ns1 timeout 120 "$tool" -d mroce1 -x "${PERF_GID:-1}" --report_gbits "$@" \
 			$NS2_ADDR 2>&1) && rc=0 || rc=$?
 		wait $srv || rc=${rc/#0/server-failed}
 		if [ "$try" != 3 ] && printf '%s\n' "$out" | perftest_uncalibrated -; then

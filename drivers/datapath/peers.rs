@@ -1,19 +1,20 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The peer devices of a device: a list (the timers and plane changes walk it) and an index
-//! of every address of every peer (plane 0's, the one its QPs named, and those its proven
+//! of every address (IPv4 or IPv6) of every peer (plane 0's, the one its QPs named, and those its proven
 //! HELLO gave), sorted, so that a datagram's peer is found by binary search, not by a scan of
 //! the peers. Both live under the engine's `peers` lock, taken with bottom halves off; nothing
 //! allocates under it: room for one more peer and its addresses is made before it is locked
 //! ([`PeerTable::grow`]).
 
 use super::{planes::MAX_PLANES, Peer};
+use crate::net::NodeAddr;
 use kernel::{prelude::*, sync::Arc};
 
-/// An address (IPv4, as the `u32` of its network-order bytes) and its peer's place in the list.
+/// An address and its peer's place in the list.
 #[derive(Clone, Copy)]
 struct Entry {
-    addr: u32,
+    addr: NodeAddr,
     pos: usize,
 }
 
@@ -45,17 +46,13 @@ impl PeerTable {
         self.list.iter()
     }
 
-    fn key(addr: [u8; 4]) -> u32 {
-        u32::from_ne_bytes(addr)
-    }
-
-    fn slot(&self, addr: u32) -> core::result::Result<usize, usize> {
+    fn slot(&self, addr: NodeAddr) -> core::result::Result<usize, usize> {
         self.index.binary_search_by_key(&addr, |e| e.addr)
     }
 
     /// The peer with address `addr` on any of its planes.
-    pub(crate) fn find(&self, addr: [u8; 4]) -> Option<&Arc<Peer>> {
-        let i = self.slot(Self::key(addr)).ok()?;
+    pub(crate) fn find(&self, addr: NodeAddr) -> Option<&Arc<Peer>> {
+        let i = self.slot(addr).ok()?;
         self.list.get(self.index.get(i)?.pos)
     }
 
@@ -104,7 +101,7 @@ impl PeerTable {
     pub(crate) fn push(
         &mut self,
         peer: Arc<Peer>,
-        addr: [u8; 4],
+        addr: NodeAddr,
     ) -> core::result::Result<(), Arc<Peer>> {
         if !self.has_room() {
             return Err(peer);
@@ -113,13 +110,13 @@ impl PeerTable {
         if let Err(e) = self.list.push_within_capacity(peer) {
             return Err(e.0);
         }
-        self.insert(Self::key(addr), pos);
+        self.insert(addr, pos);
         Ok(())
     }
 
     /// Indexes `addr` for the peer at `pos` (within the room kept for every peer's planes).
-    fn insert(&mut self, addr: u32, pos: usize) {
-        if addr == 0 {
+    fn insert(&mut self, addr: NodeAddr, pos: usize) {
+        if addr.is_none() {
             return;
         }
         if let Err(at) = self.slot(addr) {
@@ -127,7 +124,7 @@ impl PeerTable {
         }
     }
 
-    fn unindex(&mut self, addr: u32) {
+    fn unindex(&mut self, addr: NodeAddr) {
         if let Ok(i) = self.slot(addr) {
             let _ = self.index.remove(i);
         }
@@ -139,14 +136,20 @@ impl PeerTable {
             .position(|q| core::ptr::eq::<Peer>(&**q, peer))
     }
 
-    /// `peer`'s address changed from `old` to `new` (0: none) on a plane other than 0. No
-    /// allocation: every peer has room for `MAX_PLANES` addresses.
-    pub(crate) fn readdress(&mut self, peer: &Peer, plane0: [u8; 4], old: u32, new: u32) {
+    /// `peer`'s address changed from `old` to `new` (either may be none) on a plane other
+    /// than 0. No allocation: every peer has room for `MAX_PLANES` addresses.
+    pub(crate) fn readdress(
+        &mut self,
+        peer: &Peer,
+        plane0: NodeAddr,
+        old: NodeAddr,
+        new: NodeAddr,
+    ) {
         if old == new {
             return;
         }
         let Some(pos) = self
-            .slot(Self::key(plane0))
+            .slot(plane0)
             .ok()
             .and_then(|i| self.index.get(i))
             .map(|e| e.pos)
@@ -160,7 +163,7 @@ impl PeerTable {
         {
             return;
         }
-        if old != 0
+        if !old.is_none()
             && self
                 .slot(old)
                 .ok()
@@ -173,7 +176,7 @@ impl PeerTable {
     }
 
     /// Takes `peer` out (its addresses `addrs` unindexed); returns it.
-    pub(crate) fn remove(&mut self, peer: &Peer, addrs: &[u32]) -> Option<Arc<Peer>> {
+    pub(crate) fn remove(&mut self, peer: &Peer, addrs: &[NodeAddr]) -> Option<Arc<Peer>> {
         let pos = self.position(peer)?;
         for &a in addrs {
             if self

@@ -17,11 +17,11 @@
 //!   peer's id is known. Others are answered (rate-limited) and counted, and change nothing.
 //! - Lock order: a peer's lock, then the planes' lock. Nothing is taken under the latter.
 
-use super::{Conn, Engine, Peer, StreamId, MAX_DATAGRAM};
+use super::{addrcell::AddrCell, Conn, Engine, Peer, StreamId, MAX_DATAGRAM};
 use crate::{
     counters::Counter,
     device::DeviceRx,
-    net::{IpAddr, RxHandler},
+    net::{IpAddr, NodeAddr, RxHandler},
     sys::{netdev::NetDev, udp::PlaneSocket, udp::UDP_PORT},
     transport::wire::{
         BaseHeader, Ext, Flags, HelloEntry, HelloHeader, Opcode, Packet, PlaneAddr,
@@ -52,9 +52,9 @@ pub(crate) type LocalPlanes = [Option<LocalPlane>; MAX_PLANES];
 /// What this device knows of a peer's planes. Atomics, so the receive path can find a peer by
 /// any of its addresses without a lock.
 pub(crate) struct PeerPlanes {
-    /// The peer's IPv4 address on each plane, in network byte order as a `u32`; 0: unknown.
-    /// Plane 0's is the address the QPs named.
-    addrs: [AtomicU32; MAX_PLANES],
+    /// The peer's address on each plane (none: unknown). Plane 0's is the address the QPs
+    /// named (IPv4 or IPv6); the others are the IPv4 addresses its HELLO gave.
+    addrs: [AddrCell; MAX_PLANES],
     /// Our connection id for the peer (what its packets carry): random, nonzero, fixed.
     local_id: u32,
     /// The peer's connection id for us, from its last proven HELLO; 0: not known yet.
@@ -72,9 +72,9 @@ pub(crate) struct PeerPlanes {
 }
 
 impl PeerPlanes {
-    pub(super) fn new(plane0: [u8; 4], local_id: u32) -> Self {
+    pub(super) fn new(plane0: NodeAddr, local_id: u32) -> Self {
         let planes = PeerPlanes {
-            addrs: [const { AtomicU32::new(0) }; MAX_PLANES],
+            addrs: [const { AddrCell::new() }; MAX_PLANES],
             local_id,
             remote_id: AtomicU32::new(0),
             answered_ns: AtomicU64::new(0),
@@ -83,19 +83,20 @@ impl PeerPlanes {
             hello_sent_ns: AtomicU64::new(0),
             mtu_mismatch: AtomicBool::new(false),
         };
-        planes.addrs[0].store(u32::from_ne_bytes(plane0), Ordering::Relaxed);
+        if let Some(a) = planes.addrs.first() {
+            a.swap(plane0);
+        }
         planes
     }
 
-    /// The peer's addresses, by plane (0: unknown).
-    pub(super) fn addrs(&self) -> [u32; MAX_PLANES] {
-        core::array::from_fn(|k| self.addrs.get(k).map_or(0, |a| a.load(Ordering::Relaxed)))
+    /// The peer's addresses, by plane (none: unknown).
+    pub(super) fn addrs(&self) -> [NodeAddr; MAX_PLANES] {
+        core::array::from_fn(|k| self.addrs.get(k).map_or(NodeAddr::NONE, AddrCell::load))
     }
 
     /// Whether `addr` is the peer's address on one of its planes.
-    pub(super) fn has(&self, addr: [u8; 4]) -> bool {
-        let a = u32::from_ne_bytes(addr);
-        a != 0 && self.addrs.iter().any(|x| x.load(Ordering::Relaxed) == a)
+    pub(super) fn has(&self, addr: NodeAddr) -> bool {
+        !addr.is_none() && self.addrs.iter().any(|x| x.load() == addr)
     }
 
     /// The peer's connection id for us, once a proven HELLO said it.
@@ -105,9 +106,9 @@ impl PeerPlanes {
     }
 
     /// The peer's address on `plane`, if known.
-    fn addr(&self, plane: usize) -> Option<[u8; 4]> {
-        let a = self.addrs.get(plane)?.load(Ordering::Relaxed);
-        (a != 0).then(|| a.to_ne_bytes())
+    fn addr(&self, plane: usize) -> Option<NodeAddr> {
+        let a = self.addrs.get(plane)?.load();
+        (!a.is_none()).then_some(a)
     }
 }
 
@@ -304,20 +305,12 @@ impl Engine {
     pub(super) fn transmit_batch(&self, peer: &Peer, b: &super::TxBatch, buf: &[u8]) {
         let data = buf.get(..b.end).unwrap_or(&[]);
         let plane = usize::from(b.plane);
-        let Some(dst) = peer.planes.addr(plane) else {
+        let Some(dst) = peer.planes.addr(plane).and_then(NodeAddr::ip) else {
             self.counters.add(Counter::TxErrors, b.count as u64);
             return;
         };
         // A lost datagram is the transport's to resend.
-        self.send_segments_on(
-            plane,
-            &IpAddr::V4(dst),
-            b.src_port,
-            b.ecn,
-            data,
-            b.seg,
-            b.count,
-        );
+        self.send_segments_on(plane, &dst, b.src_port, b.ecn, data, b.seg, b.count);
     }
 
     /// Sends a datagram on `plane` to `dst`. Its socket counts what it sends and what fails
@@ -405,13 +398,11 @@ impl Engine {
             return;
         };
         let target = planes.iter().enumerate().find_map(|(k, lp)| match lp {
-            Some(lp) if lp.up => Some((lp, peer.planes.addr(k)?)),
+            Some(lp) if lp.up => Some((lp, peer.planes.addr(k)?.ip()?)),
             _ => None,
         });
         if let (Some((lp, dst)), Some(data)) = (target, buf.get(..len)) {
-            let _ = lp
-                .socket
-                .send(&IpAddr::V4(dst), HELLO_SRC_PORT, false, data);
+            let _ = lp.socket.send(&dst, HELLO_SRC_PORT, false, data);
         }
     }
 
@@ -457,7 +448,7 @@ impl Engine {
     }
 
     /// Whether `addr` is an address of a peer device other than `peer`.
-    fn belongs_to_another(&self, peer: &Peer, addr: [u8; 4]) -> bool {
+    fn belongs_to_another(&self, peer: &Peer, addr: NodeAddr) -> bool {
         self.peers
             .lock()
             .find(addr)
@@ -495,15 +486,16 @@ impl Engine {
             }
             return false;
         }
-        let mut addrs = [0u32; MAX_PLANES];
+        let mut addrs = [NodeAddr::NONE; MAX_PLANES];
         let mut theirs_mtu = 0;
         for e in view.hello_entries() {
             theirs_mtu = theirs_mtu.max(e.mtu);
-            // IPv6 planes are not used by this data path yet; an address of another peer
-            // device is not this one's to claim.
+            // The planes beyond 0 are reached over IPv4 (HELLO's IPv6 entries are not used
+            // yet); an address of another peer device is not this one's to claim.
             if let (PlaneAddr::V4(a), Some(slot)) = (e.addr, addrs.get_mut(usize::from(e.plane))) {
+                let a = NodeAddr::from_ip(IpAddr::V4(a));
                 if !self.belongs_to_another(peer, a) {
-                    *slot = u32::from_ne_bytes(a);
+                    *slot = a;
                 }
             }
         }
@@ -513,19 +505,19 @@ impl Engine {
         if theirs_mtu != 0 && u32::from(theirs_mtu) != self.mtu() {
             self.counters.inc(Counter::HelloMtuMismatch);
             if !pp.mtu_mismatch.swap(true, Ordering::Relaxed) {
-                let [a, b, c, d] = pp.addr(0).unwrap_or([0; 4]);
+                let a = pp.addr(0).unwrap_or(NodeAddr::NONE);
                 pr_warn!(
-                    "peer {a}.{b}.{c}.{d} sends {theirs_mtu}-byte packets, this device \
-                     {}: their links' MTUs must match\n",
+                    "peer {a} sends {theirs_mtu}-byte packets, this device {}: their links' \
+                     MTUs must match\n",
                     self.mtu()
                 );
             }
         }
         // Plane 0 stays the address the QPs named: that is how the peer was found. The
         // others are indexed, so that the peer's datagrams from them find it.
-        let plane0 = pp.addr(0).unwrap_or([0; 4]);
+        let plane0 = pp.addr(0).unwrap_or(NodeAddr::NONE);
         for (slot, a) in pp.addrs.iter().zip(addrs.iter()).skip(1) {
-            let old = slot.swap(*a, Ordering::Relaxed);
+            let old = slot.swap(*a);
             if old != *a {
                 self.peers.lock().readdress(peer, plane0, old, *a);
             }
@@ -581,7 +573,7 @@ impl Engine {
         }
         let _ = writeln!(w);
         for peer in self.peer_list().iter() {
-            let [a, b, c, d] = peer.planes.addr(0).unwrap_or([0; 4]);
+            let addr = peer.planes.addr(0).unwrap_or(NodeAddr::NONE);
             let p = peer.inner.lock();
             let conn = &p.conn;
             let s = conn.stats();
@@ -597,7 +589,7 @@ impl Engine {
             }
             let _ = write!(
                 w,
-                "peer {a}.{b}.{c}.{d} qps {} paths {}/{} in {} out {} dropped_in {} retx {} \
+                "peer {addr} qps {} paths {}/{} in {} out {} dropped_in {} retx {} \
                  timeouts {} reordered {reordered} spurious {spurious} acks {}/{} cwnd {} \
                  pace {} grant_in {} grant_out {}",
                 p.attached,
@@ -619,8 +611,8 @@ impl Engine {
             // not shown: the file is world-readable) and its addresses on its planes.
             let _ = write!(w, " proven {}", u8::from(peer.planes.remote_id().is_some()));
             for k in 0..MAX_PLANES {
-                if let Some([a, b, c, d]) = peer.planes.addr(k) {
-                    let _ = write!(w, " plane{k} {a}.{b}.{c}.{d}");
+                if let Some(a) = peer.planes.addr(k) {
+                    let _ = write!(w, " plane{k} {a}");
                 }
             }
             let _ = writeln!(w);

@@ -166,8 +166,8 @@ impl PlaneSocket {
     }
 
     /// Sends `payload` as datagrams of `seg` bytes each (the last may be shorter) to the same
-    /// destination and ports, handed to the IP stack as one UDP GSO packet (`SKB_GSO_UDP_L4`)
-    /// over IPv4: the route, the headers, the qdiscs and a veth are passed once for all of
+    /// destination and ports, handed to the IP stack as one UDP GSO packet (`SKB_GSO_UDP_L4`),
+    /// over IPv4 or IPv6: the route, the headers, the qdiscs and a veth are passed once for all of
     /// them; the stack cuts it into datagrams where it must (a device without UDP
     /// segmentation; a tunnel socket such as ours receiving it).
     pub(crate) fn send_segments(
@@ -186,10 +186,7 @@ impl PlaneSocket {
         let _bh = BhDisabled::new();
         let result = match dst {
             IpAddr::V4(addr) => self.send4(*addr, src_port, tos, payload, seg),
-            // One datagram at a time over IPv6 (the GSI QP's only).
-            IpAddr::V6(addr) => payload
-                .chunks(seg)
-                .try_for_each(|d| self.send6(addr, src_port, tos, d)),
+            IpAddr::V6(addr) => self.send6(addr, src_port, tos, payload, seg),
         };
         match result {
             Ok(()) => {
@@ -250,7 +247,14 @@ impl PlaneSocket {
         Ok(())
     }
 
-    fn send6(&self, daddr: &[u8; 16], src_port: u16, tclass: u8, payload: &[u8]) -> Result {
+    fn send6(
+        &self,
+        daddr: &[u8; 16],
+        src_port: u16,
+        tclass: u8,
+        payload: &[u8],
+        seg: usize,
+    ) -> Result {
         let _rcu = rcu::read_lock();
         let sk = self.sk6.load(Ordering::Acquire);
         if sk.is_null() {
@@ -277,7 +281,7 @@ impl PlaneSocket {
             self.counters.inc(Counter::TxNoRoute);
             return Err(Error::from_errno(route_error));
         }
-        let skb = self.build_skb(dst.dst(), IPV6_HEADER, payload, payload.len())?;
+        let skb = self.build_skb(dst.dst(), IPV6_HEADER, payload, seg)?;
         let hop_limit = dst.dst().ip6_hoplimit();
         // SAFETY: `dst` and `skb`, whose ownership the call takes, are a held entry and our
         // skb with headroom for the UDP and IPv6 headers; `sk` is open; the addresses are the

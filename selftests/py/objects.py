@@ -126,9 +126,10 @@ def rtr_attrs(gid, sgid_index, dest_qp):
 
 
 def failed_modify_changes_nothing():
-    # The data path is IPv4 only: INIT -> RTR toward an IPv6 GID (index 0, link-local) fails,
-    # and the QP must still be in INIT with its old attributes (it used to be left in RTR with
-    # no connection, its WQEs hanging); then RTR toward the IPv4 GID works.
+    # An RC QP cannot connect to a group: INIT -> RTR toward a multicast GID fails in the
+    # driver's attach (the core resolves its MAC and lets it through), and the QP must still be
+    # in INIT with its old attributes (a failed attach used to leave it in RTR with no
+    # connection, its WQEs hanging); then RTR toward the IPv4 GID works.
     cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
     qp = QP(state["pd"], QPInitAttr(qp_type=e.IBV_QPT_RC, scq=state["cq"], rcq=state["cq"], cap=cap))
     attr = QPAttr(qp_state=e.IBV_QPS_INIT)
@@ -136,10 +137,10 @@ def failed_modify_changes_nothing():
     attr.port_num = 1
     attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
     qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-    attr, mask = rtr_attrs(ctx.query_gid(1, 0), 0, 0x4242)
+    attr, mask = rtr_attrs(GID("ff0e:0000:0000:0000:0000:0000:0000:4242"), 1, 0x4242)
     try:
         qp.modify(attr, mask)
-        raise AssertionError("RTR toward an IPv6 GID was accepted")
+        raise AssertionError("RTR toward a multicast GID was accepted")
     except AssertionError:
         raise
     except Exception:  # noqa: BLE001 - the refusal is what we want
@@ -293,7 +294,7 @@ check("QP RESET -> INIT -> RTR -> RTS, query_qp reads the attributes back", walk
 check("an illegal transition (RTS -> INIT) is refused", bad_transition_fails)
 check("MR keys end in a random byte: 16 in a row do not count up, a reused slot gets a new key",
       mr_keys_unpredictable)
-check("a failed INIT -> RTR (IPv6 GID) leaves the QP in INIT with its old attributes",
+check("a failed INIT -> RTR (multicast GID) leaves the QP in INIT with its old attributes",
       failed_modify_changes_nothing)
 check("peer devices are bounded by max_peers: one more is refused (ENOSPC, counted), its QP stays "
       "in INIT; an idle peer lingers, and gives its place to a new one", peers_are_bounded)

@@ -164,13 +164,9 @@ rdmacm_checks() {
 	wait "$qsrv" 2>/dev/null
 	if grep -q . "$TAP_DIR/qperf-server.log"; then sed 's/^/# qperf server: /' "$TAP_DIR/qperf-server.log" | tail -n 5; fi
 
-	# metaroce's data path is IPv4 only (README, "Not yet"): the check runs on rxe alone until
-	# it is not.
-	if [ "$type" != metaroce ]; then
-		cm_check "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated" 'ping data: rdma-ping-4: ' \
-			rping -s -a "$NS2_ADDR6" -v -- \
-			rping -c -a "$NS2_ADDR6" -C 5 -v -V
-	fi
+	cm_check "$type: rping over IPv6 ($NS2_ADDR6), 5 pings, data validated" 'ping data: rdma-ping-4: ' \
+		rping -s -a "$NS2_ADDR6" -v -- \
+		rping -c -a "$NS2_ADDR6" -C 5 -v -V
 
 	# What the kernel said about the connection manager and the MADs, when something failed.
 	if [ "$(cat "$TAP_DIR/failed" 2>/dev/null | wc -l)" != "$failed_before" ]; then

@@ -1,27 +1,41 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 # Data between two namespaces with stock tools: ibv_rc_pingpong (data checked with -c, and
-# with completion events -e), the perftest matrix, then the same under netem loss,
+# with completion events -e; over IPv4, IPv6 and IPv6 link-local GIDs; both ends on one
+# device), the perftest matrix, then the same under netem loss,
 # reordering, duplication and corruption on the data direction.
 source "$(dirname "$0")/../lib.sh"
 dmesg_mark
 modprobe metaroce
 setup_pair metaroce mroce
 
-# server in ns2, client in ns1; GID index 1 is the IPv4 RoCEv2 GID.
+# server in ns2 on mroce2 (PP_SERVER: in ns1 on mroce1, the same device as the client), client
+# in ns1; GID index PP_GID, by default 1, the IPv4 RoCEv2 GID.
 pingpong() { # what, extra args
-	local what="$1"
+	local what="$1" sdev=mroce2 sns=ns2
 	shift
-	$IP netns exec ns2 timeout 60 ibv_rc_pingpong -d mroce2 -g 1 "$@" >"$TAP_DIR/pp-server.log" 2>&1 &
+	[ -z "${PP_SERVER:-}" ] || { sdev=mroce1; sns=ns1; }
+	$IP netns exec $sns timeout 60 ibv_rc_pingpong -d $sdev -g "${PP_GID:-1}" "$@" \
+		>"$TAP_DIR/pp-server.log" 2>&1 &
 	local srv=$!
 	sleep 1
 	check_output "$what" 'bytes in .* seconds' \
-		$IP netns exec ns1 timeout 60 ibv_rc_pingpong -d mroce1 -g 1 "$@" $NS2_ADDR
+		$IP netns exec ns1 timeout 60 ibv_rc_pingpong -d mroce1 -g "${PP_GID:-1}" "$@" \
+		"$([ -n "${PP_SERVER:-}" ] && echo 127.0.0.1 || echo $NS2_ADDR)"
 	wait $srv || { echo "# server:"; sed 's/^/# /' "$TAP_DIR/pp-server.log"; }
 }
 pingpong "ibv_rc_pingpong, 4 KiB x 500, data checked (-c)" -n 500 -s 4096 -c
 pingpong "ibv_rc_pingpong with completion events (-e)" -n 200 -s 1024 -e
 pingpong "ibv_rc_pingpong 64 KiB messages, data checked" -n 50 -s 65536 -c
+# IPv6: the global address's GID and the link-local one (index 0, the GID rdma-core's own
+# tests choose); and both ends on one device (a connection to itself), over IPv4 and IPv6.
+gid6=$(gid_index mroce1 '^fd77:')
+PP_GID=$gid6 pingpong "ibv_rc_pingpong over IPv6 (fd77::, GID $gid6), 4 KiB x 200, data checked" -n 200 -s 4096 -c
+PP_GID=0 pingpong "ibv_rc_pingpong over IPv6 link-local (GID 0), 64 KiB x 50, data checked" -n 50 -s 65536 -c
+PERF_GID=$gid6 perftest "ib_write_bw over IPv6 (fd77::)" ib_write_bw -s 65536 -n 100
+PERF_GID=$gid6 perftest "ib_read_bw over IPv6 (fd77::)" ib_read_bw -s 65536 -n 50
+PP_SERVER=1 pingpong "ibv_rc_pingpong with both ends on mroce1 (IPv4), data checked" -n 200 -s 4096 -c
+PP_SERVER=1 PP_GID=0 pingpong "ibv_rc_pingpong with both ends on mroce1 (IPv6 link-local), data checked" -n 200 -s 4096 -c
 
 perftest "ib_write_bw 64 KiB" ib_write_bw -s 65536 -n 100
 perftest "ib_write_bw 1 MiB" ib_write_bw -s 1048576 -n 5
