@@ -141,15 +141,8 @@ pub trait RingMemory {
 #[derive(Debug)]
 pub struct Producer<M: RingMemory> {
     ring: M,
-    /// Next index to fill; published up to here.
+    /// Next index to fill; `producer` is published up to here except while a batch is open.
     head: u32,
-}
-
-/// Why an entry could not be queued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PushError {
-    /// Every slot holds an entry the consumer has not taken yet.
-    Full,
 }
 
 impl<M: RingMemory> Producer<M> {
@@ -174,49 +167,102 @@ impl<M: RingMemory> Producer<M> {
 
     /// Starts a batch of entries, published together by [`Batch::commit`].
     pub fn batch(&mut self) -> Batch<'_, M> {
-        let consumer = self.ring.load_consumer();
-        let start = self.head;
+        let staged = self.stage();
         Batch {
             producer: self,
-            start,
-            consumer,
+            staged: Some(staged),
         }
     }
-}
 
-/// Entries written but not yet published. Dropping it without [`Batch::commit`] leaves them
-/// unpublished (the next batch overwrites them).
-#[derive(Debug)]
-pub struct Batch<'p, M: RingMemory> {
-    producer: &'p mut Producer<M>,
-    start: u32,
-    /// Last `consumer` read; re-read only when the ring looks full.
-    consumer: u32,
-}
+    /// Starts a batch that may span calls (the extended post API's `wr_start` ..
+    /// `wr_complete`): entries [`Producer::push_staged`] writes stay invisible to the consumer
+    /// until [`Producer::commit_staged`]; [`Producer::abort_staged`] forgets them. Only one
+    /// batch may be open at a time (the caller's lock sees to it).
+    pub fn stage(&self) -> Staged {
+        Staged {
+            start: self.head,
+            consumer: self.ring.load_consumer(),
+        }
+    }
 
-impl<M: RingMemory> Batch<'_, M> {
-    fn has_room(&self) -> bool {
+    fn has_room(&self, staged: &Staged) -> bool {
         // A consumer claiming more than the ring (or "ahead" of us, which wraps to a huge
         // occupancy) counts as full: we never overwrite what might be unconsumed.
-        occupancy(self.producer.head, self.consumer) < self.producer.ring.num_entries()
+        occupancy(self.head, staged.consumer) < self.ring.num_entries()
     }
 
     /// Writes `entry` into the next free slot (not yet visible to the consumer).
-    pub fn push(&mut self, entry: &M::Entry) -> Result<(), PushError> {
-        if !self.has_room() {
-            self.consumer = self.producer.ring.load_consumer();
-            if !self.has_room() {
+    pub fn push_staged(&mut self, staged: &mut Staged, entry: &M::Entry) -> Result<(), PushError> {
+        if !self.has_room(staged) {
+            // Re-read the consumer only when the ring looks full.
+            staged.consumer = self.ring.load_consumer();
+            if !self.has_room(staged) {
                 return Err(PushError::Full);
             }
         }
-        self.producer.ring.write_entry(self.producer.head, entry);
-        self.producer.head = self.producer.head.wrapping_add(1);
+        self.ring.write_entry(self.head, entry);
+        self.head = self.head.wrapping_add(1);
         Ok(())
+    }
+
+    /// Entries pushed into `staged` so far.
+    pub fn staged_len(&self, staged: &Staged) -> u32 {
+        occupancy(self.head, staged.start)
+    }
+
+    /// Publishes the entries of `staged` (one release store of `producer`, none if it is
+    /// empty); returns how many.
+    pub fn commit_staged(&mut self, staged: Staged) -> u32 {
+        let n = self.staged_len(&staged);
+        if n != 0 {
+            self.ring.store_producer(self.head);
+        }
+        n
+    }
+
+    /// Forgets the entries of `staged`: the ring is as before [`Producer::stage`] (the slots
+    /// they were written to are free, the next entries overwrite them).
+    pub fn abort_staged(&mut self, staged: Staged) {
+        self.head = staged.start;
+    }
+}
+
+/// A batch of entries not yet published, opened by [`Producer::stage`]: where it started and
+/// the last `consumer` read (re-read only when the ring looks full).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Staged {
+    start: u32,
+    consumer: u32,
+}
+
+/// Why an entry could not be queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushError {
+    /// Every slot holds an entry the consumer has not taken yet.
+    Full,
+}
+
+/// Entries written but not yet published, within one call. Dropping it without
+/// [`Batch::commit`] forgets them (the next batch overwrites them).
+#[derive(Debug)]
+pub struct Batch<'p, M: RingMemory> {
+    producer: &'p mut Producer<M>,
+    /// `None` once committed.
+    staged: Option<Staged>,
+}
+
+impl<M: RingMemory> Batch<'_, M> {
+    /// Writes `entry` into the next free slot (not yet visible to the consumer).
+    pub fn push(&mut self, entry: &M::Entry) -> Result<(), PushError> {
+        let staged = self.staged.as_mut().expect("a live batch");
+        self.producer.push_staged(staged, entry)
     }
 
     /// Entries pushed in this batch.
     pub fn len(&self) -> u32 {
-        occupancy(self.producer.head, self.start)
+        self.staged
+            .as_ref()
+            .map_or(0, |s| self.producer.staged_len(s))
     }
 
     /// Whether nothing was pushed.
@@ -225,12 +271,17 @@ impl<M: RingMemory> Batch<'_, M> {
     }
 
     /// Publishes the pushed entries (one release store of `producer`); returns how many.
-    pub fn commit(self) -> u32 {
-        let n = self.len();
-        if n != 0 {
-            self.producer.ring.store_producer(self.producer.head);
+    pub fn commit(mut self) -> u32 {
+        let staged = self.staged.take().expect("a live batch");
+        self.producer.commit_staged(staged)
+    }
+}
+
+impl<M: RingMemory> Drop for Batch<'_, M> {
+    fn drop(&mut self) {
+        if let Some(staged) = self.staged.take() {
+            self.producer.abort_staged(staged);
         }
-        n
     }
 }
 
@@ -238,8 +289,10 @@ impl<M: RingMemory> Batch<'_, M> {
 #[derive(Debug)]
 pub struct Consumer<M: RingMemory> {
     ring: M,
-    /// Next index to read; published up to here.
+    /// Next index to free; published up to here.
     tail: u32,
+    /// Entries after `tail` handed out by [`Consumer::take`] whose slots are not freed yet.
+    taken: u32,
 }
 
 impl<M: RingMemory> Consumer<M> {
@@ -253,7 +306,11 @@ impl<M: RingMemory> Consumer<M> {
                 consumer: tail,
             });
         }
-        Ok(Self { ring, tail })
+        Ok(Self {
+            ring,
+            tail,
+            taken: 0,
+        })
     }
 
     /// The ring memory.
@@ -261,26 +318,55 @@ impl<M: RingMemory> Consumer<M> {
         &self.ring
     }
 
-    /// Takes up to `max` entries, oldest first, handing each to `sink`; then frees their slots
-    /// with one release store of `consumer`. Returns how many were taken.
-    pub fn poll(&mut self, max: usize, mut sink: impl FnMut(M::Entry)) -> Result<usize, Corrupt> {
+    /// Entries published and not yet handed out; a producer claiming more than the ring
+    /// holds, or fewer than we already took (it went backwards), is corrupt.
+    fn available(&self) -> Result<u32, Corrupt> {
         let producer = self.ring.load_producer();
-        let available = occupancy(producer, self.tail);
-        if available > self.ring.num_entries() {
+        let published = occupancy(producer, self.tail);
+        if published > self.ring.num_entries() || published < self.taken {
             return Err(Corrupt {
                 producer,
                 consumer: self.tail,
             });
         }
-        let take = (available as usize).min(max);
+        Ok(published - self.taken)
+    }
+
+    /// Takes up to `max` entries, oldest first, handing each to `sink`; then frees their slots
+    /// (and those of entries [`Consumer::take`] handed out before) with one release store of
+    /// `consumer`. Returns how many were taken.
+    pub fn poll(&mut self, max: usize, mut sink: impl FnMut(M::Entry)) -> Result<usize, Corrupt> {
+        let take = (self.available()? as usize).min(max);
+        let first = self.tail.wrapping_add(self.taken);
         for i in 0..take as u32 {
-            sink(self.ring.read_entry(self.tail.wrapping_add(i)));
+            sink(self.ring.read_entry(first.wrapping_add(i)));
         }
-        if take != 0 {
-            self.tail = self.tail.wrapping_add(take as u32);
+        self.taken += take as u32;
+        self.release();
+        Ok(take)
+    }
+
+    /// Hands out the next entry without freeing its slot (the extended CQ's `start_poll` /
+    /// `next_poll`); `Ok(None)` if there is none now. [`Consumer::release`] frees the slots.
+    pub fn take(&mut self) -> Result<Option<M::Entry>, Corrupt> {
+        if self.available()? == 0 {
+            return Ok(None);
+        }
+        let entry = self.ring.read_entry(self.tail.wrapping_add(self.taken));
+        self.taken += 1;
+        Ok(Some(entry))
+    }
+
+    /// Frees the slots of the entries [`Consumer::take`] handed out (one release store of
+    /// `consumer`, none if there are none: the extended CQ's `end_poll`); returns how many.
+    pub fn release(&mut self) -> u32 {
+        let n = self.taken;
+        if n != 0 {
+            self.tail = self.tail.wrapping_add(n);
+            self.taken = 0;
             self.ring.store_consumer(self.tail);
         }
-        Ok(take)
+        n
     }
 }
 
@@ -296,6 +382,7 @@ pub mod testing {
         pub consumer: Cell<u32>,
         pub entries: RefCell<Vec<T>>,
         pub producer_stores: Cell<u32>,
+        pub consumer_stores: Cell<u32>,
     }
 
     impl<T: Copy> VecRing<T> {
@@ -306,6 +393,7 @@ pub mod testing {
                 consumer: Cell::new(start),
                 entries: RefCell::new(vec![fill; num_entries as usize]),
                 producer_stores: Cell::new(0),
+                consumer_stores: Cell::new(0),
             }
         }
         pub fn slot(&self, index: u32) -> T {
@@ -330,6 +418,7 @@ pub mod testing {
             self.producer.set(value)
         }
         fn store_consumer(&self, value: u32) {
+            self.consumer_stores.set(self.consumer_stores.get() + 1);
             self.consumer.set(value)
         }
         fn write_entry(&self, index: u32, entry: &T) {
@@ -550,5 +639,103 @@ mod tests {
         ring.producer.set(u32::MAX); // "behind" the consumer
         assert!(c.poll(1, |_| ()).is_err());
         assert!(Consumer::new(&ring).is_err());
+    }
+
+    #[test]
+    fn a_dropped_batch_publishes_nothing_and_is_overwritten() {
+        let ring = VecRing::new(4, 0u32, 0);
+        let mut p = Producer::new(&ring).unwrap();
+        {
+            let mut b = p.batch();
+            b.push(&1).unwrap();
+            b.push(&2).unwrap();
+            assert_eq!(b.len(), 2);
+        }
+        assert_eq!((ring.producer.get(), ring.producer_stores.get()), (0, 0));
+        let mut b = p.batch();
+        b.push(&3).unwrap();
+        assert_eq!(b.commit(), 1);
+        assert_eq!((ring.producer.get(), ring.slot(0)), (1, 3));
+    }
+
+    #[test]
+    fn staged_batches_commit_or_abort_as_a_whole() {
+        let ring = VecRing::new(4, 0u32, u32::MAX - 1);
+        let mut p = Producer::new(&ring).unwrap();
+        // Aborted: the ring is as before, the next batch reuses the slots.
+        let mut st = p.stage();
+        for v in [10, 11, 12] {
+            p.push_staged(&mut st, &v).unwrap();
+        }
+        assert_eq!(p.staged_len(&st), 3);
+        assert_eq!(ring.producer.get(), u32::MAX - 1);
+        p.abort_staged(st);
+        assert_eq!(
+            (ring.producer.get(), ring.producer_stores.get()),
+            (u32::MAX - 1, 0)
+        );
+        // Committed across the u32 wrap: one store.
+        let mut st = p.stage();
+        for v in [20, 21, 22, 23] {
+            p.push_staged(&mut st, &v).unwrap();
+        }
+        assert_eq!(p.push_staged(&mut st, &24), Err(PushError::Full));
+        assert_eq!(p.commit_staged(st), 4);
+        assert_eq!((ring.producer.get(), ring.producer_stores.get()), (2, 1));
+        assert_eq!(
+            (u32::MAX - 1..=u32::MAX)
+                .chain(0..2)
+                .map(|i| ring.slot(i))
+                .collect::<Vec<_>>(),
+            [20, 21, 22, 23]
+        );
+        // Full until the consumer frees a slot (re-read when it looks full); an empty
+        // commit stores nothing.
+        let mut st = p.stage();
+        assert_eq!(p.push_staged(&mut st, &30), Err(PushError::Full));
+        ring.consumer.set(u32::MAX);
+        p.push_staged(&mut st, &30).unwrap();
+        assert_eq!(p.commit_staged(st), 1);
+        assert_eq!(p.commit_staged(p.stage()), 0);
+        assert_eq!((ring.producer.get(), ring.producer_stores.get()), (3, 2));
+    }
+
+    #[test]
+    fn consumer_take_and_release() {
+        let start = u32::MAX;
+        let ring = VecRing::new(4, 0u32, start);
+        let mut c = Consumer::new(&ring).unwrap();
+        assert_eq!(c.take(), Ok(None));
+        assert_eq!(c.release(), 0);
+        assert_eq!(ring.consumer_stores.get(), 0);
+        for i in 0..3u32 {
+            ring.entries.borrow_mut()[(start.wrapping_add(i) & 3) as usize] = 40 + i;
+        }
+        ring.producer.set(start.wrapping_add(2));
+        assert_eq!(c.take(), Ok(Some(40)));
+        assert_eq!(c.take(), Ok(Some(41)));
+        assert_eq!(c.take(), Ok(None));
+        // Nothing freed before release.
+        assert_eq!(ring.consumer.get(), start);
+        // An entry published meanwhile is seen by the next take.
+        ring.producer.set(start.wrapping_add(3));
+        assert_eq!(c.take(), Ok(Some(42)));
+        assert_eq!(c.release(), 3);
+        assert_eq!((ring.consumer.get(), ring.consumer_stores.get()), (2, 1));
+        // A producer going back behind what was taken, or claiming too much, is corrupt.
+        ring.entries.borrow_mut()[2] = 43;
+        ring.producer.set(3);
+        assert_eq!(c.take(), Ok(Some(43)));
+        ring.producer.set(2);
+        assert!(c.take().is_err());
+        ring.producer.set(2 + 5);
+        assert!(c.take().is_err());
+        // poll() after take() frees the taken entries too, in the same store.
+        ring.producer.set(4);
+        ring.entries.borrow_mut()[3] = 44;
+        let mut got = Vec::new();
+        assert_eq!(c.poll(8, |e| got.push(e)), Ok(1));
+        assert_eq!(got, [44]);
+        assert_eq!((ring.consumer.get(), ring.consumer_stores.get()), (4, 2));
     }
 }
