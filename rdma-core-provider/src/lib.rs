@@ -10,8 +10,8 @@
 //!
 //! `ffi` holds all unsafe code (bindings, callbacks, registration, the mapped rings, the
 //! exported direct verbs); `abi`, `ring` (ring geometry, index math, producer/consumer), `wqe`
-//! (WQE encoding, CQE translation) and `dv` (the direct verbs' command and response) are the
-//! safe logic.
+//! (WQE encoding, CQE translation), `session` (a lock held across calls) and `dv` (the direct
+//! verbs' command and response) are the safe logic.
 
 #![deny(unsafe_code)]
 #![warn(unsafe_op_in_unsafe_fn)]
@@ -19,6 +19,7 @@
 pub mod abi;
 pub mod dv;
 pub mod ring;
+pub mod session;
 pub mod wqe;
 
 #[allow(unsafe_code)]
