@@ -178,7 +178,8 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output:
          verbs_set_ops|ibv_cmd_get_context|ibv_cmd_query_device_any|ibv_cmd_query_port|\
          ibv_cmd_(alloc|dealloc)_pd|ibv_cmd_(reg|dereg)_mr|ibv_cmd_(create|destroy)_cq|\
          ibv_cmd_req_notify_cq|ibv_cmd_(create|query|modify|destroy)_qp|\
-         ibv_cmd_(create|query|modify|destroy)_srq|ibv_cmd_modify_qp_ex|metaroce_dv_.*|\
+         ibv_cmd_(create|query|modify|destroy)_srq|ibv_cmd_modify_qp_ex|ibv_cmd_create_cq_ex|\
+         ibv_cmd_create_qp_ex|metaroce_dv_.*|\
          calloc|free|__errno_location|mmap|munmap|write",
     ]);
     cmd.args([
@@ -190,11 +191,15 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output:
          ibv_create_qp|ibv_query_qp|ibv_modify_qp|ibv_create_srq|ibv_modify_srq|ibv_query_srq|\
          ib_uverbs_post_send|ib_uverbs_post_send_resp|ib_uverbs_cmd_hdr|ib_uverbs_write_cmds|\
          ibv_wc|ibv_send_wr|ibv_recv_wr|ibv_send_flags|ibv_wc_flags|ibv_wc_status|ibv_wc_opcode|\
-         ibv_wr_opcode|ibv_qp_type|ibv_srq_attr_mask|ibv_modify_qp_ex|ib_uverbs_ex_modify_qp_resp",
+         ibv_wr_opcode|ibv_qp_type|ibv_srq_attr_mask|ibv_modify_qp_ex|ib_uverbs_ex_modify_qp_resp|\
+         ibv_cq_init_attr_ex|ibv_create_cq_ex|ib_uverbs_ex_create_cq_resp|ibv_cq_init_attr_mask|\
+         ibv_create_cq_attr_flags|ibv_create_cq_wc_flags|ibv_poll_cq_attr|ibv_qp_init_attr_ex|\
+         ibv_qp_init_attr_mask|ibv_qp_create_send_ops_flags|ibv_data_buf|verbs_qp_mask",
     ]);
     cmd.args([
         "--allowlist-var",
-        "METAROCE_.*|VERBS_MATCH_.*|IBVERBS_PABI_VERSION|EPROTO|EIO|EINVAL|ENOMEM|EOPNOTSUPP|\
+        "METAROCE_.*|VERBS_MATCH_.*|IBVERBS_PABI_VERSION|EPROTO|EIO|EINVAL|ENOMEM|EOPNOTSUPP|ENOENT|\
+         IBV_WC_STANDARD_FLAGS|IBV_CREATE_CQ_SUP_WC_FLAGS|\
          PROT_READ|PROT_WRITE|MAP_SHARED",
     ]);
     cmd.arg("--");

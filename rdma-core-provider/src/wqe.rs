@@ -157,13 +157,7 @@ pub fn encode_send(
     limits: &SendLimits,
     mut copy_inline: impl FnMut(&sys::ibv_sge, &mut [u8]),
 ) -> Result<sys::metaroce_send_wqe, PostError> {
-    if !opcode_allowed(limits.qp_type, wr.opcode) {
-        return Err(PostError::BadOpcode);
-    }
-    let class = op_class(wr.opcode).ok_or(PostError::BadOpcode)?;
-    if wr.send_flags & !SEND_FLAGS_SUPPORTED != 0 {
-        return Err(PostError::BadFlags);
-    }
+    let class = check_op(wr, limits)?;
     let num_sge = u32::try_from(wr.sg_list.len()).map_err(|_| PostError::TooManySge)?;
     if num_sge > limits.max_sge.min(MAX_SEND_SGE) {
         return Err(PostError::TooManySge);
@@ -173,8 +167,7 @@ pub fn encode_send(
     if class == OpClass::Atomic && (total < 8 || !wr.remote_addr.is_multiple_of(8)) {
         return Err(PostError::BadAtomic);
     }
-    let inline =
-        send_flags & SEND_INLINE != 0 && class != OpClass::Atomic && wr.opcode != WR_RDMA_READ;
+    let inline = send_flags & SEND_INLINE != 0 && carries_payload(wr.opcode);
     if !inline {
         send_flags &= !SEND_INLINE;
     }
@@ -205,6 +198,66 @@ pub fn encode_send(
             0,
         )
     };
+    Ok(assemble(wr, class, send_flags, data, num_sge, inline_len))
+}
+
+/// Encodes `wr` with `data` as its inline payload (`wr.sg_list` is not looked at): the WQE
+/// [`encode_send`] makes for `wr` with `IBV_SEND_INLINE` and SGEs holding those bytes (the
+/// extended API's `ibv_wr_set_inline_data`/`_list`, which need no SGEs and no
+/// `IBV_SEND_INLINE` in `wr_flags`). Only sends and RDMA writes carry a payload to inline.
+pub fn encode_send_inline(
+    wr: &SendWr<'_>,
+    data: &[u8],
+    limits: &SendLimits,
+) -> Result<sys::metaroce_send_wqe, PostError> {
+    let class = check_op(wr, limits)?;
+    if !carries_payload(wr.opcode) {
+        return Err(PostError::BadOpcode);
+    }
+    if data.len() > limits.max_inline.min(MAX_INLINE) as usize {
+        return Err(PostError::InlineTooLong);
+    }
+    let mut bytes = [0u8; MAX_INLINE as usize];
+    bytes[..data.len()].copy_from_slice(data);
+    Ok(assemble(
+        wr,
+        class,
+        wr.send_flags | SEND_INLINE,
+        sys::metaroce_send_wqe__bindgen_ty_1 { inline_data: bytes },
+        0,
+        data.len() as u32,
+    ))
+}
+
+/// Whether the opcode has a payload of its own, which `IBV_SEND_INLINE` can carry in the WQE.
+fn carries_payload(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        WR_SEND | WR_SEND_WITH_IMM | WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM
+    )
+}
+
+/// The checks every send WQE passes first: the opcode on this QP type, the send flags.
+fn check_op(wr: &SendWr<'_>, limits: &SendLimits) -> Result<OpClass, PostError> {
+    if !opcode_allowed(limits.qp_type, wr.opcode) {
+        return Err(PostError::BadOpcode);
+    }
+    let class = op_class(wr.opcode).ok_or(PostError::BadOpcode)?;
+    if wr.send_flags & !SEND_FLAGS_SUPPORTED != 0 {
+        return Err(PostError::BadFlags);
+    }
+    Ok(class)
+}
+
+/// The WQE for a checked `wr`: the fields its opcode does not use are zero.
+fn assemble(
+    wr: &SendWr<'_>,
+    class: OpClass,
+    send_flags: u32,
+    data: sys::metaroce_send_wqe__bindgen_ty_1,
+    num_sge: u32,
+    inline_len: u32,
+) -> sys::metaroce_send_wqe {
     let (remote_addr, rkey) = match class {
         OpClass::Send => (0, 0),
         OpClass::Rdma | OpClass::Atomic => (wr.remote_addr, wr.rkey),
@@ -218,7 +271,7 @@ pub fn encode_send(
         WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM => wr.imm_data,
         _ => 0,
     };
-    Ok(sys::metaroce_send_wqe {
+    sys::metaroce_send_wqe {
         wr_id: wr.wr_id,
         opcode: wr.opcode,
         send_flags,
@@ -232,7 +285,7 @@ pub fn encode_send(
         compare_add,
         swap,
         data,
-    })
+    }
 }
 
 /// Checks a receive work request (RQ or SRQ) against the queue's `max_sge` and encodes it.
@@ -725,5 +778,102 @@ mod tests {
         // The flag values the kernel must use are libibverbs', not the kernel's IB_WC_*.
         assert_eq!(sys::ibv_wc_flags_IBV_WC_IP_CSUM_OK, 4);
         assert_eq!(sys::ibv_wc_flags_IBV_WC_WITH_INV, 8);
+    }
+
+    #[test]
+    fn inline_bytes_encode_like_inline_sges() {
+        let payload: Vec<u8> = (0..48u8).collect();
+        let list = [
+            sys::ibv_sge {
+                addr: 0x1000,
+                length: 20,
+                lkey: 1,
+            },
+            sys::ibv_sge {
+                addr: 0x2000,
+                length: 28,
+                lkey: 2,
+            },
+        ];
+        for op in [
+            WR_SEND,
+            WR_SEND_WITH_IMM,
+            WR_RDMA_WRITE,
+            WR_RDMA_WRITE_WITH_IMM,
+        ] {
+            let mut w = wr(op, &list);
+            w.send_flags |= SEND_INLINE;
+            let from_sges = encode_send(&w, &RC, |s, d| {
+                let at = if s.addr == 0x1000 { 0 } else { 20 };
+                d.copy_from_slice(&payload[at..at + d.len()]);
+            })
+            .unwrap();
+            // Without IBV_SEND_INLINE in the flags and no SGEs: the same WQE.
+            let mut w = wr(op, &[]);
+            w.send_flags &= !SEND_INLINE;
+            let from_bytes = encode_send_inline(&w, &payload, &RC).unwrap();
+            assert_eq!(bytes_of(&from_sges), bytes_of(&from_bytes), "opcode {op}");
+            assert_eq!(from_bytes.send_flags & SEND_INLINE, SEND_INLINE);
+        }
+        // No SGE limit applies, the inline limit does; reads and atomics take no inline data.
+        let none = SendLimits { max_sge: 0, ..RC };
+        assert_eq!(
+            encode_send_inline(&wr(WR_SEND, &[]), &payload, &none)
+                .unwrap()
+                .inline_len,
+            48
+        );
+        let small = SendLimits {
+            max_inline: 47,
+            ..RC
+        };
+        assert_eq!(
+            encode_send_inline(&wr(WR_SEND, &[]), &payload, &small).err(),
+            Some(PostError::InlineTooLong)
+        );
+        assert_eq!(
+            encode_send_inline(&wr(WR_SEND, &[]), &[0; 193], &RC).err(),
+            Some(PostError::InlineTooLong)
+        );
+        for op in [
+            WR_RDMA_READ,
+            WR_ATOMIC_CMP_AND_SWP,
+            WR_ATOMIC_FETCH_AND_ADD,
+            9,
+        ] {
+            assert_eq!(
+                encode_send_inline(&wr(op, &[]), &payload, &RC).err(),
+                Some(PostError::BadOpcode)
+            );
+        }
+        let mut w = wr(WR_SEND, &[]);
+        w.send_flags = 1 << 7;
+        assert_eq!(
+            encode_send_inline(&w, &payload, &RC).err(),
+            Some(PostError::BadFlags)
+        );
+        // An empty payload: a zero-length inline send.
+        let e = encode_send_inline(&wr(WR_SEND, &[]), &[], &RC).unwrap();
+        assert_eq!((e.num_sge, e.inline_len), (0, 0));
+    }
+
+    /// The bytes of a WQE as they land in the ring.
+    fn bytes_of(w: &sys::metaroce_send_wqe) -> [u8; 256] {
+        let mut out = [0u8; 256];
+        let mut put = |at: usize, b: &[u8]| out[at..at + b.len()].copy_from_slice(b);
+        put(0, &w.wr_id.to_ne_bytes());
+        put(8, &w.opcode.to_ne_bytes());
+        put(12, &w.send_flags.to_ne_bytes());
+        put(16, &w.num_sge.to_ne_bytes());
+        put(20, &w.inline_len.to_ne_bytes());
+        put(24, &w.imm_data.to_ne_bytes());
+        put(28, &w.reserved0.to_ne_bytes());
+        put(32, &w.remote_addr.to_ne_bytes());
+        put(40, &w.rkey.to_ne_bytes());
+        put(44, &w.reserved1.to_ne_bytes());
+        put(48, &w.compare_add.to_ne_bytes());
+        put(56, &w.swap.to_ne_bytes());
+        put(64, &inline_of(w));
+        out
     }
 }
