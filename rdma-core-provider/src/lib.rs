@@ -10,14 +10,16 @@
 //!
 //! `ffi` holds all unsafe code (bindings, callbacks, registration, the mapped rings, the
 //! exported direct verbs); `abi`, `ring` (ring geometry, index math, producer/consumer), `wqe`
-//! (WQE encoding, CQE translation), `session` (a lock held across calls) and `dv` (the direct
-//! verbs' command and response) are the safe logic.
+//! (WQE encoding, CQE translation), `session` (a lock held across calls), `ex` (the extended
+//! CQ and QP verbs: accepted attributes, `ibv_wr_*` batches) and `dv` (the direct verbs'
+//! command and response) are the safe logic.
 
 #![deny(unsafe_code)]
 #![warn(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
 pub mod dv;
+pub mod ex;
 pub mod ring;
 pub mod session;
 pub mod wqe;

@@ -85,6 +85,9 @@ pub enum PostError {
     BadAtomic,
     /// The ring is full.
     QueueFull,
+    /// An `ibv_wr_*` call out of place: a data setter with no builder before it (or a second
+    /// one), `wr_start` inside a batch, a setter this QP has no use for.
+    OutOfOrder,
 }
 
 impl PostError {
