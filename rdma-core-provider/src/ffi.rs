@@ -12,7 +12,9 @@
 //! No callback lets a panic escape: each runs its body under [`guard`].
 
 use crate::abi::{self, DeviceInfo};
+use crate::ex::WrBatch;
 use crate::ring::{Consumer, Geometry, Producer, RingMemory, CONSUMER_OFFSET, PRODUCER_OFFSET};
+use crate::session::{Owner, Session};
 use crate::wqe::{self, PostError, PostOutcome, SendLimits, SendWr};
 use core::ffi::{c_int, c_void};
 use core::marker::PhantomData;
@@ -42,6 +44,8 @@ const _: () = assert!(sys::IBVERBS_PABI_VERSION == 34);
 
 /// The exported direct verbs (`metaroce_dv.h`).
 mod dv;
+/// The extended CQ and QP verbs (`ibv_create_cq_ex`, `ibv_create_qp_ex`, `ibv_wr_*`).
+mod ex;
 
 /// Our `struct verbs_device` wrapper. `repr(C)` with `vdev` first, so a `*mut verbs_device`
 /// from libibverbs is also a `*mut Device`.
@@ -114,10 +118,12 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     reg_mr: Some(reg_mr),
     dereg_mr: Some(dereg_mr),
     create_cq: Some(create_cq),
+    create_cq_ex: Some(ex::create_cq_ex),
     poll_cq: Some(poll_cq),
     req_notify_cq: Some(req_notify_cq),
     destroy_cq: Some(destroy_cq),
     create_qp: Some(create_qp),
+    create_qp_ex: Some(ex::create_qp_ex),
     query_qp: Some(query_qp),
     modify_qp: Some(modify_qp),
     destroy_qp: Some(destroy_qp),
@@ -517,10 +523,39 @@ struct Mr {
     vmr: sys::verbs_mr,
 }
 
+/// A CQ's ring and the completion an extended poll (`ibv_start_poll` .. `ibv_end_poll`, the
+/// session of [`Cq::ring`]) is at, which the `ibv_wc_read_*` functions read.
+#[derive(Debug)]
+struct CqState {
+    ring: CqRing,
+    cur: sys::metaroce_cqe,
+}
+
+impl CqState {
+    fn new(ring: CqRing) -> Session<Self> {
+        // SAFETY: metaroce_cqe is plain integers; all-zero is a valid value.
+        let cur = unsafe { core::mem::zeroed() };
+        Session::new(Self { ring, cur })
+    }
+}
+
+/// An SQ's ring and the `ibv_wr_*` batch being built (`ibv_wr_start` .. `ibv_wr_complete`,
+/// the session of [`Qp::sq`]), if one is.
+struct SqState {
+    ring: SendRing,
+    wr: Option<WrBatch>,
+}
+
+impl SqState {
+    fn new(ring: SendRing) -> Session<Self> {
+        Session::new(Self { ring, wr: None })
+    }
+}
+
 #[repr(C)]
 struct Cq {
     vcq: sys::verbs_cq,
-    ring: Mutex<CqRing>,
+    ring: Session<CqState>,
     _map: Mapping,
 }
 
@@ -530,7 +565,7 @@ struct Qp {
     limits: SendLimits,
     max_recv_sge: u32,
     /// None if the kernel gave no SQ (sq.length 0).
-    sq: Option<Mutex<SendRing>>,
+    sq: Option<Session<SqState>>,
     /// None if the QP receives through an SRQ (rq.length 0).
     rq: Option<Mutex<RecvRing>>,
     _maps: [Option<Mapping>; 2],
@@ -702,33 +737,44 @@ unsafe fn send_wr_view<'a>(wr: *const sys::ibv_send_wr) -> Result<SendWr<'a>, Po
     Ok(view)
 }
 
+/// `encode_send`'s inline copy: `dst.len()` bytes from the SGE's address.
+///
+/// # Safety
+/// With `IBV_SEND_INLINE` the application guarantees `sge.addr .. + sge.length` is readable
+/// for the duration of the posting call; `encode_send` hands a `dst` of exactly `sge.length`
+/// bytes.
+unsafe fn copy_inline_sge(sge: &sys::ibv_sge, dst: &mut [u8]) {
+    // SAFETY: per the contract.
+    unsafe { ptr::copy_nonoverlapping(sge.addr as usize as *const u8, dst.as_mut_ptr(), dst.len()) }
+}
+
 /// Encodes and queues the send WRs of `head` into `sq` (under its lock), publishing them.
+/// Refused (`EINVAL`, nothing posted) inside the caller's own `ibv_wr_start` .. `wr_complete`
+/// on this QP.
 ///
 /// # Safety
 /// `head` must be NULL or a valid send WR list (see [`send_wr_view`]) whose inline SGEs point
 /// to readable memory.
 unsafe fn post_send_list(
-    sq: &Mutex<SendRing>,
+    sq: &Session<SqState>,
     limits: &SendLimits,
     head: *mut sys::ibv_send_wr,
 ) -> PostOutcome<*mut sys::ibv_send_wr> {
-    let mut ring = lock(sq);
-    // SAFETY: contract.
-    let wrs = unsafe { WrIter::new(head) };
-    wqe::post_list(ring.batch(), wrs, |&wr| {
-        // SAFETY: an element of the caller's list.
-        let view = unsafe { send_wr_view(wr) }?;
-        wqe::encode_send(&view, limits, |sge, dst| {
-            // SAFETY: IBV_SEND_INLINE: the application guarantees sge.addr .. + sge.length is
-            // readable for the duration of ibv_post_send; dst has exactly sge.length bytes.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    sge.addr as usize as *const u8,
-                    dst.as_mut_ptr(),
-                    dst.len(),
-                )
-            }
+    let posted = sq.with(Owner::current(), |s| {
+        // SAFETY: contract.
+        let wrs = unsafe { WrIter::new(head) };
+        wqe::post_list(s.ring.batch(), wrs, |&wr| {
+            // SAFETY: an element of the caller's list.
+            let view = unsafe { send_wr_view(wr) }?;
+            // SAFETY: IBV_SEND_INLINE SGEs of a WR being posted (contract).
+            wqe::encode_send(&view, limits, |sge, dst| unsafe {
+                copy_inline_sge(sge, dst)
+            })
         })
+    });
+    posted.unwrap_or(PostOutcome {
+        posted: 0,
+        failed: Some((head, PostError::OutOfOrder)),
     })
 }
 
@@ -770,30 +816,38 @@ unsafe fn finish_post<W>(outcome: &PostOutcome<*mut W>, bad_wr: *mut *mut W) -> 
     }
 }
 
-/// Moves up to `ne` completions from `cq` into `wc`; -1 if the kernel corrupted the ring.
+/// Says that the kernel broke a CQ ring's protocol (the application gets an error).
+fn report_corrupt_cq(c: crate::ring::Corrupt) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "metaroce: CQ ring corrupt (producer {}, consumer {})",
+        c.producer,
+        c.consumer
+    );
+}
+
+/// Moves up to `ne` completions from `cq` into `wc`; -1 if the kernel corrupted the ring, or
+/// if the caller is inside its own `ibv_start_poll` .. `ibv_end_poll` on this CQ.
 ///
 /// # Safety
 /// `wc` must have room for `ne` entries.
-unsafe fn poll_into(cq: &Mutex<CqRing>, ne: c_int, wc: *mut sys::ibv_wc) -> c_int {
+unsafe fn poll_into(cq: &Session<CqState>, ne: c_int, wc: *mut sys::ibv_wc) -> c_int {
     let max = usize::try_from(ne).unwrap_or(0);
-    let mut ring = lock(cq);
     let mut i = 0usize;
-    let res = ring.poll(max, |cqe| {
-        // SAFETY: i < max <= the room of wc (contract).
-        unsafe { wc.add(i).write(wqe::cqe_to_wc(&cqe)) };
-        i += 1;
+    let res = cq.with(Owner::current(), |s| {
+        s.ring.poll(max, |cqe| {
+            // SAFETY: i < max <= the room of wc (contract).
+            unsafe { wc.add(i).write(wqe::cqe_to_wc(&cqe)) };
+            i += 1;
+        })
     });
     match res {
-        Ok(n) => n as c_int,
-        Err(c) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "metaroce: CQ ring corrupt (producer {}, consumer {})",
-                c.producer,
-                c.consumer
-            );
+        Ok(Ok(n)) => n as c_int,
+        Ok(Err(c)) => {
+            report_corrupt_cq(c);
             -1
         }
+        Err(_in_session) => -1,
     }
 }
 
@@ -928,35 +982,52 @@ unsafe extern "C" fn create_cq(
             set_errno(ret);
             return ptr::null_mut();
         }
-        // SAFETY: ibctx is the live context.
-        let cmd_fd = unsafe { (*ibctx).cmd_fd };
-        let mapped = map_ring::<sys::metaroce_cqe>(cmd_fd, &resp.drv_payload.ring, "CQ").and_then(
-            |(map, ring)| {
-                Consumer::new(ring)
-                    .map(|ring| (map, ring))
-                    .map_err(|_| abi::ABI_MISMATCH_ERRNO)
-            },
-        );
-        match mapped {
-            Ok((map, ring)) => {
-                // SAFETY: writing our fields of the boxed Cq (vcq is initialised).
-                unsafe {
-                    ptr::addr_of_mut!((*p).ring).write(Mutex::new(ring));
-                    ptr::addr_of_mut!((*p)._map).write(map);
-                }
-                // SAFETY: every field is initialised now.
-                let p = Box::into_raw(unsafe { cq.assume_init() });
-                // SAFETY: p is live; the same address the kernel got as user_handle.
-                unsafe { ptr::addr_of_mut!((*p).vcq.__bindgen_anon_1.cq) }
-            }
-            Err(errno) => {
-                // SAFETY: undo the kernel CQ; the Box (uninit fields never dropped) is freed.
-                unsafe { sys::ibv_cmd_destroy_cq(ibcq) };
-                set_errno(errno);
-                ptr::null_mut()
-            }
+        // SAFETY: the kernel CQ of cq, created on ibctx just now.
+        let p = unsafe { finish_cq(cq, ibctx, &resp.drv_payload.ring) };
+        if p.is_null() {
+            return ptr::null_mut();
         }
+        // SAFETY: p is live; the same address the kernel got as user_handle.
+        unsafe { ptr::addr_of_mut!((*p).vcq.__bindgen_anon_1.cq) }
     })
+}
+
+/// Maps the ring of a CQ the kernel just created for `cq` and fills in our fields: the live
+/// Cq, or NULL with errno set after destroying the kernel CQ (the Box is freed without
+/// dropping the uninitialised fields).
+///
+/// # Safety
+/// `cq`'s `vcq` must be the CQ just created on the live `ibctx`, `ring` from its response.
+unsafe fn finish_cq(
+    mut cq: Box<MaybeUninit<Cq>>,
+    ibctx: *mut sys::ibv_context,
+    ring: &sys::metaroce_mmap_info,
+) -> *mut Cq {
+    let p = cq.as_mut_ptr();
+    // SAFETY: ibctx is the live context.
+    let cmd_fd = unsafe { (*ibctx).cmd_fd };
+    let mapped = map_ring::<sys::metaroce_cqe>(cmd_fd, ring, "CQ").and_then(|(map, ring)| {
+        Consumer::new(ring)
+            .map(|ring| (map, ring))
+            .map_err(|_| abi::ABI_MISMATCH_ERRNO)
+    });
+    match mapped {
+        Ok((map, ring)) => {
+            // SAFETY: writing our fields of the boxed Cq (vcq is initialised).
+            unsafe {
+                ptr::addr_of_mut!((*p).ring).write(CqState::new(ring));
+                ptr::addr_of_mut!((*p)._map).write(map);
+            }
+            // SAFETY: every field is initialised now.
+            Box::into_raw(unsafe { cq.assume_init() })
+        }
+        Err(errno) => {
+            // SAFETY: undo the kernel CQ (its ibv_cq is at its final address in the Box).
+            unsafe { sys::ibv_cmd_destroy_cq(ptr::addr_of_mut!((*p).vcq.__bindgen_anon_1.cq)) };
+            set_errno(errno);
+            ptr::null_mut()
+        }
+    }
 }
 
 unsafe extern "C" fn poll_cq(ibcq: *mut sys::ibv_cq, ne: c_int, wc: *mut sys::ibv_wc) -> c_int {
@@ -1014,62 +1085,91 @@ unsafe extern "C" fn create_qp(
             set_errno(ret);
             return ptr::null_mut();
         }
-        let drv = resp.drv_payload;
-        // SAFETY: ibpd is live; attr is the caller's, now holding the kernel's capabilities.
-        let (cmd_fd, qp_type, cap) =
-            unsafe { ((*(*ibpd).context).cmd_fd, (*attr).qp_type, (*attr).cap) };
-        let limits = SendLimits {
-            qp_type,
-            max_sge: cap.max_send_sge.min(wqe::MAX_SEND_SGE),
-            max_inline: drv.max_inline_data.min(wqe::MAX_INLINE),
+        // SAFETY: the kernel QP of qp, created on ibpd's context just now; attr is the
+        // caller's, holding the kernel's capabilities.
+        let p = unsafe {
+            finish_qp(
+                qp,
+                (*(*ibpd).context).cmd_fd,
+                (*attr).qp_type,
+                ptr::addr_of_mut!((*attr).cap),
+                &resp.drv_payload,
+            )
         };
-        let max_recv_sge = cap.max_recv_sge.min(wqe::MAX_RECV_SGE);
-        let rings = (|| -> Result<_, c_int> {
-            let sq = if drv.sq.length != 0 {
-                let (m, r) = map_ring::<sys::metaroce_send_wqe>(cmd_fd, &drv.sq, "SQ")?;
-                let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
-                Some((m, r))
-            } else {
-                None
-            };
-            let rq = if drv.rq.length != 0 {
-                let (m, r) = map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &drv.rq, "RQ")?;
-                let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
-                Some((m, r))
-            } else {
-                None
-            };
-            Ok((sq, rq))
-        })();
-        match rings {
-            Ok((sq, rq)) => {
-                let (sq_map, sq) = sq.map_or((None, None), |(m, r)| (Some(m), Some(Mutex::new(r))));
-                let (rq_map, rq) = rq.map_or((None, None), |(m, r)| (Some(m), Some(Mutex::new(r))));
-                // SAFETY: writing our fields of the boxed Qp; attr is the caller's.
-                unsafe {
-                    ptr::addr_of_mut!((*p).limits).write(limits);
-                    ptr::addr_of_mut!((*p).max_recv_sge).write(max_recv_sge);
-                    ptr::addr_of_mut!((*p).sq).write(sq);
-                    ptr::addr_of_mut!((*p).rq).write(rq);
-                    ptr::addr_of_mut!((*p)._maps).write([sq_map, rq_map]);
-                    (*attr).cap.max_send_sge = limits.max_sge;
-                    (*attr).cap.max_recv_sge = max_recv_sge;
-                    (*attr).cap.max_inline_data = limits.max_inline;
-                }
-                // SAFETY: every field is initialised now.
-                let p = Box::into_raw(unsafe { qp.assume_init() });
-                // SAFETY: p is live; the same address the kernel got as user_handle.
-                unsafe { ptr::addr_of_mut!((*p).vqp.__bindgen_anon_1.qp) }
-            }
-            Err(errno) => {
-                // SAFETY: undo the kernel QP (a mapping made before the failure is unmapped
-                // when dropped above); the Box is freed without dropping uninit fields.
-                unsafe { sys::ibv_cmd_destroy_qp(ibqp) };
-                set_errno(errno);
-                ptr::null_mut()
-            }
+        if p.is_null() {
+            return ptr::null_mut();
         }
+        // SAFETY: p is live; the same address the kernel got as user_handle.
+        unsafe { ptr::addr_of_mut!((*p).vqp.__bindgen_anon_1.qp) }
     })
+}
+
+/// Maps the rings of a QP the kernel just created for `qp` and fills in our fields; `cap` (the
+/// caller's, holding the kernel's capabilities) gets the limits we enforce. The live Qp, or
+/// NULL with errno set after destroying the kernel QP (the Box is freed without dropping the
+/// uninitialised fields; a mapping made before the failure is unmapped).
+///
+/// # Safety
+/// `qp`'s `vqp` must be the QP just created on the context of `cmd_fd`, `drv` from its
+/// response; `cap` must be writable.
+unsafe fn finish_qp(
+    mut qp: Box<MaybeUninit<Qp>>,
+    cmd_fd: c_int,
+    qp_type: u32,
+    cap: *mut sys::ibv_qp_cap,
+    drv: &sys::metaroce_create_qp_resp,
+) -> *mut Qp {
+    let p = qp.as_mut_ptr();
+    // SAFETY: readable per the contract.
+    let kernel_cap = unsafe { cap.read() };
+    let limits = SendLimits {
+        qp_type,
+        max_sge: kernel_cap.max_send_sge.min(wqe::MAX_SEND_SGE),
+        max_inline: drv.max_inline_data.min(wqe::MAX_INLINE),
+    };
+    let max_recv_sge = kernel_cap.max_recv_sge.min(wqe::MAX_RECV_SGE);
+    let rings = (|| -> Result<_, c_int> {
+        let sq = if drv.sq.length != 0 {
+            let (m, r) = map_ring::<sys::metaroce_send_wqe>(cmd_fd, &drv.sq, "SQ")?;
+            let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
+            Some((m, r))
+        } else {
+            None
+        };
+        let rq = if drv.rq.length != 0 {
+            let (m, r) = map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &drv.rq, "RQ")?;
+            let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
+            Some((m, r))
+        } else {
+            None
+        };
+        Ok((sq, rq))
+    })();
+    match rings {
+        Ok((sq, rq)) => {
+            let (sq_map, sq) = sq.map_or((None, None), |(m, r)| (Some(m), Some(SqState::new(r))));
+            let (rq_map, rq) = rq.map_or((None, None), |(m, r)| (Some(m), Some(Mutex::new(r))));
+            // SAFETY: writing our fields of the boxed Qp; cap is the caller's (contract).
+            unsafe {
+                ptr::addr_of_mut!((*p).limits).write(limits);
+                ptr::addr_of_mut!((*p).max_recv_sge).write(max_recv_sge);
+                ptr::addr_of_mut!((*p).sq).write(sq);
+                ptr::addr_of_mut!((*p).rq).write(rq);
+                ptr::addr_of_mut!((*p)._maps).write([sq_map, rq_map]);
+                (*cap).max_send_sge = limits.max_sge;
+                (*cap).max_recv_sge = max_recv_sge;
+                (*cap).max_inline_data = limits.max_inline;
+            }
+            // SAFETY: every field is initialised now.
+            Box::into_raw(unsafe { qp.assume_init() })
+        }
+        Err(errno) => {
+            // SAFETY: undo the kernel QP (its ibv_qp is at its final address in the Box).
+            unsafe { sys::ibv_cmd_destroy_qp(ptr::addr_of_mut!((*p).vqp.__bindgen_anon_1.qp)) };
+            set_errno(errno);
+            ptr::null_mut()
+        }
+    }
 }
 
 unsafe extern "C" fn query_qp(
@@ -1395,14 +1495,16 @@ mod tests {
         assert!(ops.destroy_qp.is_some() && ops.post_send.is_some() && ops.post_recv.is_some());
         assert!(ops.create_srq.is_some() && ops.modify_srq.is_some() && ops.query_srq.is_some());
         assert!(ops.destroy_srq.is_some() && ops.post_srq_recv.is_some());
+        assert!(ops.create_cq_ex.is_some() && ops.create_qp_ex.is_some());
         // Not implemented: libibverbs answers EOPNOTSUPP.
         assert!(ops.create_ah.is_none() && ops.destroy_ah.is_none());
-        assert!(ops.create_cq_ex.is_none() && ops.create_qp_ex.is_none());
         assert!(ops.resize_cq.is_none() && ops.cq_event.is_none());
+        assert!(ops.alloc_parent_domain.is_none() && ops.open_xrcd.is_none());
+        assert!(ops.alloc_mw.is_none() && ops.bind_mw.is_none());
     }
 
     /// Ring memory in ordinary (8-aligned) heap memory: the Vec owns it, rings point into it.
-    fn test_ring<T: RingEntry>(n: u32) -> (Vec<u64>, Geometry) {
+    pub(super) fn test_ring<T: RingEntry>(n: u32) -> (Vec<u64>, Geometry) {
         let stride = size_of::<T>();
         let len = crate::ring::HDR_SIZE + n as usize * stride;
         let info = sys::metaroce_mmap_info {
@@ -1414,12 +1516,12 @@ mod tests {
         (vec![0u64; len / 8], Geometry::new(&info, stride).unwrap())
     }
 
-    fn view<T: RingEntry>(buf: &mut [u64], geo: Geometry) -> MappedRing<T> {
+    pub(super) fn view<T: RingEntry>(buf: &mut [u64], geo: Geometry) -> MappedRing<T> {
         // SAFETY: buf is 8-aligned, geo.map_len bytes, outlives every use in the test.
         unsafe { MappedRing::new(NonNull::new(buf.as_mut_ptr().cast()).unwrap(), geo) }
     }
 
-    fn send_wr(opcode: u32, sg: &mut [sys::ibv_sge]) -> sys::ibv_send_wr {
+    pub(super) fn send_wr(opcode: u32, sg: &mut [sys::ibv_sge]) -> sys::ibv_send_wr {
         // SAFETY: all-zero is a valid ibv_send_wr.
         let mut wr: sys::ibv_send_wr = unsafe { core::mem::zeroed() };
         wr.wr_id = 1000 + u64::from(opcode);
@@ -1430,14 +1532,14 @@ mod tests {
         wr
     }
 
-    fn link(wrs: &mut [sys::ibv_send_wr]) {
+    pub(super) fn link(wrs: &mut [sys::ibv_send_wr]) {
         for i in 1..wrs.len() {
             let next: *mut sys::ibv_send_wr = &mut wrs[i];
             wrs[i - 1].next = next;
         }
     }
 
-    const RC: SendLimits = SendLimits {
+    pub(super) const RC: SendLimits = SendLimits {
         qp_type: sys::ibv_qp_type_IBV_QPT_RC,
         max_sge: 4,
         max_inline: 64,
@@ -1446,7 +1548,7 @@ mod tests {
     #[test]
     fn post_send_list_writes_wqes_and_stops_at_the_first_bad_wr() {
         let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
-        let sq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let sq = SqState::new(Producer::new(view(&mut buf, geo)).unwrap());
         let payload = *b"hello, metaroce!";
         let mut inline_sg = [sys::ibv_sge {
             addr: payload.as_ptr() as u64,
@@ -1499,8 +1601,7 @@ mod tests {
         assert_eq!(unsafe { finish_post(&out, &mut bad) }, sys::EINVAL as c_int);
         assert_eq!(bad, bad_expected);
 
-        let ring = lock(&sq);
-        let r = ring.ring();
+        let r = view::<sys::metaroce_send_wqe>(&mut buf, geo);
         assert_eq!((r.load_producer(), r.load_consumer()), (2, 0));
         let w0 = r.read_entry(0);
         assert_eq!(
@@ -1525,7 +1626,7 @@ mod tests {
     #[test]
     fn post_send_list_enomem_when_full_and_einval_for_negative_num_sge() {
         let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(2);
-        let sq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let sq = SqState::new(Producer::new(view(&mut buf, geo)).unwrap());
         let mut sg = [sys::ibv_sge {
             addr: 0x3000,
             length: 8,
@@ -1544,7 +1645,7 @@ mod tests {
         assert_eq!(out.failed, Some((third, PostError::QueueFull)));
         assert_eq!(out.failed.unwrap().1.errno(), sys::ENOMEM as c_int);
         // The kernel consumes one; a WR with a negative num_sge is refused untouched.
-        lock(&sq).ring().store_consumer(1);
+        view::<sys::metaroce_send_wqe>(&mut buf, geo).store_consumer(1);
         let mut neg = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
         neg.num_sge = -1;
         // SAFETY: a one-element list.
@@ -1559,7 +1660,10 @@ mod tests {
     }
 
     /// A Qp as create_qp builds it, with an SQ in heap memory and a socket as "cmd_fd".
-    fn test_qp(sq: MappedRing<sys::metaroce_send_wqe>, ctx: *mut sys::ibv_context) -> *mut Qp {
+    pub(super) fn test_qp(
+        sq: MappedRing<sys::metaroce_send_wqe>,
+        ctx: *mut sys::ibv_context,
+    ) -> *mut Qp {
         let mut qp = new_object::<Qp>();
         let p = qp.as_mut_ptr();
         // SAFETY: writing the fields of a zeroed Qp, as create_qp does.
@@ -1568,7 +1672,7 @@ mod tests {
             (*p).vqp.__bindgen_anon_1.qp.handle = 77;
             ptr::addr_of_mut!((*p).limits).write(RC);
             ptr::addr_of_mut!((*p).max_recv_sge).write(1);
-            ptr::addr_of_mut!((*p).sq).write(Some(Mutex::new(Producer::new(sq).unwrap())));
+            ptr::addr_of_mut!((*p).sq).write(Some(SqState::new(Producer::new(sq).unwrap())));
             ptr::addr_of_mut!((*p).rq).write(None);
             ptr::addr_of_mut!((*p)._maps).write([None, None]);
             Box::into_raw(qp.assume_init())
@@ -1741,7 +1845,7 @@ mod tests {
         // Start just below the u32 wrap.
         kernel.store_producer(u32::MAX - 5);
         kernel.store_consumer(u32::MAX - 5);
-        let sq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
+        let sq = SqState::new(Producer::new(view(&mut buf, geo)).unwrap());
         let done = AtomicBool::new(false);
         let done = &done;
         let (seen, last) = std::thread::scope(|s| {
@@ -1836,7 +1940,7 @@ mod tests {
     #[test]
     fn poll_into_translates_and_frees_cqes() {
         let (mut buf, geo) = test_ring::<sys::metaroce_cqe>(4);
-        let cq = Mutex::new(Consumer::new(view::<sys::metaroce_cqe>(&mut buf, geo)).unwrap());
+        let cq = CqState::new(Consumer::new(view::<sys::metaroce_cqe>(&mut buf, geo)).unwrap());
         let kernel = view::<sys::metaroce_cqe>(&mut buf, geo);
         for i in 0..3u32 {
             kernel.write_entry(

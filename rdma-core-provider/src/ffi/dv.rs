@@ -242,10 +242,10 @@ pub unsafe extern "C" fn metaroce_dv_qp_rings(
         // SAFETY: a QP of our device was made by our create_qp: it is the `qp` of a live Qp,
         // whose sq/rq are set before it is handed out and never change.
         let (sq, rq) = unsafe { (&(*ours).sq, &(*ours).rq) };
-        let sq = sq.as_ref().map(|m| {
-            let p = lock(m);
-            dv::dv_ring(p.ring().base(), p.ring().geometry())
-        });
+        // The ring's address never changes: no need to wait for an ibv_wr_* batch to end.
+        let sq = sq
+            .as_ref()
+            .map(|m| m.peek(|s| dv::dv_ring(s.ring.ring().base(), s.ring.ring().geometry())));
         let rq = rq.as_ref().map(|m| {
             let p = lock(m);
             dv::dv_ring(p.ring().base(), p.ring().geometry())
