@@ -6,8 +6,8 @@
 # SONAME libmetaroce.so.1, exactly the direct verbs exported, versioned METAROCE_1.0), the
 # public header metaroce_dv.h as C and C++, and check/load-check.c, which dlopens it through
 # the plugin name against rdma-core's libibverbs, inspects what its constructor registered and
-# drives it (direct verbs included) against a fake uverbs device, once with the rdma-core build
-# tree's libibverbs and once with Debian trixie's libibverbs1 and glibc.
+# drives it (extended and direct verbs included) against a fake uverbs device, once with the
+# rdma-core build tree's libibverbs and once with Debian trixie's libibverbs1 and glibc.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -36,7 +36,8 @@ for sym in verbs_register_driver_34 ibv_cmd_get_context _verbs_init_and_alloc_co
 	ibv_cmd_alloc_pd ibv_cmd_dealloc_pd ibv_cmd_reg_mr ibv_cmd_dereg_mr ibv_cmd_create_cq \
 	ibv_cmd_destroy_cq ibv_cmd_req_notify_cq ibv_cmd_create_qp ibv_cmd_query_qp \
 	ibv_cmd_modify_qp ibv_cmd_destroy_qp ibv_cmd_create_srq ibv_cmd_modify_srq \
-	ibv_cmd_query_srq ibv_cmd_destroy_srq ibv_cmd_modify_qp_ex; do
+	ibv_cmd_query_srq ibv_cmd_destroy_srq ibv_cmd_modify_qp_ex ibv_cmd_create_cq_ex \
+	ibv_cmd_create_qp_ex; do
 	grep -Eq "\*UND\*.*[[:space:]]\(?IBVERBS_PRIVATE_34\)?[[:space:]]+$sym\$" <<<"$dynsyms" ||
 		fail "$sym@IBVERBS_PRIVATE_34 is not referenced"
 done

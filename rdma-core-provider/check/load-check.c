@@ -16,6 +16,11 @@
  *   memfd that the fake kernel also maps, so provider and "kernel" share the rings like with
  *   the real module. On a doorbell the fake consumes the SQ and completes signaled WQEs into
  *   the send CQ; the checks then poll them back through ibv_poll_cq.
+ * - The extended verbs through verbs.h's inline entry points: ibv_create_cq_ex (refusing what
+ *   the CQE does not carry) and ibv_start_poll/ibv_next_poll/ibv_end_poll with the
+ *   ibv_wc_read_* functions, ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS and the
+ *   ibv_wr_* API: the fake sees the WQEs only at ibv_wr_complete, with one doorbell, and none
+ *   after ibv_wr_abort or a failed batch.
  * - The direct verbs (metaroce_dv.h), looked up with dlvsym(..., "METAROCE_1.0"/"1.1"): the
  *   fake answers their extended modify_qp (IB_USER_VERBS_EX_CMD_MODIFY_QP with our driver
  *   command and response) after the checks the kernel's ib_uverbs_write() makes, and like the
@@ -51,6 +56,45 @@ void verbs_register_driver(const struct verbs_device_ops *ops)
 {
 	registered = ops;
 	registrations++;
+}
+
+/*
+ * verbs_set_ops() is interposed too, to see the context ops the provider sets through the C
+ * view of driver.h; it calls libibverbs' own. libibverbs sets its dummy ops first
+ * (verbs_init_context), the provider its own last.
+ */
+_Static_assert(IBVERBS_PABI_VERSION == 34, "the plugin's private ABI");
+static const struct verbs_context_ops *provider_ops;
+
+void verbs_set_ops(struct verbs_context *vctx, const struct verbs_context_ops *ops)
+{
+	static void (*real)(struct verbs_context *, const struct verbs_context_ops *);
+
+	if (!real)
+		real = (__typeof__(real))dlvsym(RTLD_NEXT, "verbs_set_ops", "IBVERBS_PRIVATE_34");
+	if (!real)
+		abort();
+	provider_ops = ops;
+	real(vctx, ops);
+}
+
+/*
+ * What verbs_open_device() adds after alloc_context (set_lib_ops(), static in libibverbs):
+ * ibv_create_cq_ex's entry point, which calls the provider's op and then verbs_init_cq().
+ * open_fake() calls alloc_context itself, so it installs this.
+ */
+static struct ibv_cq_ex *lib_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *attr)
+{
+	struct ibv_cq_ex *cq;
+
+	if (attr->wc_flags & ~(uint64_t)IBV_CREATE_CQ_SUP_WC_FLAGS) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	cq = provider_ops->create_cq_ex(ctx, attr);
+	if (cq)
+		verbs_init_cq(ibv_cq_ex_to_cq(cq), ctx, attr->channel, attr->cq_context);
+	return cq;
 }
 
 /* ---- fake kernel ---- */
@@ -538,11 +582,34 @@ static int fd_is_open(int fd)
 
 static struct verbs_context *open_fake(struct verbs_device *vdev, __u32 abi_version)
 {
+	struct verbs_context *vctx;
+
 	fake_abi_version = abi_version;
 	fake_async_fd = -1;
 	fake_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	errno = 0;
-	return registered->alloc_context(&vdev->device, fake_fd, NULL);
+	provider_ops = NULL;
+	vctx = registered->alloc_context(&vdev->device, fake_fd, NULL);
+	if (vctx && provider_ops && provider_ops->create_cq_ex)
+		vctx->create_cq_ex = lib_create_cq_ex;
+	return vctx;
+}
+
+/* The context ops the provider set: what it implements, and nothing else. */
+static void check_context_ops(const struct verbs_context_ops *ops)
+{
+	CHECK(ops->query_device_ex && ops->query_port && ops->free_context);
+	CHECK(ops->alloc_pd && ops->dealloc_pd && ops->reg_mr && ops->dereg_mr);
+	CHECK(ops->create_cq && ops->poll_cq && ops->req_notify_cq && ops->destroy_cq);
+	CHECK(ops->create_cq_ex && ops->create_qp_ex);
+	CHECK(ops->create_qp && ops->query_qp && ops->modify_qp && ops->destroy_qp);
+	CHECK(ops->post_send && ops->post_recv);
+	CHECK(ops->create_srq && ops->modify_srq && ops->query_srq && ops->destroy_srq);
+	CHECK(ops->post_srq_recv);
+	CHECK(!ops->create_ah && !ops->destroy_ah && !ops->resize_cq && !ops->cq_event);
+	CHECK(!ops->alloc_mw && !ops->bind_mw && !ops->dealloc_mw);
+	CHECK(!ops->alloc_parent_domain && !ops->open_xrcd && !ops->create_srq_ex);
+	CHECK(!ops->create_wq && !ops->create_flow && !ops->alloc_td);
 }
 
 /* The direct verbs, from the plugin by dlvsym(), typed by the header's prototypes. */
@@ -744,6 +811,177 @@ static void check_dv_rings(struct ibv_qp *qp, struct ibv_cq *cq)
 	CHECK(memcmp(&rings, &untouched, sizeof(rings)) == 0);
 	CHECK(dv_qp_doorbell(NULL) == EINVAL && dv_qp_doorbell(&other_qp) == EOPNOTSUPP);
 	CHECK(fake_doorbells == doorbells + 1);
+}
+
+/*
+ * The extended verbs through libibverbs' own entry points (the inline ibv_start_poll, ibv_wr_*
+ * of verbs.h): ibv_create_cq_ex and ibv_create_qp_ex make a CQ and a QP with the plain
+ * commands and rings; WQEs built with ibv_wr_* reach the fake's SQ only at ibv_wr_complete,
+ * with one doorbell; completions are read one at a time and freed at ibv_end_poll.
+ */
+static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *mr, char *buf)
+{
+	struct ibv_cq_init_attr_ex cia = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS };
+	struct ibv_qp_init_attr_ex qia = {
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 2,
+			 .max_recv_sge = 2, .max_inline_data = 64 },
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				  IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+	};
+	struct ibv_sge sge[3] = {
+		{ .addr = (uintptr_t)buf, .length = 100, .lkey = mr->lkey },
+		{ .addr = (uintptr_t)buf + 100, .length = 28, .lkey = mr->lkey },
+		{ .addr = (uintptr_t)buf + 128, .length = 8, .lkey = mr->lkey },
+	};
+	struct ibv_poll_cq_attr pattr = { 0 };
+	struct ibv_qp_attr qattr = { .qp_state = IBV_QPS_INIT };
+	struct ibv_qp_init_attr qinit;
+	struct metaroce_cqe cqe = { 0 };
+	unsigned int ncq = fake_ncq, nqp = fake_nqp, nw, db, i;
+	const struct fake_ring *sq, *kcq;
+	struct ibv_cq_ex *cq;
+	struct ibv_qp_ex *qpx;
+	struct ibv_qp *qp;
+	struct ibv_wc wc;
+	__u32 p;
+
+	/* Refused before any command: what the CQE does not carry, overrun, parent domains. */
+	cia.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &cia) == NULL && errno == EOPNOTSUPP);
+	cia.wc_flags = IBV_WC_STANDARD_FLAGS;
+	cia.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+	cia.flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &cia) == NULL && errno == EOPNOTSUPP);
+	cia.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &cia) == NULL && errno == EOPNOTSUPP);
+	CHECK(fake_ncq == ncq);
+	cia.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+	cia.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+	cq = ibv_create_cq_ex(ctx, &cia);
+	CHECK(cq != NULL);
+	if (!cq)
+		return;
+	kcq = &fake_cqs[ncq];
+	CHECK(fake_ncq == ncq + 1 && ibv_cq_ex_to_cq(cq)->cqe == 16);
+	CHECK(ibv_start_poll(cq, &pattr) == ENOENT);
+
+	qia.send_cq = qia.recv_cq = ibv_cq_ex_to_cq(cq);
+	qia.send_ops_flags |= IBV_QP_EX_WITH_BIND_MW;
+	errno = 0;
+	CHECK(ibv_create_qp_ex(ctx, &qia) == NULL && errno == EOPNOTSUPP);
+	qia.send_ops_flags &= ~(uint64_t)IBV_QP_EX_WITH_BIND_MW;
+	qia.qp_type = IBV_QPT_UD;
+	errno = 0;
+	CHECK(ibv_create_qp_ex(ctx, &qia) == NULL && errno == EOPNOTSUPP);
+	qia.qp_type = IBV_QPT_RC;
+	CHECK(fake_nqp == nqp);
+	qp = ibv_create_qp_ex(ctx, &qia);
+	CHECK(qp != NULL);
+	if (!qp)
+		return;
+	sq = &fake_qps[nqp].sq;
+	qpx = ibv_qp_to_qp_ex(qp);
+	CHECK(qpx != NULL && qpx->wr_send && qpx->wr_rdma_write && !qpx->wr_rdma_read);
+	CHECK(!qpx->wr_bind_mw && !qpx->wr_local_inv && !qpx->wr_send_inv);
+	CHECK(qp->qp_num == 0x100 + nqp && qia.cap.max_inline_data == 128);
+	/* The same QP as ibv_create_qp makes: modify, query, destroy work as for those. */
+	CHECK(ibv_modify_qp(qp, &qattr, IBV_QP_STATE) == 0);
+	memset(&qinit, 0, sizeof(qinit));
+	CHECK(ibv_query_qp(qp, &qattr, IBV_QP_STATE | IBV_QP_CAP, &qinit) == 0);
+	CHECK(qinit.cap.max_inline_data == 128 && qattr.qp_state == IBV_QPS_INIT);
+
+	/* Three WRs, one doorbell at wr_complete, none of them visible before. */
+	nw = fake_nwqes;
+	db = fake_doorbells;
+	p = kernel_producer(sq);
+	memcpy(buf, "metaroce ex inline", 19);
+	ibv_wr_start(qpx);
+	qpx->wr_id = 11;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, mr->lkey, (uintptr_t)buf, 64);
+	qpx->wr_id = 12;
+	ibv_wr_send_imm(qpx, htobe32(0xc0ffee));
+	ibv_wr_set_inline_data(qpx, buf, 19);
+	qpx->wr_id = 13;
+	ibv_wr_rdma_write(qpx, 0x2000, 0x9000);
+	ibv_wr_set_sge_list(qpx, 2, sge);
+	CHECK(kernel_producer(sq) == p && fake_doorbells == db);
+	CHECK(ibv_wr_complete(qpx) == 0);
+	CHECK(fake_doorbells == db + 1 && fake_nwqes == nw + 3 && kernel_producer(sq) == p + 3);
+	CHECK(fake_wqes[nw].wr_id == 11 && fake_wqes[nw].opcode == IBV_WR_SEND);
+	CHECK(fake_wqes[nw].num_sge == 1 && fake_wqes[nw].data.sge[0].length == 64);
+	CHECK(fake_wqes[nw + 1].opcode == IBV_WR_SEND_WITH_IMM && fake_wqes[nw + 1].num_sge == 0);
+	CHECK(fake_wqes[nw + 1].send_flags == (IBV_SEND_SIGNALED | IBV_SEND_INLINE));
+	CHECK(fake_wqes[nw + 1].inline_len == 19 && fake_wqes[nw + 1].imm_data == htobe32(0xc0ffee));
+	CHECK(memcmp(fake_wqes[nw + 1].data.inline_data, "metaroce ex inline", 19) == 0);
+	CHECK(fake_wqes[nw + 2].remote_addr == 0x9000 && fake_wqes[nw + 2].rkey == 0x2000);
+	CHECK(fake_wqes[nw + 2].num_sge == 2 && fake_wqes[nw + 2].data.sge[1].length == 28);
+
+	/* Aborted, failed (3 SGEs > max_send_sge 2; 5 WRs in a ring of 4): nothing reaches it. */
+	ibv_wr_start(qpx);
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, mr->lkey, (uintptr_t)buf, 8);
+	ibv_wr_abort(qpx);
+	ibv_wr_start(qpx);
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge_list(qpx, 3, sge);
+	CHECK(ibv_wr_complete(qpx) == EINVAL);
+	ibv_wr_start(qpx);
+	for (i = 0; i < 5; i++) {
+		ibv_wr_send(qpx);
+		ibv_wr_set_sge(qpx, mr->lkey, (uintptr_t)buf, 8);
+	}
+	CHECK(ibv_wr_complete(qpx) == ENOMEM);
+	CHECK(fake_doorbells == db + 1 && fake_nwqes == nw + 3 && kernel_producer(sq) == p + 3);
+
+	/* The three completions, one at a time; their slots are freed at end_poll. */
+	p = kernel_consumer(kcq);
+	CHECK(ibv_start_poll(cq, &pattr) == 0);
+	CHECK(cq->wr_id == 11 && cq->status == IBV_WC_SUCCESS);
+	CHECK(ibv_wc_read_opcode(cq) == IBV_WC_SEND && ibv_wc_read_byte_len(cq) == 64);
+	CHECK(ibv_wc_read_qp_num(cq) == qp->qp_num);
+	CHECK(ibv_next_poll(cq) == 0 && cq->wr_id == 12 && ibv_wc_read_byte_len(cq) == 19);
+	CHECK(ibv_next_poll(cq) == 0 && cq->wr_id == 13);
+	CHECK(ibv_wc_read_opcode(cq) == IBV_WC_RDMA_WRITE && ibv_wc_read_byte_len(cq) == 128);
+	CHECK(ibv_next_poll(cq) == ENOENT);
+	CHECK(kernel_consumer(kcq) == p);
+	ibv_end_poll(cq);
+	CHECK(kernel_consumer(kcq) == p + 3);
+
+	/* A receive completion: every field the CQE carries. */
+	cqe.wr_id = 78;
+	cqe.opcode = IBV_WC_RECV;
+	cqe.vendor_err = 5;
+	cqe.byte_len = 32;
+	cqe.imm_data = htobe32(0xbeef);
+	cqe.qp_num = qp->qp_num;
+	cqe.src_qp = 0x333;
+	cqe.wc_flags = IBV_WC_WITH_IMM | IBV_WC_GRH;
+	cqe.slid = 0x1234;
+	cqe.sl = 2;
+	cqe.dlid_path_bits = 9;
+	fake_complete(ncq, &cqe);
+	CHECK(ibv_start_poll(cq, &pattr) == 0 && cq->wr_id == 78);
+	CHECK(ibv_wc_read_opcode(cq) == IBV_WC_RECV && ibv_wc_read_vendor_err(cq) == 5);
+	CHECK(ibv_wc_read_imm_data(cq) == htobe32(0xbeef) && ibv_wc_read_src_qp(cq) == 0x333);
+	CHECK(ibv_wc_read_wc_flags(cq) == (IBV_WC_WITH_IMM | IBV_WC_GRH));
+	CHECK(ibv_wc_read_slid(cq) == 0x1234 && ibv_wc_read_sl(cq) == 2);
+	CHECK(ibv_wc_read_dlid_path_bits(cq) == 9);
+	ibv_end_poll(cq);
+	/* ibv_poll_cq works on an extended CQ too. */
+	cqe.wr_id = 79;
+	fake_complete(ncq, &cqe);
+	CHECK(ibv_poll_cq(ibv_cq_ex_to_cq(cq), 2, &wc) == 1 && wc.wr_id == 79 && wc.src_qp == 0x333);
+
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
 }
 
 /* PD, MR, CQ, QP, SRQ and the rings, end to end through libibverbs. */
@@ -950,12 +1188,16 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(ibv_create_ah(pd, &(struct ibv_ah_attr){ .port_num = 1 }) == NULL);
 	CHECK(errno == EOPNOTSUPP);
 
+	/* A QP made by ibv_create_qp has no ibv_qp_ex. */
+	CHECK(ibv_qp_to_qp_ex(qp) == NULL);
+	check_ex(ctx, pd, mr, buf);
+
 	CHECK(ibv_destroy_qp(qp) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);
-	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 3);
-	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_CQ] == 2);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 4);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_CQ] == 3);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DEREG_MR] == 1);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DEALLOC_PD] == 1);
 }
@@ -1053,6 +1295,10 @@ int main(int argc, char **argv)
 	CHECK(vctx->context.async_fd == fake_async_fd);
 	CHECK(vctx->context.num_comp_vectors == 1);
 	CHECK(atomic_load(&vdev->refcount) == 2);
+	CHECK(provider_ops != NULL);
+	if (!provider_ops)
+		return 1;
+	check_context_ops(provider_ops);
 
 	memset(&dattr, 0xff, sizeof(dattr));
 	CHECK(ibv_query_device_ex(&vctx->context, NULL, &dattr) == 0);
@@ -1084,7 +1330,8 @@ int main(int argc, char **argv)
 		return 1;
 	printf("load-check: %s registered \"%s\" (driver id 0x%llx, uverbs ABI %u..%u); "
 	       "alloc_context/query_device_ex/query_port/close, the data path (PD, MR, CQ, QP, "
-	       "SRQ, post_send/recv, poll_cq over shared rings) and the direct verbs "
+	       "SRQ, post_send/recv, poll_cq over shared rings), the extended CQ and QP verbs "
+	       "(create_cq_ex, start/next/end_poll, create_qp_ex, ibv_wr_*) and the direct verbs "
 	       "(metaroce_dv_*@METAROCE_1.0, 1.1) work against a fake uverbs, a wrong ABI is refused\n",
 	       argv[1], registered->name, (unsigned long long)ent[0].u.driver_id,
 	       registered->match_min_abi_version, registered->match_max_abi_version);
