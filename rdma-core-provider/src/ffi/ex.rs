@@ -78,9 +78,6 @@ pub(super) unsafe extern "C" fn create_cq_ex(
     })
 }
 
-/// The `wc_flags` bit that asks for a read function, and the function.
-type Reader<F> = (u32, F);
-
 /// Installs the polling functions, and the `read_*` functions `wc_flags` asks for (as rxe and
 /// mlx5 do: a field not asked for has no function). `read_opcode`, `read_vendor_err` and
 /// `read_wc_flags` are always there.
@@ -89,7 +86,9 @@ type Reader<F> = (u32, F);
 /// `cqx` must be the `ibv_cq_ex` of a live [`Cq`] not yet handed out.
 pub(super) unsafe fn set_poll_ops(cqx: *mut sys::ibv_cq_ex, wc_flags: u64) {
     let asked = |flag: u32| wc_flags & u64::from(flag) != 0;
-    let u32_readers: [Reader<unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u32>; 5] = [
+    // Each `wc_flags` bit that asks for a 32-bit read function, and the function.
+    type Read32 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u32;
+    let u32_readers: [(u32, Read32); 5] = [
         (
             sys::ibv_create_cq_wc_flags_IBV_WC_EX_WITH_BYTE_LEN,
             read_byte_len,
@@ -160,13 +159,9 @@ unsafe fn advance(cqx: *mut sys::ibv_cq_ex, s: &mut CqState) -> c_int {
         Ok(None) => ENOENT,
         Err(c) => {
             report_corrupt_cq(c);
-            abi_errno()
+            crate::abi::ABI_MISMATCH_ERRNO
         }
     }
-}
-
-fn abi_errno() -> c_int {
-    crate::abi::ABI_MISMATCH_ERRNO
 }
 
 /// `ibv_start_poll`: 0 with the first completion current and the session open (until
