@@ -20,13 +20,32 @@ bw_start() {
 	CLI=$!
 	wait_for 20 sh -c "[ \$(cat /sys/class/infiniband/mroce1/ports/1/hw_counters/tx_packets 2>/dev/null || echo 0) -gt 2000 ]"
 }
-# gone SECS PID...: every PID has exited within SECS seconds (SIGKILL for those that did not).
+# alive PID...: one of the PIDs is still a live process. A zombie is not (it has exited; only
+# its status waits for this shell to reap it, and `kill -0` would still find it).
+alive() {
+	local p
+	for p in "$@"; do
+		[ -e "/proc/$p" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null && return 0
+	done
+	return 1
+}
+# gone SECS PID...: every PID has exited within SECS seconds (SIGKILL for those that did not);
+# of one that did not, where it is stuck (state, kernel stack).
 gone() {
-	local secs="$1" p left
+	local secs="$1" p left=0 deadline=$((SECONDS + $1))
 	shift
-	wait_for "$secs" sh -c "for p in $*; do kill -0 \$p 2>/dev/null && exit 1; done; exit 0"
-	left=$?
-	for p in "$@"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+	while alive "$@"; do
+		[ "$SECONDS" -lt "$deadline" ] || { left=1; break; }
+		sleep 0.2
+	done
+	for p in "$@"; do
+		if [ "$left" = 1 ] && alive "$p"; then
+			echo "$p: $(grep -E '^(Name|State):' "/proc/$p/status" | tr '\n' ' ')"
+			cat "/proc/$p/stack" 2>/dev/null | head -n 12
+		fi
+		kill -9 "$p" 2>/dev/null
+		wait "$p" 2>/dev/null
+	done
 	return $left
 }
 # no_device NAME...: none of the devices is registered any more.
