@@ -49,8 +49,9 @@ image: setup
 # What the guest installs at boot (see qemu-ci/guest-init.sh). rootfs/ is unpacked onto /: the
 # provider as `make -C rdma-core-provider install` lays it out (libmetaroce.so.1, the plugin
 # symlink libibverbs/libmetaroce-rdmav34.so -> ../libmetaroce.so.1, metaroce_dv.h,
-# metaroce.driver), the direct verbs' test programs built on the host, the plane CLI. The copy
-# to the guest's share dereferences symlinks, so rootfs.symlinks lists them for guest-init.sh.
+# metaroce.driver), the direct verbs' test programs built on the host, the plane CLI, and
+# rdma-core's own tests/ (for selftests/conformance/rdma-core.sh). The copy to the guest's share
+# dereferences symlinks, so rootfs.symlinks lists them for guest-init.sh.
 payload: module provider
 	@rm -rf $(GUEST) && mkdir -p $(GUEST)
 	cp metaroce.ko $(GUEST)/
@@ -58,12 +59,16 @@ payload: module provider
 	bins=$$(selftests/dv/build.sh) && for bin in $$bins; do \
 		install -D -m 755 "$$bin" $(GUEST)/rootfs/usr/local/bin/$$(basename "$$bin") || exit 1; done
 	cp -r selftests $(GUEST)/selftests
+	tree=$$(rdma-core-provider/prepare-rdma-core.sh) && mkdir -p $(GUEST)/rootfs/opt/metaroce/rdma-core-tests && \
+		cp -r "$$tree/tests" $(GUEST)/rootfs/opt/metaroce/rdma-core-tests/tests
 	install -D -m 755 tools/metaroce-plane $(GUEST)/rootfs/usr/local/sbin/metaroce-plane
 	cd $(GUEST)/rootfs && find . -type l -printf '%P %l\n' | sort >$(GUEST)/rootfs.symlinks
 
-# make vm CMD='ibv_devices': run a command as root in a fresh guest; make shell: interactive.
+# make vm CMD='ibv_devices': run a command as root in a fresh guest (killed after VM_TIMEOUT
+# seconds); make shell: interactive.
+VM_TIMEOUT ?= 1800
 vm: payload image
-	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) -- "$(CMD)"
+	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --timeout $(VM_TIMEOUT) --payload $(GUEST) -- "$(CMD)"
 
 shell: payload image
 	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) --interactive
