@@ -97,6 +97,27 @@ struct metaroce_send_wqe {
 	} data;
 };
 
+/*
+ * UD QPs. A send WQE of a UD QP names its destination in its 32 bytes from remote_addr on,
+ * which are then read as struct metaroce_ud_av (remote_addr, rkey, reserved1, compare_add and
+ * swap mean nothing on UD): the address handle's destination GID (RoCE v2: an IPv4-mapped or
+ * an IPv6 address) and the work request's remote QPN and Q_Key (bit 31 set: the QP's own
+ * Q_Key, as the verbs say). Address handles live in the provider alone; the kernel takes the
+ * GID from each WQE and sends from the QP's port. Opcodes: SEND and SEND_WITH_IMM, a message
+ * at most the port's active MTU (larger: the WQE completes with IBV_WC_LOC_LEN_ERR). A receive
+ * on a UD QP gets 40 bytes of GRH first (from an IPv4 sender: 20 zero bytes, then its IPv4
+ * header; from IPv6: its IPv6 header), then the payload; the CQE has IBV_WC_GRH, src_qp and
+ * byte_len = 40 + the payload's length.
+ */
+#define METAROCE_UD_AV_OFFSET 32
+
+struct metaroce_ud_av {
+	__u8 dgid[16];
+	__u32 remote_qpn;
+	__u32 remote_qkey;
+	__u32 reserved[2];	/* 0 */
+};
+
 #define METAROCE_RECV_WQE_SIZE 128
 #define METAROCE_MAX_RECV_SGE 7
 
