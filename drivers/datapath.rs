@@ -77,6 +77,7 @@ mod addrcell;
 mod datagrams;
 mod peers;
 mod planes;
+mod ud;
 
 pub(crate) use datagrams::is_datagram;
 

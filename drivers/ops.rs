@@ -257,7 +257,7 @@ impl VerbsOps for MetaRoceOps {
                 let inner = qp.inner.lock();
                 QpQuery::Connected {
                     state: inner.state,
-                    qp_type: QpType::Rc,
+                    qp_type: qp.qp_type,
                     attrs: inner.attrs,
                     caps: qp.cap,
                     sig_all: qp.sq_sig_all,
@@ -303,6 +303,7 @@ impl VerbsOps for MetaRoceOps {
             return Err(EINVAL);
         };
         match dev.engine {
+            Some(engine) if qp.qp_type == QpType::Ud => engine.ud_doorbell(qp),
             Some(engine) => engine.doorbell(qp),
             None => {
                 if qp.state() == QpState::Err {
@@ -347,7 +348,8 @@ impl VerbsOps for MetaRoceOps {
     }
 }
 
-/// A user RC QP: its rings mapped in the caller's context, its number in the device's table.
+/// A user RC or UD QP: its rings mapped in the caller's context, its number in the device's
+/// table.
 fn create_user_qp(
     dev: &DeviceCtx<'_>,
     init: &QpInit<'_, MetaRoceOps>,
@@ -355,9 +357,10 @@ fn create_user_qp(
     events: Arc<QpEvents>,
 ) -> Result<QpMade<QpObject>> {
     let uctx = udata.ucontext()?;
-    if init.qp_type != QpType::Rc.to_ib() {
-        return Err(EOPNOTSUPP);
-    }
+    let qp_type = match QpType::from_ib(init.qp_type) {
+        Some(t @ (QpType::Rc | QpType::Ud)) => t,
+        _ => return Err(EOPNOTSUPP),
+    };
     if init.create_flags != 0 {
         return Err(EINVAL);
     }
@@ -373,7 +376,9 @@ fn create_user_qp(
         None
     };
     let (sq_info, rq_info) = (sq.info(), rq.as_ref().map(|r| r.info()));
-    let inline = if cap.max_inline_data > 0 {
+    // RC resends: its inline payloads are kept while the transport holds their WQEs. A UD
+    // datagram is built from the WQE's copy at once.
+    let inline = if cap.max_inline_data > 0 && qp_type == QpType::Rc {
         Some(InlineStore::new()?)
     } else {
         None
@@ -381,6 +386,7 @@ fn create_user_qp(
     let qpn = reserve_in(&dev.verbs.qps, 1)?;
     let parts = QpParts {
         qpn,
+        qp_type,
         pd: init.pd,
         send_cq: send_cq.clone(),
         recv_cq: recv_cq.clone(),
@@ -467,9 +473,14 @@ fn modify_user_qp(
     // The transition and every attribute are judged by the rules (`verbs_core::qp::prepare`;
     // a zero mask, the direct verbs' call, changes nothing in any state).
     let change = qp.prepare(attr, mask)?;
+    // A UD QP rides no connection: nothing to attach.
     match (prev, change.state, engine) {
-        (QpState::Init, QpState::Rtr, Some(engine)) => engine.attach(qp, &change.attrs)?,
-        (QpState::Rtr, QpState::Rts, Some(engine)) => engine.start_sending(qp, &change.attrs)?,
+        (QpState::Init, QpState::Rtr, Some(engine)) if qp.qp_type == QpType::Rc => {
+            engine.attach(qp, &change.attrs)?
+        }
+        (QpState::Rtr, QpState::Rts, Some(engine)) if qp.qp_type == QpType::Rc => {
+            engine.start_sending(qp, &change.attrs)?
+        }
         _ => {}
     }
     qp.commit(&change);

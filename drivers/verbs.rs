@@ -596,10 +596,13 @@ pub(crate) struct QpInner {
     pub(crate) binding: Option<crate::datapath::Binding>,
 }
 
-/// A queue pair (RC): an ordered stream of messages on the connection to its peer.
+/// A user queue pair: RC (an ordered stream of messages on the connection to its peer) or UD
+/// (datagrams to any QP, no connection: `datapath/ud.rs`).
 #[pin_data]
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
+    /// `QpType::Rc` or `QpType::Ud`.
+    pub(crate) qp_type: QpType,
     pub(crate) pd: usize,
     pub(crate) send_cq: Arc<Cq>,
     pub(crate) recv_cq: Arc<Cq>,
@@ -702,6 +705,7 @@ impl InlineStore {
 /// The parts `Qp::new` takes.
 pub(crate) struct QpParts {
     pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
     pub(crate) pd: usize,
     pub(crate) send_cq: Arc<Cq>,
     pub(crate) recv_cq: Arc<Cq>,
@@ -716,6 +720,7 @@ impl Qp {
     pub(crate) fn new(p: QpParts, events: Arc<QpEvents>) -> impl PinInit<Self> {
         pin_init!(Qp {
             qpn: p.qpn,
+            qp_type: p.qp_type,
             pd: p.pd,
             send_cq: p.send_cq,
             recv_cq: p.recv_cq,
@@ -744,7 +749,7 @@ impl Qp {
     /// [`Qp::modify`].
     pub(crate) fn prepare(&self, attr: &ModifyAttr, mask: u32) -> Result<QpChange> {
         let inner = self.inner.lock();
-        crate::verbs_core::qp::prepare(inner.state, &inner.attrs, QpType::Rc, attr, mask)
+        crate::verbs_core::qp::prepare(inner.state, &inner.attrs, self.qp_type, attr, mask)
             .map_err(|_| EINVAL)
     }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! Unreliable datagrams on the data path: the GSI QP of each port (`crate::gsi`) sends and
-//! receives MetaRoCE DATAGRAM packets (`docs/wire-format.md`), which belong to no connection.
+//! receives MetaRoCE DATAGRAM packets (`docs/wire-format.md`), which belong to no connection;
+//! so do userspace's UD QPs (`ud.rs`), whose arrivals come through here.
 //!
 //! - Sends are posted from any context into the QP's queue; the receive thread sends them
 //!   ([`Engine::process_datagrams`]) on the plane of the QP's port, to the address the work
@@ -32,10 +33,10 @@ const DG_ENTRIES: usize = 256;
 
 /// A received datagram.
 pub(super) struct DgItem {
-    plane: u8,
-    src: IpAddr,
-    dst: IpAddr,
-    buf: RxBuf,
+    pub(super) plane: u8,
+    pub(super) src: IpAddr,
+    pub(super) dst: IpAddr,
+    pub(super) buf: RxBuf,
 }
 
 /// The device's GSI QPs and datagram queues.
@@ -48,7 +49,7 @@ pub(super) struct Datagrams {
     rxq: SpinLockIrq<RxQueue<DgItem>>,
     /// Where a datagram is built before it is sent.
     #[pin]
-    scratch: Mutex<KVec<u8>>,
+    pub(super) scratch: Mutex<KVec<u8>>,
     /// Sends were posted since the receive thread last looked.
     tx_pending: AtomicBool,
 }
@@ -140,9 +141,8 @@ impl Engine {
         let (b, Ext::Datagram(d)) = (view.header.base, view.header.ext) else {
             return Err(());
         };
-        // Only the GSI QP receives datagrams (userspace has no UD QPs yet).
         if b.dst_qp != GSI_QPN {
-            return Err(());
+            return self.ud_deliver(item, &b, &d, view.payload);
         }
         let qp = self
             .datagrams

@@ -98,6 +98,68 @@ impl SendWqe {
     }
 }
 
+/// `struct metaroce_ud_av`: what a UD QP's send WQE holds in its 32 bytes from `remote_addr`
+/// on (`METAROCE_UD_AV_OFFSET`), in place of the RDMA and atomic fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct UdAv {
+    pub dgid: [u8; 16],
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+    pub reserved: [u32; 2],
+}
+
+/// `METAROCE_UD_AV_OFFSET`.
+pub const UD_AV_OFFSET: usize = 32;
+
+impl SendWqe {
+    /// The 32 bytes from `remote_addr` on, as the C struct has them in memory (host order).
+    fn av_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&self.remote_addr.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.reserved1.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.compare_add.to_ne_bytes());
+        b[24..].copy_from_slice(&self.swap.to_ne_bytes());
+        b
+    }
+
+    /// The UD view of those bytes.
+    pub fn ud_av(&self) -> UdAv {
+        let b = self.av_bytes();
+        let word = |at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let mut dgid = [0u8; 16];
+        dgid.copy_from_slice(&b[..16]);
+        UdAv {
+            dgid,
+            remote_qpn: word(16),
+            remote_qkey: word(20),
+            reserved: [word(24), word(28)],
+        }
+    }
+
+    /// Writes `av` into those bytes (what the provider does; for tests and fuzzing).
+    pub fn set_ud_av(&mut self, av: &UdAv) {
+        let mut b = [0u8; 32];
+        b[..16].copy_from_slice(&av.dgid);
+        b[16..20].copy_from_slice(&av.remote_qpn.to_ne_bytes());
+        b[20..24].copy_from_slice(&av.remote_qkey.to_ne_bytes());
+        b[24..28].copy_from_slice(&av.reserved[0].to_ne_bytes());
+        b[28..].copy_from_slice(&av.reserved[1].to_ne_bytes());
+        let u64_at = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[at..at + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let u32_at = |at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        self.remote_addr = u64_at(0);
+        self.rkey = u32_at(8);
+        self.reserved1 = u32_at(12);
+        self.compare_add = u64_at(16);
+        self.swap = u64_at(24);
+    }
+}
+
 /// `struct metaroce_recv_wqe` (128 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -149,9 +211,28 @@ const _: () = assert!(core::mem::offset_of!(SendWqe, data) == 64);
 const _: () = assert!(core::mem::size_of::<RecvWqe>() == 128);
 const _: () = assert!(core::mem::size_of::<Cqe>() == 64);
 
+const _: () = assert!(core::mem::offset_of!(SendWqe, remote_addr) == UD_AV_OFFSET);
+const _: () = assert!(core::mem::offset_of!(SendWqe, data) - UD_AV_OFFSET == 32);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ud_av_round_trips_through_the_rdma_fields() {
+        let av = UdAv {
+            dgid: core::array::from_fn(|i| i as u8 + 1),
+            remote_qpn: 0x0012_3456,
+            remote_qkey: 0x1111_2222,
+            reserved: [0, 7],
+        };
+        let mut w = SendWqe::default();
+        w.set_ud_av(&av);
+        assert_eq!(w.ud_av(), av);
+        // The GID's first bytes are remote_addr's memory, as the C struct overlays them.
+        assert_eq!(w.remote_addr.to_ne_bytes(), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(w.swap.to_ne_bytes()[4..], 7u32.to_ne_bytes());
+    }
 
     #[test]
     fn sge_view_round_trips_and_ends_at_the_union() {

@@ -288,6 +288,9 @@ pub mod network_type {
 /// `IBV_WC_WITH_IMM`: libibverbs' `wc_flags` bit for a completion with immediate data (the
 /// CQ ring carries libibverbs' flags, which the provider passes through).
 pub const WC_WITH_IMM: u32 = 1 << 1;
+/// `IBV_WC_GRH`: libibverbs' `wc_flags` bit for a receive whose first 40 bytes are the GRH
+/// (every UD receive).
+pub const WC_GRH: u32 = 1;
 
 #[cfg(test)]
 mod tests {

@@ -215,6 +215,84 @@ pub struct RecvWork {
     pub local: SgList,
 }
 
+/// A decoded send WQE of a UD QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdSendWork {
+    /// The caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// The local data.
+    pub payload: Payload,
+    /// Immediate data (big-endian, as posted) of SEND_WITH_IMM.
+    pub imm: Option<u32>,
+    /// The address handle's destination GID.
+    pub dgid: [u8; 16],
+    /// The destination QP.
+    pub remote_qpn: u32,
+    /// The Q_Key as posted (bit 31 set: the QP's own, which the caller substitutes).
+    pub remote_qkey: u32,
+    /// Completes with a CQE even when the QP signals only requested ones.
+    pub signaled: bool,
+    /// Sets the solicited event bit.
+    pub solicited: bool,
+}
+
+impl UdSendWork {
+    /// The payload's length in bytes.
+    pub fn len(&self) -> u32 {
+        match self.payload {
+            Payload::Sges(l) => l.total(),
+            Payload::Inline(n) => n,
+        }
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The send flags a UD provider may set (no fence: UD has no RDMA READ or atomics to wait for).
+const UD_SEND_FLAGS: u32 = sf::SIGNALED | sf::SOLICITED | sf::INLINE | sf::IP_CSUM;
+
+/// Judges a send WQE copied out of a UD QP's ring: SEND or SEND_WITH_IMM with its address
+/// vector (`abi::UdAv`); what the provider cannot have written is fatal, as for RC.
+pub fn judge_ud_send(w: &SendWqe, sq_sig_all: bool) -> Judged<UdSendWork> {
+    let imm = match w.opcode {
+        op::SEND => None,
+        op::SEND_WITH_IMM => Some(w.imm_data),
+        _ => return Judged::Fatal,
+    };
+    let av = w.ud_av();
+    let inline = w.send_flags & sf::INLINE != 0;
+    let sized = if inline {
+        w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
+    } else {
+        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+    };
+    if w.send_flags & !UD_SEND_FLAGS != 0 || w.reserved0 != 0 || av.reserved != [0; 2] || !sized {
+        return Judged::Fatal;
+    }
+    let payload = if inline {
+        Payload::Inline(w.inline_len)
+    } else {
+        let sges = (0..w.num_sge as usize).map_while(|i| w.sge(i));
+        match SgList::new(sges) {
+            Some(l) => Payload::Sges(l),
+            None => return Judged::Refused,
+        }
+    };
+    Judged::Usable(UdSendWork {
+        wr_id: w.wr_id,
+        payload,
+        imm,
+        dgid: av.dgid,
+        remote_qpn: av.remote_qpn,
+        remote_qkey: av.remote_qkey,
+        signaled: sq_sig_all || w.send_flags & sf::SIGNALED != 0,
+        solicited: w.send_flags & sf::SOLICITED != 0,
+    })
+}
+
 /// Judges a receive WQE (RQ or SRQ).
 pub fn judge_recv(w: &RecvWqe) -> Judged<RecvWork> {
     if w.reserved != 0 || w.num_sge as usize > MAX_SGE {
@@ -255,6 +333,72 @@ mod tests {
             w.set_sge(i, sge(10));
         }
         w
+    }
+
+    fn ud_send(n: u32) -> SendWqe {
+        let mut w = SendWqe {
+            wr_id: 3,
+            opcode: op::SEND,
+            num_sge: n,
+            ..Default::default()
+        };
+        w.set_ud_av(&abi::UdAv {
+            dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            remote_qpn: 0x123,
+            remote_qkey: 0x8000_0000,
+            reserved: [0; 2],
+        });
+        for i in 0..n as usize {
+            w.set_sge(i, sge(10));
+        }
+        w
+    }
+
+    #[test]
+    fn a_ud_send_decodes_with_its_address_vector() {
+        let Judged::Usable(s) = judge_ud_send(&ud_send(2), false) else {
+            panic!()
+        };
+        assert_eq!(
+            (s.remote_qpn, s.remote_qkey, s.imm, s.len()),
+            (0x123, 0x8000_0000, None, 20)
+        );
+        assert_eq!(s.dgid[0], 0xfe);
+        let mut w = ud_send(0);
+        w.opcode = op::SEND_WITH_IMM;
+        w.imm_data = 0x0102_0304;
+        w.send_flags = sf::INLINE | sf::SOLICITED;
+        w.inline_len = 5;
+        let Judged::Usable(s) = judge_ud_send(&w, true) else {
+            panic!()
+        };
+        assert_eq!(
+            (s.imm, s.payload, s.signaled, s.solicited),
+            (Some(0x0102_0304), Payload::Inline(5), true, true)
+        );
+    }
+
+    #[test]
+    fn a_ud_wqe_the_provider_cannot_write_is_fatal() {
+        let ok = ud_send(1);
+        let mut cases = [ok; 6];
+        cases[0].opcode = op::RDMA_WRITE; // UD sends only
+        cases[1].send_flags = sf::FENCE;
+        cases[2].reserved0 = 1;
+        let mut av = ok.ud_av();
+        av.reserved[1] = 1;
+        cases[3].set_ud_av(&av);
+        cases[4].num_sge = limits::MAX_SGE + 1;
+        cases[5].inline_len = 1;
+        for (i, w) in cases.iter().enumerate() {
+            assert!(matches!(judge_ud_send(w, false), Judged::Fatal), "case {i}");
+        }
+        // The GID's bytes lie where RC has rkey and reserved1: they are not judged as those.
+        let mut av = ok.ud_av();
+        av.dgid = [0xff; 16];
+        let mut w = ok;
+        w.set_ud_av(&av);
+        assert!(matches!(judge_ud_send(&w, false), Judged::Usable(_)));
     }
 
     #[test]
