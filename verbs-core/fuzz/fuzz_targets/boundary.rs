@@ -258,6 +258,55 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     }
 }
 
+/// Judges a send WQE of a UD QP (its entry's bytes `b`) and checks the verdict: its address
+/// vector is the 32 bytes from `remote_addr` on, as the C header lays it out.
+fn check_ud_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool) {
+    let w = send_wqe(b);
+    let v = wqe::judge_ud_send(&w, sq_sig_all);
+    let av_at = abi::UD_AV_OFFSET;
+    let word = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().unwrap());
+    let inline = w.send_flags & sf::INLINE != 0;
+    let sized = if inline {
+        w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
+    } else {
+        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+    };
+    let fatal = !matches!(w.opcode, op::SEND | op::SEND_WITH_IMM)
+        || w.send_flags & !(KNOWN_SEND_FLAGS & !sf::FENCE) != 0
+        || w.reserved0 != 0
+        || word(av_at + 24) != 0
+        || word(av_at + 28) != 0
+        || !sized;
+    assert_eq!(
+        v == Judged::Fatal,
+        fatal,
+        "UD fatal exactly on a broken entry: {w:?}"
+    );
+    let posted: Vec<Sge> = (0..w.num_sge as usize)
+        .take(MAX_SGE)
+        .map(|i| sge_at(b, SEND_DATA + 16 * i))
+        .collect();
+    let refused = !inline && !sges_ok(&posted);
+    assert_eq!(v == Judged::Refused, !fatal && refused, "UD refused: {w:?}");
+    if let Judged::Usable(s) = v {
+        assert_eq!(
+            &s.dgid[..],
+            &b[av_at..av_at + 16],
+            "the GID is the AV's bytes"
+        );
+        assert_eq!(
+            (s.remote_qpn, s.remote_qkey),
+            (word(av_at + 16), word(av_at + 20))
+        );
+        assert_eq!(s.imm, (w.opcode == op::SEND_WITH_IMM).then_some(w.imm_data));
+        assert_eq!(s.signaled, sq_sig_all || w.send_flags & sf::SIGNALED != 0);
+        match s.payload {
+            Payload::Inline(len) => assert!(inline && len == w.inline_len),
+            Payload::Sges(l) => check_sg_list(&l, &posted),
+        }
+    }
+}
+
 /// Judges a receive WQE (its entry's bytes `b`) and checks the verdict.
 fn check_recv(b: &[u8; RECV_WQE_SIZE]) {
     let w = recv_wqe(b);
@@ -824,6 +873,7 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
                 check_send(&b, flag(3), flag(4));
+                check_ud_send(&b, flag(3));
             }
             // A receive WQE; flags: tame fields (up to 5 SGEs, reserved mostly 0), tame SGEs.
             1 => {
