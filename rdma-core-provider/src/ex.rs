@@ -12,7 +12,7 @@
 
 use crate::ffi::sys;
 use crate::ring::{Producer, RingMemory, Staged};
-use crate::wqe::{self, PostError, SendLimits, SendWr, MAX_INLINE};
+use crate::wqe::{self, PostError, SendLimits, SendWr, UdDest, MAX_INLINE};
 use core::ffi::c_int;
 
 const EOPNOTSUPP: c_int = sys::EOPNOTSUPP as c_int;
@@ -84,8 +84,8 @@ pub const SEND_OPS: [(u64, u32); 7] = [
 ];
 
 /// Checks `send_ops_flags` for a QP of `qp_type`: every op must be one `ibv_post_send` accepts
-/// on that type (RC: all seven of [`SEND_OPS`]; UC: sends and RDMA writes; UD and the others:
-/// none, the WQE has no address vector), else `EOPNOTSUPP`.
+/// on that type (RC: all seven of [`SEND_OPS`]; UC: sends and RDMA writes; UD: the two sends;
+/// the others: none), else `EOPNOTSUPP`.
 pub fn check_send_ops(qp_type: u32, send_ops_flags: u64) -> Result<(), c_int> {
     let mut left = send_ops_flags;
     for (flag, opcode) in SEND_OPS {
@@ -148,6 +148,8 @@ pub struct WrOp {
     pub rkey: u32,
     pub compare_add: u64,
     pub swap: u64,
+    /// UD: the destination `ibv_wr_set_ud_addr` gave, if it came before the data setter.
+    pub ud: Option<UdDest>,
 }
 
 impl WrOp {
@@ -163,6 +165,27 @@ impl WrOp {
             rkey: self.rkey,
             compare_add: self.compare_add,
             swap: self.swap,
+            ud: self.ud,
+        }
+    }
+}
+
+/// The work request a batch is building, between its builder and its last setter.
+#[derive(Clone, Copy)]
+enum Pending {
+    /// A builder named it; its data setter has not come yet (on UD perhaps its address has).
+    Op(WrOp),
+    /// UD: its data setter came before `ibv_wr_set_ud_addr` (the verbs allow either order):
+    /// encoded and checked with a zero address vector, which the address setter overwrites
+    /// before it queues the WQE.
+    NeedsAddress(sys::metaroce_send_wqe),
+}
+
+impl core::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Op(op) => f.debug_tuple("Op").field(op).finish(),
+            Self::NeedsAddress(w) => f.debug_tuple("NeedsAddress").field(&w.wr_id).finish(),
         }
     }
 }
@@ -204,12 +227,14 @@ pub fn gather_inline(
 /// One `ibv_wr_start` .. `ibv_wr_complete` / `ibv_wr_abort` batch of an SQ. A builder makes a
 /// work request pending; its data setter encodes it and queues the WQE (unpublished); a
 /// pending request that got no data is queued without data when the next builder comes or
-/// at `wr_complete`. The first error sticks: nothing after it is queued, and `wr_complete`
-/// returns its errno with nothing published.
+/// at `wr_complete`. On a UD QP a work request also needs `ibv_wr_set_ud_addr`, before or
+/// after its data setter: the WQE is queued once it has both (or, with no data, at the next
+/// builder or `wr_complete`). The first error sticks: nothing after it is queued, and
+/// `wr_complete` returns its errno with nothing published.
 #[derive(Debug)]
 pub struct WrBatch {
     staged: Staged,
-    pending: Option<WrOp>,
+    pending: Option<Pending>,
     error: Option<PostError>,
 }
 
@@ -255,9 +280,13 @@ impl WrBatch {
         ring: &mut Producer<M>,
         limits: &SendLimits,
     ) {
-        if let Some(op) = self.pending.take() {
-            let wqe = wqe::encode_send(&op.view(&[]), limits, |_, _| {});
-            self.queue(ring, wqe);
+        match self.pending.take() {
+            None => {}
+            Some(Pending::Op(op)) => {
+                let wqe = wqe::encode_send(&op.view(&[]), limits, |_, _| {});
+                self.queue(ring, wqe);
+            }
+            Some(Pending::NeedsAddress(_)) => self.fail(PostError::NoAddress),
         }
     }
 
@@ -271,7 +300,7 @@ impl WrBatch {
     ) {
         self.flush(ring, limits);
         if self.error.is_none() {
-            self.pending = Some(op);
+            self.pending = Some(Pending::Op(op));
         }
     }
 
@@ -288,14 +317,56 @@ impl WrBatch {
         if self.error.is_some() {
             return;
         }
-        let Some(op) = self.pending.take() else {
+        let Some(Pending::Op(mut op)) = self.pending.take() else {
             return self.fail(PostError::OutOfOrder);
         };
+        // UD with no address yet: encode against a placeholder, the address setter fills it.
+        let needs_address = limits.qp_type == sys::ibv_qp_type_IBV_QPT_UD && op.ud.is_none();
+        if needs_address {
+            op.ud = Some(UdDest::default());
+        }
         let wqe = match data {
             WrData::Sges(sges) => wqe::encode_send(&op.view(sges), limits, copy_inline),
             WrData::Inline(bytes) => wqe::encode_send_inline(&op.view(&[]), bytes, limits),
         };
-        self.queue(ring, wqe);
+        match wqe {
+            Ok(w) if needs_address => self.pending = Some(Pending::NeedsAddress(w)),
+            _ => self.queue(ring, wqe),
+        }
+    }
+
+    /// `ibv_wr_set_ud_addr`: the pending work request's destination (`None`: the AH was NULL
+    /// or not one of this context's, `EINVAL`). Only on a UD QP, once per work request, after
+    /// its builder; anything else fails the batch (`EINVAL`).
+    pub fn set_ud_addr<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+        &mut self,
+        ring: &mut Producer<M>,
+        limits: &SendLimits,
+        dest: Option<UdDest>,
+    ) {
+        if self.error.is_some() {
+            return;
+        }
+        if limits.qp_type != sys::ibv_qp_type_IBV_QPT_UD {
+            return self.fail(PostError::OutOfOrder);
+        }
+        let Some(dest) = dest else {
+            return self.fail(PostError::NoAddress);
+        };
+        match self.pending.take() {
+            Some(Pending::Op(op)) if op.ud.is_none() => {
+                self.pending = Some(Pending::Op(WrOp {
+                    ud: Some(dest),
+                    ..op
+                }));
+            }
+            Some(Pending::NeedsAddress(mut w)) => {
+                wqe::set_ud_av(&mut w, &dest.av());
+                self.queue(ring, Ok(w));
+            }
+            // No builder, or a second address for the same work request.
+            _ => self.fail(PostError::OutOfOrder),
+        }
     }
 
     /// `ibv_wr_complete`: publishes every queued WQE with one store (returning how many; the
@@ -371,7 +442,9 @@ mod tests {
         for bit in 4..7 {
             assert_eq!(check_send_ops(UC, 1 << bit), Err(EOPNOTSUPP), "UC {bit}");
         }
-        for bit in 0..7 {
+        // UD: SEND and SEND_WITH_IMM only.
+        assert_eq!(check_send_ops(UD, 0xc), Ok(()));
+        for bit in [0, 1, 4, 5, 6] {
             assert_eq!(check_send_ops(UD, 1 << bit), Err(EOPNOTSUPP), "UD {bit}");
         }
         // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, FLUSH, ATOMIC_WRITE, and unknown bits.
@@ -394,7 +467,12 @@ mod tests {
         assert_eq!(check_qp_attr(PD | OPS | CF, 0, RC, SEND), Ok(true));
         assert_eq!(check_qp_attr(PD | CF, 0, UD, SEND), Ok(false)); // ops ignored
         assert_eq!(check_qp_attr(PD | OPS, 0, UD, 0), Ok(true));
-        assert_eq!(check_qp_attr(PD | OPS, 0, UD, SEND), Err(EOPNOTSUPP));
+        assert_eq!(check_qp_attr(PD | OPS, 0, UD, SEND), Ok(true));
+        const WRITE: u64 = sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE as u64;
+        assert_eq!(
+            check_qp_attr(PD | OPS, 0, UD, SEND | WRITE),
+            Err(EOPNOTSUPP)
+        );
         assert_eq!(check_qp_attr(PD | CF, 2, RC, 0), Err(EOPNOTSUPP));
         assert_eq!(check_qp_attr(OPS, 0, RC, SEND), Err(EINVAL));
         // XRCD, MAX_TSO_HEADER, IND_TABLE, RX_HASH, unknown.
@@ -547,6 +625,139 @@ mod tests {
         }
         assert_eq!(b.complete(&mut p, &LIMITS), Ok(4));
         assert_eq!((ring.slot(0).wr_id, ring.slot(3).wr_id), (10, 13));
+    }
+
+    const UD_LIMITS: SendLimits = SendLimits {
+        qp_type: UD,
+        ..LIMITS
+    };
+
+    fn dest(n: u8) -> UdDest {
+        UdDest {
+            dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, n],
+            remote_qpn: 0x100 + u32::from(n),
+            remote_qkey: 0x1111_0000 + u32::from(n),
+        }
+    }
+
+    #[test]
+    fn ud_address_before_or_after_the_data_gives_post_sends_wqe() {
+        let ring = VecRing::new(8, zero_wqe(), 0);
+        let mut p = Producer::new(&ring).unwrap();
+        let mut b = WrBatch::start(&p);
+        let sges = [sge(0x1000, 16, 3)];
+        // Address first, then SGEs.
+        b.build(&mut p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 1));
+        b.set_ud_addr(&mut p, &UD_LIMITS, Some(dest(1)));
+        b.set_data(&mut p, &UD_LIMITS, WrData::Sges(&sges), no_copy);
+        // Inline data first, then the address (the WQE is queued only then).
+        let mut imm = op(sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM, 2);
+        imm.imm_data = 0x0a0b_0c0du32.to_be();
+        b.build(&mut p, &UD_LIMITS, imm);
+        b.set_data(&mut p, &UD_LIMITS, WrData::Inline(b"abc"), no_copy);
+        b.set_ud_addr(&mut p, &UD_LIMITS, Some(dest(2)));
+        // An address and no data: queued at wr_complete with none.
+        b.build(&mut p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 3));
+        b.set_ud_addr(&mut p, &UD_LIMITS, Some(dest(3)));
+        assert_eq!(b.complete(&mut p, &UD_LIMITS), Ok(3));
+        let with = |o: WrOp, d| WrOp { ud: Some(d), ..o };
+        let expect = [
+            encode_send(
+                &with(op(sys::ibv_wr_opcode_IBV_WR_SEND, 1), dest(1)).view(&sges),
+                &UD_LIMITS,
+                no_copy,
+            )
+            .unwrap(),
+            wqe::encode_send_inline(&with(imm, dest(2)).view(&[]), b"abc", &UD_LIMITS).unwrap(),
+            encode_send(
+                &with(op(sys::ibv_wr_opcode_IBV_WR_SEND, 3), dest(3)).view(&[]),
+                &UD_LIMITS,
+                no_copy,
+            )
+            .unwrap(),
+        ];
+        for (i, e) in expect.iter().enumerate() {
+            assert_eq!(wqe_bytes(&ring.slot(i as u32)), wqe_bytes(e), "WQE {i}");
+        }
+        assert_eq!(ring.slot(1).remote_addr, expect[1].remote_addr);
+        assert_ne!(ring.slot(1).remote_addr, 0);
+    }
+
+    #[test]
+    fn ud_batches_without_a_proper_address_fail() {
+        let ring = VecRing::new(4, zero_wqe(), 0);
+        let mut p = Producer::new(&ring).unwrap();
+        type Run = fn(&mut WrBatch, &mut Producer<&VecRing<sys::metaroce_send_wqe>>);
+        let cases: [(&str, SendLimits, Run, PostError); 7] = [
+            (
+                "no address, data",
+                UD_LIMITS,
+                |b, p| {
+                    b.build(p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 1));
+                    b.set_data(p, &UD_LIMITS, WrData::Sges(&[]), no_copy);
+                },
+                PostError::NoAddress,
+            ),
+            (
+                "no address, no data",
+                UD_LIMITS,
+                |b, p| b.build(p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 1)),
+                PostError::NoAddress,
+            ),
+            (
+                "a NULL or foreign AH",
+                UD_LIMITS,
+                |b, p| {
+                    b.build(p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 1));
+                    b.set_ud_addr(p, &UD_LIMITS, None);
+                },
+                PostError::NoAddress,
+            ),
+            (
+                "two addresses",
+                UD_LIMITS,
+                |b, p| {
+                    b.build(p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 1));
+                    b.set_ud_addr(p, &UD_LIMITS, Some(dest(1)));
+                    b.set_ud_addr(p, &UD_LIMITS, Some(dest(1)));
+                },
+                PostError::OutOfOrder,
+            ),
+            (
+                "an address with no builder",
+                UD_LIMITS,
+                |b, p| b.set_ud_addr(p, &UD_LIMITS, Some(dest(1))),
+                PostError::OutOfOrder,
+            ),
+            (
+                "an RDMA write on UD",
+                UD_LIMITS,
+                |b, p| {
+                    b.build(p, &UD_LIMITS, op(sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE, 1));
+                    b.set_ud_addr(p, &UD_LIMITS, Some(dest(1)));
+                },
+                PostError::BadOpcode,
+            ),
+            (
+                "an address on an RC QP",
+                LIMITS,
+                |b, p| {
+                    b.build(p, &LIMITS, op(sys::ibv_wr_opcode_IBV_WR_SEND, 1));
+                    b.set_ud_addr(p, &LIMITS, Some(dest(1)));
+                },
+                PostError::OutOfOrder,
+            ),
+        ];
+        for (what, limits, run, err) in cases {
+            let mut b = WrBatch::start(&p);
+            run(&mut b, &mut p);
+            assert_eq!(b.complete(&mut p, &limits), Err(err), "{what}");
+            assert_eq!(
+                (ring.producer.get(), ring.producer_stores.get()),
+                (0, 0),
+                "{what}"
+            );
+        }
     }
 
     #[test]

@@ -719,6 +719,7 @@ unsafe fn send_wr_view<'a>(wr: *const sys::ibv_send_wr) -> Result<SendWr<'a>, Po
         rkey: 0,
         compare_add: 0,
         swap: 0,
+        ud: None,
     };
     match wqe::op_class(w.opcode) {
         Some(wqe::OpClass::Rdma) => {

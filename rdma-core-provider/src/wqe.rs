@@ -56,9 +56,12 @@ pub fn op_class(opcode: u32) -> Option<OpClass> {
     }
 }
 
+const QPT_UD: u32 = sys::ibv_qp_type_IBV_QPT_UD;
+
 /// Whether a QP of `qp_type` may post `opcode`. RC: all seven; UC: sends and RDMA writes (no
-/// reads or atomics, IB spec). UD and every other type: none, because `metaroce_send_wqe`
-/// carries no address handle / remote QPN / Q_Key (see the README, ABI notes).
+/// reads or atomics, IB spec); UD: sends only (a datagram has no remote memory, and the ABI's
+/// `metaroce_ud_av` takes the place of the RDMA/atomic fields). Every other type (XRC, raw
+/// packet, ...): none.
 pub fn opcode_allowed(qp_type: u32, opcode: u32) -> bool {
     match qp_type {
         sys::ibv_qp_type_IBV_QPT_RC => op_class(opcode).is_some(),
@@ -66,8 +69,83 @@ pub fn opcode_allowed(qp_type: u32, opcode: u32) -> bool {
             opcode,
             WR_SEND | WR_SEND_WITH_IMM | WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM
         ),
+        QPT_UD => matches!(opcode, WR_SEND | WR_SEND_WITH_IMM),
         _ => false,
     }
+}
+
+// The address vector overlays the 32 bytes from `remote_addr` to the end of `swap`, which a
+// UD WQE does not use otherwise; `set_ud_av` relies on these offsets.
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    type S = sys::metaroce_send_wqe;
+    assert!(size_of::<sys::metaroce_ud_av>() == 32);
+    assert!(offset_of!(S, remote_addr) == sys::METAROCE_UD_AV_OFFSET as usize);
+    assert!(offset_of!(S, rkey) == sys::METAROCE_UD_AV_OFFSET as usize + 8);
+    assert!(offset_of!(S, reserved1) == sys::METAROCE_UD_AV_OFFSET as usize + 12);
+    assert!(offset_of!(S, compare_add) == sys::METAROCE_UD_AV_OFFSET as usize + 16);
+    assert!(offset_of!(S, swap) == sys::METAROCE_UD_AV_OFFSET as usize + 24);
+    assert!(offset_of!(S, data) == sys::METAROCE_UD_AV_OFFSET as usize + 32);
+};
+
+/// Where a UD send goes: the address handle's destination GID and the work request's remote
+/// QPN and Q_Key (both passed to the kernel unchanged: a Q_Key with bit 31 set means the QP's
+/// own, and the kernel judges the QPN).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdDest {
+    /// The GID in network order, as in `ibv_gid.raw`.
+    pub dgid: [u8; 16],
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+impl UdDest {
+    /// The ABI's `struct metaroce_ud_av` for this destination (reserved words zero).
+    pub fn av(&self) -> sys::metaroce_ud_av {
+        sys::metaroce_ud_av {
+            dgid: self.dgid,
+            remote_qpn: self.remote_qpn,
+            remote_qkey: self.remote_qkey,
+            reserved: [0; 2],
+        }
+    }
+}
+
+/// Checks the `ibv_ah_attr` of a new address handle and returns the destination GID it keeps
+/// (all a UD WQE needs of it; the kernel sends from the QP's port with its own source GID).
+/// RoCE needs a GRH, so `is_global` must be set; `port_num` must be one of the device's
+/// (1 ..= `num_ports`), and the GID not all zero. `dlid`, `sl`, `src_path_bits`,
+/// `static_rate` and the GRH's `sgid_index`, `flow_label`, `hop_limit` and `traffic_class`
+/// have no place in the WQE and are ignored. `EINVAL` for anything refused.
+pub fn check_ah_attr(
+    is_global: u8,
+    port_num: u8,
+    dgid: [u8; 16],
+    num_ports: u8,
+) -> Result<[u8; 16], c_int> {
+    if is_global == 0 || port_num == 0 || port_num > num_ports || dgid == [0; 16] {
+        return Err(sys::EINVAL as c_int);
+    }
+    Ok(dgid)
+}
+
+/// Writes `av` over the 32 bytes at `METAROCE_UD_AV_OFFSET` of `wqe` (the fields
+/// `remote_addr`, `rkey`, `reserved1`, `compare_add`, `swap`), byte for byte as the struct
+/// lies in memory: each field takes the native-endian value of the bytes it covers.
+pub fn set_ud_av(wqe: &mut sys::metaroce_send_wqe, av: &sys::metaroce_ud_av) {
+    let mut b = [0u8; 32];
+    b[..16].copy_from_slice(&av.dgid);
+    b[16..20].copy_from_slice(&av.remote_qpn.to_ne_bytes());
+    b[20..24].copy_from_slice(&av.remote_qkey.to_ne_bytes());
+    b[24..28].copy_from_slice(&av.reserved[0].to_ne_bytes());
+    b[28..32].copy_from_slice(&av.reserved[1].to_ne_bytes());
+    let u64_at = |at: usize| u64::from_ne_bytes(core::array::from_fn(|i| b[at + i]));
+    let u32_at = |at: usize| u32::from_ne_bytes(core::array::from_fn(|i| b[at + i]));
+    wqe.remote_addr = u64_at(0);
+    wqe.rkey = u32_at(8);
+    wqe.reserved1 = u32_at(12);
+    wqe.compare_add = u64_at(16);
+    wqe.swap = u64_at(24);
 }
 
 /// Why a work request was not posted; [`PostError::errno`] is what the verb returns.
@@ -88,6 +166,9 @@ pub enum PostError {
     /// An `ibv_wr_*` call out of place: a data setter with no builder before it (or a second
     /// one), `wr_start` inside a batch, a setter this QP has no use for.
     OutOfOrder,
+    /// A UD send without a usable address: no address handle (`wr.ud.ah` NULL, or
+    /// `ibv_wr_set_ud_addr` never called), or one not made on this QP's context.
+    NoAddress,
 }
 
 impl PostError {
@@ -134,6 +215,8 @@ pub struct SendWr<'a> {
     pub compare_add: u64,
     /// `wr.atomic.swap` (0 otherwise).
     pub swap: u64,
+    /// On a UD QP: where the send goes (`wr.ud`, its AH resolved); not looked at otherwise.
+    pub ud: Option<UdDest>,
 }
 
 fn sge(s: &sys::ibv_sge) -> sys::metaroce_sge {
@@ -160,7 +243,7 @@ pub fn encode_send(
     limits: &SendLimits,
     mut copy_inline: impl FnMut(&sys::ibv_sge, &mut [u8]),
 ) -> Result<sys::metaroce_send_wqe, PostError> {
-    let class = check_op(wr, limits)?;
+    let (class, av) = check_op(wr, limits)?;
     let num_sge = u32::try_from(wr.sg_list.len()).map_err(|_| PostError::TooManySge)?;
     if num_sge > limits.max_sge.min(MAX_SEND_SGE) {
         return Err(PostError::TooManySge);
@@ -201,7 +284,9 @@ pub fn encode_send(
             0,
         )
     };
-    Ok(assemble(wr, class, send_flags, data, num_sge, inline_len))
+    Ok(assemble(
+        wr, class, av, send_flags, data, num_sge, inline_len,
+    ))
 }
 
 /// Encodes `wr` with `data` as its inline payload (`wr.sg_list` is not looked at): the WQE
@@ -213,7 +298,7 @@ pub fn encode_send_inline(
     data: &[u8],
     limits: &SendLimits,
 ) -> Result<sys::metaroce_send_wqe, PostError> {
-    let class = check_op(wr, limits)?;
+    let (class, av) = check_op(wr, limits)?;
     if !carries_payload(wr.opcode) {
         return Err(PostError::BadOpcode);
     }
@@ -225,6 +310,7 @@ pub fn encode_send_inline(
     Ok(assemble(
         wr,
         class,
+        av,
         wr.send_flags | SEND_INLINE,
         sys::metaroce_send_wqe__bindgen_ty_1 { inline_data: bytes },
         0,
@@ -240,8 +326,12 @@ fn carries_payload(opcode: u32) -> bool {
     )
 }
 
-/// The checks every send WQE passes first: the opcode on this QP type, the send flags.
-fn check_op(wr: &SendWr<'_>, limits: &SendLimits) -> Result<OpClass, PostError> {
+/// The checks every send WQE passes first: the opcode on this QP type, the send flags, and on
+/// a UD QP its destination, whose address vector the WQE then carries.
+fn check_op(
+    wr: &SendWr<'_>,
+    limits: &SendLimits,
+) -> Result<(OpClass, Option<sys::metaroce_ud_av>), PostError> {
     if !opcode_allowed(limits.qp_type, wr.opcode) {
         return Err(PostError::BadOpcode);
     }
@@ -249,13 +339,20 @@ fn check_op(wr: &SendWr<'_>, limits: &SendLimits) -> Result<OpClass, PostError> 
     if wr.send_flags & !SEND_FLAGS_SUPPORTED != 0 {
         return Err(PostError::BadFlags);
     }
-    Ok(class)
+    let av = if limits.qp_type == QPT_UD {
+        Some(wr.ud.ok_or(PostError::NoAddress)?.av())
+    } else {
+        None
+    };
+    Ok((class, av))
 }
 
-/// The WQE for a checked `wr`: the fields its opcode does not use are zero.
+/// The WQE for a checked `wr`: the fields its opcode does not use are zero; with `av` (a UD
+/// send) the address vector takes the 32 bytes from `remote_addr` on.
 fn assemble(
     wr: &SendWr<'_>,
     class: OpClass,
+    av: Option<sys::metaroce_ud_av>,
     send_flags: u32,
     data: sys::metaroce_send_wqe__bindgen_ty_1,
     num_sge: u32,
@@ -274,7 +371,7 @@ fn assemble(
         WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM => wr.imm_data,
         _ => 0,
     };
-    sys::metaroce_send_wqe {
+    let mut wqe = sys::metaroce_send_wqe {
         wr_id: wr.wr_id,
         opcode: wr.opcode,
         send_flags,
@@ -288,7 +385,11 @@ fn assemble(
         compare_add,
         swap,
         data,
+    };
+    if let Some(av) = av {
+        set_ud_av(&mut wqe, &av);
     }
+    wqe
 }
 
 /// Checks a receive work request (RQ or SRQ) against the queue's `max_sge` and encodes it.
@@ -400,6 +501,7 @@ mod tests {
             rkey: 0xfeed,
             compare_add: 11,
             swap: 22,
+            ud: None,
         }
     }
 
@@ -532,11 +634,131 @@ mod tests {
                 uc_ok,
                 "{op}"
             );
+            // UD: the two sends, with a destination; without one, NoAddress.
+            let ud_ok = op == WR_SEND || op == WR_SEND_WITH_IMM;
+            let mut w = wr(op, &list);
             assert_eq!(
-                encode_send(&wr(op, &list), &ud, no_inline).err().unwrap(),
-                PostError::BadOpcode
+                encode_send(&w, &ud, no_inline).err().unwrap(),
+                if ud_ok {
+                    PostError::NoAddress
+                } else {
+                    PostError::BadOpcode
+                },
+                "{op}"
             );
+            w.ud = Some(DEST);
+            assert_eq!(encode_send(&w, &ud, no_inline).is_ok(), ud_ok, "{op}");
         }
+        // Neither are the opcodes no QP type takes.
+        let mut w = wr(sys::ibv_wr_opcode_IBV_WR_BIND_MW, &list);
+        w.ud = Some(DEST);
+        assert_eq!(
+            encode_send(&w, &ud, no_inline).err(),
+            Some(PostError::BadOpcode)
+        );
+        assert_eq!(PostError::NoAddress.errno(), sys::EINVAL as c_int);
+    }
+
+    const UD: SendLimits = SendLimits {
+        qp_type: sys::ibv_qp_type_IBV_QPT_UD,
+        max_sge: MAX_SEND_SGE,
+        max_inline: MAX_INLINE,
+    };
+
+    /// ::ffff:10.1.2.3, QPN 0x12345, Q_Key 0x8000_0000 (the QP's own).
+    const DEST: UdDest = UdDest {
+        dgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 1, 2, 3],
+        remote_qpn: 0x12345,
+        remote_qkey: 0x8000_0000,
+    };
+
+    /// The 32 bytes `struct metaroce_ud_av` is in memory for `d`, written out by hand.
+    fn av_bytes(d: &UdDest) -> Vec<u8> {
+        let mut v = d.dgid.to_vec();
+        v.extend(d.remote_qpn.to_ne_bytes());
+        v.extend(d.remote_qkey.to_ne_bytes());
+        v.extend([0u8; 8]);
+        v
+    }
+
+    #[test]
+    fn ud_sends_carry_the_address_vector_at_offset_32() {
+        assert_eq!(sys::METAROCE_UD_AV_OFFSET, 32);
+        let list = sges(2);
+        for op in [WR_SEND, WR_SEND_WITH_IMM] {
+            let mut w = wr(op, &list);
+            w.ud = Some(DEST);
+            let e = encode_send(&w, &UD, no_inline).unwrap();
+            let b = bytes_of(&e);
+            assert_eq!(&b[32..64], &av_bytes(&DEST)[..], "opcode {op}");
+            // Everything else is what the same send on an RC QP is.
+            let rc = bytes_of(&encode_send(&wr(op, &list), &RC, no_inline).unwrap());
+            assert_eq!(&b[..32], &rc[..32]);
+            assert_eq!(&b[64..], &rc[64..]);
+            assert_eq!((e.num_sge, e.inline_len), (2, 0));
+        }
+        // The ABI struct itself, as bindgen lays it out.
+        let av = DEST.av();
+        assert_eq!(av.reserved, [0, 0]);
+        let mut e = encode_send(&wr(WR_SEND, &[]), &RC, no_inline).unwrap();
+        set_ud_av(&mut e, &av);
+        assert_eq!(&bytes_of(&e)[32..64], &av_bytes(&DEST)[..]);
+        // A GID whose every byte differs shows no byte is swapped or dropped.
+        let d = UdDest {
+            dgid: core::array::from_fn(|i| 0xa0 + i as u8),
+            remote_qpn: 0x00ab_cdef,
+            remote_qkey: 0x1122_3344,
+        };
+        let mut w = wr(WR_SEND, &list);
+        w.ud = Some(d);
+        assert_eq!(
+            &bytes_of(&encode_send(&w, &UD, no_inline).unwrap())[32..64],
+            &av_bytes(&d)[..]
+        );
+    }
+
+    #[test]
+    fn ud_inline_sends() {
+        let mut list = sges(2);
+        list[1].length = 0;
+        let mut w = wr(WR_SEND_WITH_IMM, &list);
+        w.send_flags |= SEND_INLINE;
+        w.ud = Some(DEST);
+        let e = encode_send(&w, &UD, fill_pattern).unwrap();
+        assert_eq!((e.num_sge, e.inline_len, e.imm_data), (0, 8, w.imm_data));
+        assert_eq!(&bytes_of(&e)[32..64], &av_bytes(&DEST)[..]);
+        // Given directly: the same WQE.
+        let mut bytes = [0u8; 8];
+        fill_pattern(&list[0], &mut bytes);
+        let mut w2 = wr(WR_SEND_WITH_IMM, &[]);
+        w2.ud = Some(DEST);
+        let e2 = encode_send_inline(&w2, &bytes, &UD).unwrap();
+        assert_eq!(bytes_of(&e), bytes_of(&e2));
+        w2.ud = None;
+        assert_eq!(
+            encode_send_inline(&w2, &bytes, &UD).err(),
+            Some(PostError::NoAddress)
+        );
+    }
+
+    #[test]
+    fn address_handle_attributes() {
+        const EINVAL: c_int = sys::EINVAL as c_int;
+        let gid = DEST.dgid;
+        assert_eq!(check_ah_attr(1, 1, gid, 1), Ok(gid));
+        assert_eq!(check_ah_attr(1, 8, gid, 8), Ok(gid));
+        // No GRH: RoCE has none without one.
+        assert_eq!(check_ah_attr(0, 1, gid, 1), Err(EINVAL));
+        // Port 0, a port beyond the device's.
+        assert_eq!(check_ah_attr(1, 0, gid, 8), Err(EINVAL));
+        assert_eq!(check_ah_attr(1, 2, gid, 1), Err(EINVAL));
+        assert_eq!(check_ah_attr(1, 1, gid, 0), Err(EINVAL));
+        // The all-zero GID.
+        assert_eq!(check_ah_attr(1, 1, [0; 16], 1), Err(EINVAL));
+        // Any other GID (link-local IPv6, a single non-zero byte) is the kernel's to route.
+        let mut one = [0u8; 16];
+        one[15] = 1;
+        assert_eq!(check_ah_attr(1, 1, one, 1), Ok(one));
     }
 
     #[test]
