@@ -15,12 +15,12 @@ use crate::abi::{self, DeviceInfo};
 use crate::ex::WrBatch;
 use crate::ring::{Consumer, Geometry, Producer, RingMemory, CONSUMER_OFFSET, PRODUCER_OFFSET};
 use crate::session::{Owner, Session};
-use crate::wqe::{self, PostError, PostOutcome, SendLimits, SendWr};
+use crate::wqe::{self, PostError, PostOutcome, SendLimits, SendWr, UdDest};
 use core::ffi::{c_int, c_void};
 use core::marker::PhantomData;
 use core::mem::{offset_of, size_of, MaybeUninit};
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -61,6 +61,9 @@ struct Device {
 struct Context {
     ibv_ctx: sys::verbs_context,
     info: DeviceInfo,
+    /// The device's `phys_port_cnt`, asked the kernel at the first `create_ah` (0: not yet;
+    /// calloc's zero bytes are that). It never changes while the device exists.
+    num_ports: AtomicU8,
 }
 
 const _: () = assert!(offset_of!(Device, vdev) == 0);
@@ -122,6 +125,8 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     poll_cq: Some(poll_cq),
     req_notify_cq: Some(req_notify_cq),
     destroy_cq: Some(destroy_cq),
+    create_ah: Some(create_ah),
+    destroy_ah: Some(destroy_ah),
     create_qp: Some(create_qp),
     create_qp_ex: Some(ex::create_qp_ex),
     query_qp: Some(query_qp),
@@ -279,12 +284,8 @@ unsafe extern "C" fn free_context(ibctx: *mut sys::ibv_context) {
         // SAFETY: ibctx is the `context` field of the verbs_context inside a Context made by
         // alloc_context; libibverbs calls this once, when the device is closed.
         unsafe {
-            let vctx = container_of::<_, sys::verbs_context>(
-                ibctx,
-                offset_of!(sys::verbs_context, context),
-            );
-            let ctx = container_of::<_, Context>(vctx, offset_of!(Context, ibv_ctx));
-            sys::verbs_uninit_context(vctx);
+            let ctx = context_of(ibctx);
+            sys::verbs_uninit_context(ptr::addr_of_mut!((*ctx).ibv_ctx));
             sys::free(ctx.cast());
         }
     })
@@ -571,6 +572,15 @@ struct Qp {
     _maps: [Option<Mapping>; 2],
 }
 
+/// An address handle: the provider's alone (the kernel has no AH object for userspace; each
+/// UD WQE carries the destination). Made by `create_ah`, freed by `destroy_ah`.
+#[repr(C)]
+struct Ah {
+    ibv_ah: sys::ibv_ah,
+    /// `grh.dgid` of the attributes it was made with.
+    dgid: [u8; 16],
+}
+
 #[repr(C)]
 struct Srq {
     vsrq: sys::verbs_srq,
@@ -585,6 +595,7 @@ const _: () = assert!(offset_of!(Mr, vmr) == 0);
 const _: () = assert!(offset_of!(Cq, vcq) == 0);
 const _: () = assert!(offset_of!(Qp, vqp) == 0);
 const _: () = assert!(offset_of!(Srq, vsrq) == 0);
+const _: () = assert!(offset_of!(Ah, ibv_ah) == 0);
 
 /// The uverbs POST_SEND command with no work requests: our SQ doorbell.
 #[repr(C)]
@@ -699,11 +710,16 @@ unsafe fn sg_list<'a>(
     Ok(unsafe { core::slice::from_raw_parts(sg_list, n as usize) })
 }
 
-/// Reads the fields of `wr` its opcode uses.
+/// Reads the fields of `wr` its opcode uses; on a UD QP (`ud_ctx`: the QP's context) also
+/// `wr.ud`, with its AH resolved against that context.
 ///
 /// # Safety
-/// `wr` must be a valid `ibv_send_wr` (with `num_sge` SGEs at `sg_list`).
-unsafe fn send_wr_view<'a>(wr: *const sys::ibv_send_wr) -> Result<SendWr<'a>, PostError> {
+/// `wr` must be a valid `ibv_send_wr` (with `num_sge` SGEs at `sg_list`), and on a UD QP its
+/// `wr.ud.ah` NULL or a live AH.
+unsafe fn send_wr_view<'a>(
+    wr: *const sys::ibv_send_wr,
+    ud_ctx: Option<*mut sys::ibv_context>,
+) -> Result<SendWr<'a>, PostError> {
     // SAFETY: valid per contract.
     let w = unsafe { &*wr };
     // SAFETY: as above.
@@ -721,6 +737,14 @@ unsafe fn send_wr_view<'a>(wr: *const sys::ibv_send_wr) -> Result<SendWr<'a>, Po
         swap: 0,
         ud: None,
     };
+    if let Some(ctx) = ud_ctx {
+        // SAFETY: a UD QP's WR names its destination in the `ud` member (a pointer and two
+        // integers).
+        let ud = unsafe { w.wr.ud };
+        // SAFETY: ud.ah is NULL or a live AH (contract).
+        view.ud = unsafe { ud_dest(ctx, ud.ah, ud.remote_qpn, ud.remote_qkey) };
+        return Ok(view);
+    }
     match wqe::op_class(w.opcode) {
         Some(wqe::OpClass::Rdma) => {
             // SAFETY: RDMA opcodes use the `rdma` member (plain integers).
@@ -749,9 +773,35 @@ unsafe fn copy_inline_sge(sge: &sys::ibv_sge, dst: &mut [u8]) {
     unsafe { ptr::copy_nonoverlapping(sge.addr as usize as *const u8, dst.as_mut_ptr(), dst.len()) }
 }
 
+/// The destination of a UD send to `ah` on the QP of context `qp_ctx`, or `None` if `ah` is
+/// NULL or was made on another context (another device's, or another provider's: only ours
+/// are on a context whose ops are ours, so the context tells an AH of ours from one we must
+/// not read beyond its `ibv_ah`).
+///
+/// # Safety
+/// `ah` must be NULL or a live `ibv_ah` (libibverbs sets its `context` after `create_ah`).
+unsafe fn ud_dest(
+    qp_ctx: *mut sys::ibv_context,
+    ah: *mut sys::ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) -> Option<UdDest> {
+    // SAFETY: NULL or live (contract); `context` is the ibv_ah's own field.
+    if ah.is_null() || unsafe { (*ah).context } != qp_ctx {
+        return None;
+    }
+    // SAFETY: an AH of our context was made by create_ah: an Ah, whose dgid never changes.
+    let dgid = unsafe { (*outer::<_, Ah>(ah)).dgid };
+    Some(UdDest {
+        dgid,
+        remote_qpn,
+        remote_qkey,
+    })
+}
+
 /// Encodes and queues the send WRs of `head` into `sq` (under its lock), publishing them.
 /// Refused (`EINVAL`, nothing posted) inside the caller's own `ibv_wr_start` .. `wr_complete`
-/// on this QP.
+/// on this QP. `ctx` is the QP's context (the one a UD send's AH must be of).
 ///
 /// # Safety
 /// `head` must be NULL or a valid send WR list (see [`send_wr_view`]) whose inline SGEs point
@@ -759,14 +809,16 @@ unsafe fn copy_inline_sge(sge: &sys::ibv_sge, dst: &mut [u8]) {
 unsafe fn post_send_list(
     sq: &Session<SqState>,
     limits: &SendLimits,
+    ctx: *mut sys::ibv_context,
     head: *mut sys::ibv_send_wr,
 ) -> PostOutcome<*mut sys::ibv_send_wr> {
+    let ud_ctx = (limits.qp_type == sys::ibv_qp_type_IBV_QPT_UD).then_some(ctx);
     let posted = sq.with(Owner::current(), |s| {
         // SAFETY: contract.
         let wrs = unsafe { WrIter::new(head) };
         wqe::post_list(s.ring.batch(), wrs, |&wr| {
             // SAFETY: an element of the caller's list.
-            let view = unsafe { send_wr_view(wr) }?;
+            let view = unsafe { send_wr_view(wr, ud_ctx) }?;
             // SAFETY: IBV_SEND_INLINE SGEs of a WR being posted (contract).
             wqe::encode_send(&view, limits, |sge, dst| unsafe {
                 copy_inline_sge(sge, dst)
@@ -895,6 +947,104 @@ unsafe extern "C" fn dealloc_pd(ibpd: *mut sys::ibv_pd) -> c_int {
             drop(unsafe { Box::from_raw(outer::<_, Pd>(ibpd)) });
         }
         ret
+    })
+}
+
+/// Our Context of an open `ibv_context`.
+///
+/// # Safety
+/// `ibctx` must be the `context` of a live verbs_context made by `alloc_context`.
+unsafe fn context_of(ibctx: *mut sys::ibv_context) -> *mut Context {
+    // SAFETY: per the contract: the verbs_context is the first field of a Context.
+    unsafe {
+        let vctx =
+            container_of::<_, sys::verbs_context>(ibctx, offset_of!(sys::verbs_context, context));
+        container_of::<_, Context>(vctx, offset_of!(Context, ibv_ctx))
+    }
+}
+
+/// The device's number of ports, asked the kernel once (a QUERY_DEVICE) and then remembered.
+/// Errors are errno values.
+///
+/// # Safety
+/// `ibctx` as for [`context_of`].
+unsafe fn num_ports(ibctx: *mut sys::ibv_context) -> Result<u8, c_int> {
+    // SAFETY: our own field of the live Context (contract), only ever accessed atomically.
+    let cache = unsafe { &(*context_of(ibctx)).num_ports };
+    let known = cache.load(Ordering::Relaxed);
+    if known != 0 {
+        return Ok(known);
+    }
+    // SAFETY: all-zero is a valid ibv_device_attr_ex (plain integers and arrays).
+    let mut attr: sys::ibv_device_attr_ex = unsafe { core::mem::zeroed() };
+    // SAFETY: a live context; attr has room for the size passed (only orig_attr: the plain
+    // QUERY_DEVICE command); NULL input and response are allowed (the library uses its own).
+    let ret = unsafe {
+        sys::ibv_cmd_query_device_any(
+            ibctx,
+            ptr::null(),
+            &mut attr,
+            size_of::<sys::ibv_device_attr>(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+        )
+    };
+    if ret != 0 {
+        return Err(ret);
+    }
+    let n = attr.orig_attr.phys_port_cnt;
+    cache.store(n, Ordering::Relaxed);
+    Ok(n)
+}
+
+/// `ibv_create_ah`: an address handle in userspace alone (no kernel command but, the first
+/// time on a context, the QUERY_DEVICE that gives the number of ports). Refuses (`EINVAL`) a
+/// NULL `attr`, and what [`wqe::check_ah_attr`] refuses.
+unsafe extern "C" fn create_ah(
+    ibpd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_ah_attr,
+) -> *mut sys::ibv_ah {
+    guard(ptr::null_mut(), || {
+        if attr.is_null() {
+            set_errno(sys::EINVAL as c_int);
+            return ptr::null_mut();
+        }
+        // SAFETY: the caller's attributes (plain integers and a GID union of bytes).
+        let a = unsafe { attr.read() };
+        // SAFETY: the raw bytes of the GID union; every bit pattern is valid.
+        let dgid = unsafe { a.grh.dgid.raw };
+        // The checks that need no kernel first, with every port allowed; then the port range.
+        let checked = wqe::check_ah_attr(a.is_global, a.port_num, dgid, u8::MAX).and_then(|_| {
+            // SAFETY: ibpd is a live PD of an open context of ours.
+            let ports = unsafe { num_ports((*ibpd).context) }?;
+            wqe::check_ah_attr(a.is_global, a.port_num, dgid, ports)
+        });
+        let dgid = match checked {
+            Ok(dgid) => dgid,
+            Err(errno) => {
+                set_errno(errno);
+                return ptr::null_mut();
+            }
+        };
+        let mut ah = new_object::<Ah>();
+        let p = ah.as_mut_ptr();
+        // SAFETY: writing our field of the zeroed Ah; its ibv_ah stays zero (libibverbs sets
+        // context and pd after we return).
+        unsafe { ptr::addr_of_mut!((*p).dgid).write(dgid) };
+        // SAFETY: every field is initialised now.
+        let p = Box::into_raw(unsafe { ah.assume_init() });
+        // SAFETY: p is live.
+        unsafe { ptr::addr_of_mut!((*p).ibv_ah) }
+    })
+}
+
+/// `ibv_destroy_ah`: frees it (WQEs posted with it carry their own copy of the address).
+unsafe extern "C" fn destroy_ah(ibah: *mut sys::ibv_ah) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: ibah came from create_ah (libibverbs calls this through its context's ops,
+        // ours) and is destroyed once.
+        drop(unsafe { Box::from_raw(outer::<_, Ah>(ibah)) });
+        0
     })
 }
 
@@ -1249,8 +1399,8 @@ unsafe extern "C" fn post_send(
 ) -> c_int {
     guard(PANIC_ERRNO, || {
         let qp = outer::<_, Qp>(ibqp);
-        // SAFETY: ibqp came from create_qp: a live Qp whose limits/sq never change.
-        let (limits, sq) = unsafe { ((*qp).limits, &(*qp).sq) };
+        // SAFETY: ibqp came from create_qp: a live Qp whose limits/sq/context never change.
+        let (limits, sq, ctx) = unsafe { ((*qp).limits, &(*qp).sq, (*ibqp).context) };
         let Some(sq) = sq else {
             if !bad_wr.is_null() {
                 // SAFETY: writable (verbs contract).
@@ -1259,7 +1409,7 @@ unsafe extern "C" fn post_send(
             return sys::EINVAL as c_int;
         };
         // SAFETY: the caller's WR list (verbs contract).
-        let outcome = unsafe { post_send_list(sq, &limits, wr) };
+        let outcome = unsafe { post_send_list(sq, &limits, ctx, wr) };
         // SAFETY: bad_wr is the caller's.
         let ret = unsafe { finish_post(&outcome, bad_wr) };
         if outcome.posted == 0 {
@@ -1497,8 +1647,8 @@ mod tests {
         assert!(ops.create_srq.is_some() && ops.modify_srq.is_some() && ops.query_srq.is_some());
         assert!(ops.destroy_srq.is_some() && ops.post_srq_recv.is_some());
         assert!(ops.create_cq_ex.is_some() && ops.create_qp_ex.is_some());
+        assert!(ops.create_ah.is_some() && ops.destroy_ah.is_some());
         // Not implemented: libibverbs answers EOPNOTSUPP.
-        assert!(ops.create_ah.is_none() && ops.destroy_ah.is_none());
         assert!(ops.resize_cq.is_none() && ops.cq_event.is_none());
         assert!(ops.alloc_parent_domain.is_none() && ops.open_xrcd.is_none());
         assert!(ops.alloc_mw.is_none() && ops.bind_mw.is_none());
@@ -1594,7 +1744,7 @@ mod tests {
         let head: *mut sys::ibv_send_wr = &mut wrs[0];
         let bad_expected: *mut sys::ibv_send_wr = &mut wrs[2];
         // SAFETY: a valid list over live SGEs.
-        let out = unsafe { post_send_list(&sq, &RC, head) };
+        let out = unsafe { post_send_list(&sq, &RC, ptr::null_mut(), head) };
         assert_eq!(out.posted, 2);
         assert_eq!(out.failed, Some((bad_expected, PostError::TooManySge)));
         let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
@@ -1641,7 +1791,7 @@ mod tests {
         link(&mut wrs);
         let third: *mut sys::ibv_send_wr = &mut wrs[2];
         // SAFETY: a valid list.
-        let out = unsafe { post_send_list(&sq, &RC, &mut wrs[0]) };
+        let out = unsafe { post_send_list(&sq, &RC, ptr::null_mut(), &mut wrs[0]) };
         assert_eq!(out.posted, 2);
         assert_eq!(out.failed, Some((third, PostError::QueueFull)));
         assert_eq!(out.failed.unwrap().1.errno(), sys::ENOMEM as c_int);
@@ -1650,13 +1800,13 @@ mod tests {
         let mut neg = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
         neg.num_sge = -1;
         // SAFETY: a one-element list.
-        let out = unsafe { post_send_list(&sq, &RC, &mut neg) };
+        let out = unsafe { post_send_list(&sq, &RC, ptr::null_mut(), &mut neg) };
         assert_eq!(
             (out.posted, out.failed.unwrap().1.errno()),
             (0, sys::EINVAL as c_int)
         );
         // SAFETY: a NULL list posts nothing.
-        let out = unsafe { post_send_list(&sq, &RC, ptr::null_mut()) };
+        let out = unsafe { post_send_list(&sq, &RC, ptr::null_mut(), ptr::null_mut()) };
         assert_eq!((out.posted, out.failed), (0, None));
     }
 
@@ -1883,7 +2033,7 @@ mod tests {
                             let mut wr = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
                             wr.wr_id = t << 32 | next;
                             // SAFETY: a one-element list over a live SGE.
-                            let out = unsafe { post_send_list(sq, &RC, &mut wr) };
+                            let out = unsafe { post_send_list(sq, &RC, ptr::null_mut(), &mut wr) };
                             match out.failed {
                                 None => next += 1,
                                 Some((_, PostError::QueueFull)) => std::thread::yield_now(),
@@ -1936,6 +2086,274 @@ mod tests {
             (1, 2, 0x5000, 3)
         );
         assert_eq!(r.ring().load_producer(), 1);
+    }
+
+    /// A Context as alloc_context makes it (zeroed, as calloc'ed), its number of ports already
+    /// known (so create_ah asks the kernel nothing), its commands going to `cmd_fd`.
+    pub(super) fn test_context(num_ports: u8, cmd_fd: c_int) -> Box<Context> {
+        // SAFETY: all-zero is a valid Context (integers, raw pointers, Option<fn>s, atomics).
+        let mut ctx: Box<Context> = unsafe { Box::new_zeroed().assume_init() };
+        ctx.num_ports.store(num_ports, Ordering::Relaxed);
+        ctx.ibv_ctx.context.cmd_fd = cmd_fd;
+        ctx
+    }
+
+    /// A PD on `ctx`, as far as create_ah looks at it.
+    pub(super) fn test_pd(ctx: &mut Context) -> Box<sys::ibv_pd> {
+        // SAFETY: all-zero is a valid ibv_pd.
+        let mut pd: Box<sys::ibv_pd> = Box::new(unsafe { core::mem::zeroed() });
+        pd.context = &mut ctx.ibv_ctx.context;
+        pd
+    }
+
+    /// The attributes of an AH to `dgid` through port 1.
+    pub(super) fn ah_attr(dgid: [u8; 16]) -> sys::ibv_ah_attr {
+        // SAFETY: all-zero is a valid ibv_ah_attr.
+        let mut a: sys::ibv_ah_attr = unsafe { core::mem::zeroed() };
+        a.is_global = 1;
+        a.port_num = 1;
+        a.grh.dgid.raw = dgid;
+        a.grh.sgid_index = 3;
+        a.grh.hop_limit = 64;
+        a
+    }
+
+    /// `ibv_create_ah` as libibverbs runs it: the op, then the AH's context and PD set.
+    pub(super) fn make_ah(pd: &mut sys::ibv_pd, attr: &mut sys::ibv_ah_attr) -> *mut sys::ibv_ah {
+        // SAFETY: the callback as libibverbs calls it, on a PD of our context.
+        let ah = unsafe { create_ah(pd, attr) };
+        if !ah.is_null() {
+            // SAFETY: a live AH; what ibv_create_ah does after the op.
+            unsafe {
+                (*ah).context = pd.context;
+                (*ah).pd = pd;
+            }
+        }
+        ah
+    }
+
+    pub(super) const GID_V4: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 7, 9];
+
+    #[test]
+    fn address_handles_live_in_userspace() {
+        let mut ctx = test_context(2, -1);
+        let mut pd = test_pd(&mut ctx);
+        for port in [1, 2] {
+            let mut a = ah_attr(GID_V4);
+            a.port_num = port;
+            let ah = make_ah(&mut pd, &mut a);
+            assert!(!ah.is_null(), "port {port}");
+            // SAFETY: a live AH of ours.
+            assert_eq!(unsafe { (*outer::<_, Ah>(ah)).dgid }, GID_V4);
+            // SAFETY: the callback as libibverbs calls it.
+            assert_eq!(unsafe { destroy_ah(ah) }, 0);
+        }
+        // What ibv_init_ah_from_wc makes of a UD receive from an IPv4 sender (is_global, the
+        // sender's GID from the GRH, dlid/sl/src_path_bits from the completion): accepted.
+        let mut a = ah_attr(GID_V4);
+        (a.dlid, a.sl, a.src_path_bits, a.grh.flow_label) = (0, 0, 0, 0);
+        a.grh.traffic_class = 0;
+        let ah = make_ah(&mut pd, &mut a);
+        assert!(!ah.is_null());
+        // SAFETY: as above.
+        assert_eq!(unsafe { destroy_ah(ah) }, 0);
+
+        // Refused, EINVAL, no AH.
+        type Spoil = fn(&mut sys::ibv_ah_attr);
+        let refusals: [(&str, Spoil); 4] = [
+            ("no GRH", |a| a.is_global = 0),
+            ("port 0", |a| a.port_num = 0),
+            ("port 3 of 2", |a| a.port_num = 3),
+            ("all-zero GID", |a| a.grh.dgid.raw = [0; 16]),
+        ];
+        for (what, spoil) in refusals {
+            let mut a = ah_attr(GID_V4);
+            spoil(&mut a);
+            set_errno(0);
+            assert!(make_ah(&mut pd, &mut a).is_null(), "{what}");
+            assert_eq!(errno(), sys::EINVAL as c_int, "{what}");
+        }
+        set_errno(0);
+        // SAFETY: the callback with a NULL attribute pointer.
+        assert!(unsafe { create_ah(&mut *pd, ptr::null_mut()) }.is_null());
+        assert_eq!(errno(), sys::EINVAL as c_int);
+    }
+
+    /// The ring memory of `buf` as bytes, and the bytes of slot `i` of a send ring in it.
+    fn send_slot(buf: &[u64], i: usize) -> Vec<u8> {
+        let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let at = crate::ring::HDR_SIZE + i * size_of::<sys::metaroce_send_wqe>();
+        bytes[at..at + size_of::<sys::metaroce_send_wqe>()].to_vec()
+    }
+
+    pub(super) const UD: SendLimits = SendLimits {
+        qp_type: sys::ibv_qp_type_IBV_QPT_UD,
+        ..RC
+    };
+
+    #[test]
+    fn ud_post_send_writes_the_address_vector() {
+        use std::os::fd::AsRawFd;
+        let (kernel, user) = std::os::unix::net::UnixStream::pair().unwrap();
+        kernel.set_nonblocking(true).unwrap();
+        let mut ctx = test_context(1, user.as_raw_fd());
+        let mut pd = test_pd(&mut ctx);
+        let ah = make_ah(&mut pd, &mut ah_attr(GID_V4));
+        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
+        let qp = test_qp(view(&mut buf, geo), &mut ctx.ibv_ctx.context);
+        // SAFETY: qp is live and not shared yet; a UD QP.
+        let ibqp = unsafe {
+            ptr::addr_of_mut!((*qp).limits).write(UD);
+            ptr::addr_of_mut!((*qp).vqp.__bindgen_anon_1.qp)
+        };
+        let payload = *b"datagram";
+        let mut sg = [sys::ibv_sge {
+            addr: 0x3000,
+            length: 8,
+            lkey: 9,
+        }];
+        let mut inline_sg = [sys::ibv_sge {
+            addr: payload.as_ptr() as u64,
+            length: 8,
+            lkey: 0,
+        }];
+        let mut wrs = [
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM, &mut inline_sg),
+        ];
+        wrs[0].wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah,
+            remote_qpn: 0x00ab_cdef,
+            remote_qkey: 0x1122_3344,
+        };
+        wrs[1].wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah,
+            remote_qpn: 1,
+            remote_qkey: 0x8000_0000,
+        };
+        wrs[1].send_flags |= sys::ibv_send_flags_IBV_SEND_INLINE;
+        wrs[1].__bindgen_anon_1.imm_data = 0x0102_0304u32.to_be();
+        link(&mut wrs);
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the callback as libibverbs calls it, on a valid list.
+        assert_eq!(unsafe { post_send(ibqp, &mut wrs[0], &mut bad) }, 0);
+        let mut db = [0u8; 64];
+        assert_eq!(std::io::Read::read(&mut &kernel, &mut db).unwrap(), 32);
+        // The WQE bytes, exactly: header, then the address vector at offset 32, then the SGE.
+        let expect = |wr_id: u64, opcode: u32, flags: u32, sges: u32, inline: u32, imm: u32| {
+            let mut v = Vec::new();
+            v.extend(wr_id.to_ne_bytes());
+            for x in [opcode, flags, sges, inline, imm, 0] {
+                v.extend(x.to_ne_bytes());
+            }
+            v
+        };
+        let s0 = send_slot(&buf, 0);
+        assert_eq!(&s0[..32], &expect(1002, 2, 2, 1, 0, 0)[..]);
+        assert_eq!(&s0[32..48], &GID_V4);
+        assert_eq!(&s0[48..52], &0x00ab_cdefu32.to_ne_bytes());
+        assert_eq!(&s0[52..56], &0x1122_3344u32.to_ne_bytes());
+        assert_eq!(&s0[56..64], &[0; 8]);
+        let mut sge = 0x3000u64.to_ne_bytes().to_vec();
+        sge.extend(8u32.to_ne_bytes());
+        sge.extend(9u32.to_ne_bytes());
+        assert_eq!(&s0[64..80], &sge[..]);
+        assert!(s0[80..].iter().all(|&b| b == 0));
+        let s1 = send_slot(&buf, 1);
+        assert_eq!(
+            &s1[..32],
+            &expect(1003, 3, 2 | 8, 0, 8, 0x0102_0304u32.to_be())[..]
+        );
+        assert_eq!(&s1[32..48], &GID_V4);
+        assert_eq!(&s1[48..56], &[1, 0, 0, 0, 0, 0, 0, 0x80]);
+        assert_eq!(&s1[64..72], &payload);
+
+        // Refused with EINVAL and bad_wr, nothing posted: a NULL AH, a foreign AH (another
+        // context's), an RDMA write, a read.
+        let mut other_ctx = test_context(1, -1);
+        let mut other_pd = test_pd(&mut other_ctx);
+        let foreign = make_ah(&mut other_pd, &mut ah_attr(GID_V4));
+        let mut w = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
+        for (what, opcode, ah) in [
+            ("NULL AH", sys::ibv_wr_opcode_IBV_WR_SEND, ptr::null_mut()),
+            ("foreign AH", sys::ibv_wr_opcode_IBV_WR_SEND, foreign),
+            ("RDMA write", sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE, ah),
+            ("RDMA read", sys::ibv_wr_opcode_IBV_WR_RDMA_READ, ah),
+            ("atomic", sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD, ah),
+        ] {
+            w.opcode = opcode;
+            w.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah,
+                remote_qpn: 5,
+                remote_qkey: 6,
+            };
+            bad = ptr::null_mut();
+            // SAFETY: as above.
+            let ret = unsafe { post_send(ibqp, &mut w, &mut bad) };
+            assert_eq!(
+                (ret, bad),
+                (sys::EINVAL as c_int, &mut w as *mut _),
+                "{what}"
+            );
+        }
+        assert!(
+            std::io::Read::read(&mut &kernel, &mut db).is_err(),
+            "no doorbell"
+        );
+        assert_eq!(
+            view::<sys::metaroce_send_wqe>(&mut buf, geo).load_producer(),
+            2
+        );
+        // SAFETY: the AHs and the Box leaked by test_qp, each freed once.
+        unsafe {
+            assert_eq!(destroy_ah(ah), 0);
+            assert_eq!(destroy_ah(foreign), 0);
+            drop(Box::from_raw(qp));
+        }
+    }
+
+    /// A UD receive's completion as the kernel writes it (ABI: GRH in front, byte_len 40 +
+    /// the payload, IBV_WC_GRH, src_qp).
+    pub(super) const UD_RECV: sys::metaroce_cqe = sys::metaroce_cqe {
+        wr_id: 77,
+        status: 0,
+        opcode: sys::ibv_wc_opcode_IBV_WC_RECV,
+        vendor_err: 0,
+        byte_len: 40 + 100,
+        imm_data: 0x0a0b_0c0du32.to_be(),
+        qp_num: 0x11,
+        src_qp: 0x00ab_cdef,
+        wc_flags: sys::ibv_wc_flags_IBV_WC_GRH | sys::ibv_wc_flags_IBV_WC_WITH_IMM,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+        reserved: [0; 18],
+    };
+
+    #[test]
+    fn a_ud_receive_completes_with_its_source() {
+        let (mut buf, geo) = test_ring::<sys::metaroce_cqe>(4);
+        let cq = CqState::new(Consumer::new(view::<sys::metaroce_cqe>(&mut buf, geo)).unwrap());
+        let kernel = view::<sys::metaroce_cqe>(&mut buf, geo);
+        kernel.write_entry(0, &UD_RECV);
+        let mut plain = UD_RECV;
+        (plain.wc_flags, plain.imm_data, plain.byte_len) = (sys::ibv_wc_flags_IBV_WC_GRH, 0, 40);
+        (plain.pkey_index, plain.sl, plain.slid) = (2, 5, 0x1234);
+        kernel.write_entry(1, &plain);
+        kernel.store_producer(2);
+        // SAFETY: all-zero is a valid ibv_wc.
+        let mut wc: [sys::ibv_wc; 2] = unsafe { core::mem::zeroed() };
+        // SAFETY: wc has room for 2.
+        assert_eq!(unsafe { poll_into(&cq, 2, wc.as_mut_ptr()) }, 2);
+        let w = &wc[0];
+        assert_eq!((w.wr_id, w.status, w.opcode), (77, 0, 128));
+        assert_eq!((w.byte_len, w.qp_num, w.src_qp), (140, 0x11, 0x00ab_cdef));
+        assert_eq!(w.wc_flags, 3); // IBV_WC_GRH | IBV_WC_WITH_IMM, libibverbs' bits
+        assert_eq!(union_views::wc_imm(w), 0x0a0b_0c0du32.to_be());
+        let w = &wc[1];
+        assert_eq!((w.byte_len, w.wc_flags, w.src_qp), (40, 1, 0x00ab_cdef));
+        assert_eq!((w.pkey_index, w.sl, w.slid), (2, 5, 0x1234));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use super::{
     copy_inline_sge, finish_cq, finish_qp, guard, new_object, outer, report_corrupt_cq,
-    ring_doorbell, set_errno, sys, Cq, CqState, Qp, SqState, PANIC_ERRNO,
+    ring_doorbell, set_errno, sys, ud_dest, Cq, CqState, Qp, SqState, PANIC_ERRNO,
 };
 use crate::ex::{self, WrBatch, WrData, WrOp};
 use crate::session::{Owner, Session};
@@ -337,7 +337,7 @@ pub(super) unsafe extern "C" fn create_qp_ex(
 
 /// Installs the `ibv_wr_*` functions: a builder for each op of `send_ops_flags` (checked by
 /// `ex::check_send_ops`; the others stay NULL, as in rxe and mlx5), the data setters, and
-/// `wr_set_ud_addr`, which fails the batch (no QP of ours takes UD sends). `wr_set_xrc_srqn`,
+/// `wr_set_ud_addr` (which fails the batch on a QP that is not UD). `wr_set_xrc_srqn`,
 /// `wr_send_tso`, `wr_bind_mw`, `wr_local_inv`, `wr_send_inv`, `wr_flush` and
 /// `wr_atomic_write` stay NULL: the device has none of them.
 ///
@@ -628,17 +628,31 @@ unsafe extern "C" fn wr_set_inline_data_list(
     })
 }
 
-/// `ibv_wr_set_ud_addr`: fails the batch (`EINVAL`): no QP of ours takes UD sends (the WQE has
-/// no address vector), so no work request has an address to set.
+/// `ibv_wr_set_ud_addr`: the destination of the pending work request of a UD QP (before or
+/// after its data setter), the address vector `ibv_post_send` writes for `wr.ud`. Fails the
+/// batch (`EINVAL`) on a QP that is not UD, with a NULL AH or one of another context, with no
+/// builder before it or a second one for the same work request.
 unsafe extern "C" fn wr_set_ud_addr(
     qpx: *mut sys::ibv_qp_ex,
-    _ah: *mut sys::ibv_ah,
-    _remote_qpn: u32,
-    _remote_qkey: u32,
+    ah: *mut sys::ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
 ) {
     guard((), || {
+        // SAFETY: our live QP, whose context never changes.
+        let ctx = unsafe { (*qpx).qp_base.context };
+        let set = |b: &mut WrBatch, ring: &mut super::SendRing, limits: &SendLimits| {
+            // The AH is looked at only on a UD QP (the others fail the batch anyway).
+            let dest = if limits.qp_type == sys::ibv_qp_type_IBV_QPT_UD {
+                // SAFETY: the application's AH, NULL or live (verbs contract).
+                unsafe { ud_dest(ctx, ah, remote_qpn, remote_qkey) }
+            } else {
+                None
+            };
+            b.set_ud_addr(ring, limits, dest)
+        };
         // SAFETY: libibverbs calls this on our extended QP.
-        unsafe { fail(qpx, PostError::OutOfOrder) }
+        unsafe { in_batch(qpx, set) }
     })
 }
 
@@ -701,8 +715,11 @@ unsafe extern "C" fn wr_abort(qpx: *mut sys::ibv_qp_ex) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{link, send_wr, test_qp, test_ring, view};
-    use super::super::{post_send, MappedRing, Mapping};
+    use super::super::tests::{
+        ah_attr, link, make_ah, send_wr, test_context, test_pd, test_qp, test_ring, view, GID_V4,
+        UD, UD_RECV,
+    };
+    use super::super::{destroy_ah, post_send, Context, MappedRing, Mapping};
     use super::*;
     use crate::ring::{Consumer, RingMemory};
     use core::ptr::NonNull;
@@ -881,20 +898,24 @@ mod tests {
         buf: Vec<u64>,
         kernel: UnixStream,
         _user: UnixStream,
-        _ctx: Box<sys::ibv_context>,
+        ctx: Box<Context>,
     }
 
     impl ExQp {
         fn new(entries: u32, send_ops_flags: u64) -> Self {
+            Self::of_type(entries, send_ops_flags, RC_LIMITS)
+        }
+
+        /// The same QP with other limits (a UD QP: `UD`).
+        fn of_type(entries: u32, send_ops_flags: u64, limits: SendLimits) -> Self {
             let (kernel, user) = UnixStream::pair().unwrap();
             kernel.set_nonblocking(true).unwrap();
-            // SAFETY: all-zero is a valid ibv_context for reading cmd_fd.
-            let mut ctx: Box<sys::ibv_context> = Box::new(unsafe { core::mem::zeroed() });
-            ctx.cmd_fd = user.as_raw_fd();
+            let mut ctx = test_context(1, user.as_raw_fd());
             let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(entries);
-            let qp = test_qp(view(&mut buf, geo), &mut *ctx);
+            let qp = test_qp(view(&mut buf, geo), &mut ctx.ibv_ctx.context);
             // SAFETY: qp is live and not shared.
             unsafe {
+                ptr::addr_of_mut!((*qp).limits).write(limits);
                 let vqp = ptr::addr_of_mut!((*qp).vqp);
                 (*vqp).comp_mask |= sys::verbs_qp_mask_VERBS_QP_EX;
                 set_wr_ops(
@@ -907,8 +928,15 @@ mod tests {
                 buf,
                 kernel,
                 _user: user,
-                _ctx: ctx,
+                ctx,
             }
+        }
+
+        /// An AH to `GID_V4` on this QP's context, as `ibv_create_ah` makes it.
+        fn ah(&mut self) -> *mut sys::ibv_ah {
+            let mut pd = test_pd(&mut self.ctx);
+            // The PD is not kept: an AH keeps only the pointer, which nothing here reads.
+            make_ah(&mut pd, &mut ah_attr(GID_V4))
         }
 
         fn qpx(&self) -> *mut sys::ibv_qp_ex {
@@ -958,6 +986,9 @@ mod tests {
     }
 
     const ALL_RC: u64 = 0x7f;
+    const RC_LIMITS: SendLimits = super::super::tests::RC;
+    /// IBV_QP_EX_WITH_SEND | _SEND_WITH_IMM: what a UD QP takes.
+    const UD_OPS: u64 = 0xc;
     const SIGNALED: u32 = sys::ibv_send_flags_IBV_SEND_SIGNALED;
     const INLINE: u32 = sys::ibv_send_flags_IBV_SEND_INLINE;
 
@@ -1237,6 +1268,151 @@ mod tests {
             o.wr_abort.unwrap()(q);
             assert_eq!(qp.producer(), 2);
         }
+    }
+
+    #[test]
+    fn ud_wr_api_writes_the_wqes_post_send_writes() {
+        let payload = *b"0123456789abcdef";
+        let mut sg = [sys::ibv_sge {
+            addr: 0x1000,
+            length: 100,
+            lkey: 7,
+        }];
+        let mut inline = [sys::ibv_sge {
+            addr: payload.as_ptr() as u64,
+            length: 16,
+            lkey: 0,
+        }];
+        // Through ibv_post_send.
+        let mut old = ExQp::of_type(8, UD_OPS, UD);
+        let old_ah = old.ah();
+        let ud = |ah, remote_qpn, remote_qkey| sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah,
+            remote_qpn,
+            remote_qkey,
+        };
+        let mut wrs = [
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM, &mut inline),
+            send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg),
+        ];
+        wrs[0].wr.ud = ud(old_ah, 0x12, 0x8000_0000);
+        wrs[1].wr.ud = ud(old_ah, 0x34, 0x1111);
+        wrs[1].send_flags |= INLINE;
+        wrs[1].__bindgen_anon_1.imm_data = 0x0102_0304u32.to_be();
+        wrs[2].wr.ud = ud(old_ah, 0x00ff_ffff, 0x2222);
+        link(&mut wrs);
+        let mut bad = ptr::null_mut();
+        // SAFETY: the callback as libibverbs calls it, on a valid list.
+        assert_eq!(
+            unsafe { post_send(old.qpx().cast(), &mut wrs[0], &mut bad) },
+            0
+        );
+
+        // Through ibv_wr_*, the address before the data, after it, and with inline data.
+        let mut new = ExQp::of_type(8, UD_OPS, UD);
+        let ah = new.ah();
+        let o = new.ops();
+        let q = new.qpx();
+        // SAFETY: the callbacks as an application calls them, on a live QP; the AH, SGEs and
+        // inline bytes are live.
+        unsafe {
+            o.wr_start.unwrap()(q);
+            new.next(1002, SIGNALED);
+            o.wr_send.unwrap()(q);
+            o.wr_set_ud_addr.unwrap()(q, ah, 0x12, 0x8000_0000);
+            o.wr_set_sge.unwrap()(q, 7, 0x1000, 100);
+            new.next(1003, SIGNALED);
+            o.wr_send_imm.unwrap()(q, 0x0102_0304u32.to_be());
+            o.wr_set_inline_data.unwrap()(q, payload.as_ptr() as *mut c_void, 16);
+            o.wr_set_ud_addr.unwrap()(q, ah, 0x34, 0x1111);
+            new.next(1002, SIGNALED);
+            o.wr_send.unwrap()(q);
+            o.wr_set_sge_list.unwrap()(q, 1, sg.as_ptr());
+            o.wr_set_ud_addr.unwrap()(q, ah, 0x00ff_ffff, 0x2222);
+            assert_eq!(o.wr_complete.unwrap()(q), 0);
+        }
+        assert_eq!((new.producer(), new.doorbells()), (3, 1));
+        assert_eq!((old.producer(), old.doorbells()), (3, 1));
+        assert_eq!(new.bytes(), old.bytes(), "ring memory differs");
+        // SAFETY: the AHs, freed once.
+        unsafe {
+            assert_eq!(destroy_ah(ah), 0);
+            assert_eq!(destroy_ah(old_ah), 0);
+        }
+    }
+
+    #[test]
+    fn ud_batches_need_one_of_their_own_ahs() {
+        let mut qp = ExQp::of_type(4, UD_OPS, UD);
+        let ah = qp.ah();
+        let mut other = ExQp::of_type(4, UD_OPS, UD);
+        let foreign = other.ah();
+        let o = qp.ops();
+        let q = qp.qpx();
+        // SAFETY: the callbacks as an application calls them, on live QPs and AHs.
+        unsafe {
+            for (what, ah) in [
+                ("NULL AH", ptr::null_mut()),
+                ("another context's AH", foreign),
+            ] {
+                o.wr_start.unwrap()(q);
+                o.wr_send.unwrap()(q);
+                o.wr_set_ud_addr.unwrap()(q, ah, 1, 2);
+                o.wr_set_sge.unwrap()(q, 1, 2, 3);
+                assert_eq!(o.wr_complete.unwrap()(q), EINVAL, "{what}");
+            }
+            // No address at all.
+            o.wr_start.unwrap()(q);
+            o.wr_send.unwrap()(q);
+            o.wr_set_sge.unwrap()(q, 1, 2, 3);
+            assert_eq!(o.wr_complete.unwrap()(q), EINVAL, "no address");
+            assert_eq!((qp.producer(), qp.doorbells()), (0, 0));
+            // And a good one.
+            o.wr_start.unwrap()(q);
+            o.wr_send.unwrap()(q);
+            o.wr_set_ud_addr.unwrap()(q, ah, 1, 2);
+            assert_eq!(o.wr_complete.unwrap()(q), 0);
+            assert_eq!((qp.producer(), qp.doorbells()), (1, 1));
+            // An RC QP's batch fails even with a good AH (of its own context).
+            let mut rc = ExQp::new(4, ALL_RC);
+            let rc_ah = rc.ah();
+            let ro = rc.ops();
+            ro.wr_start.unwrap()(rc.qpx());
+            ro.wr_send.unwrap()(rc.qpx());
+            ro.wr_set_ud_addr.unwrap()(rc.qpx(), rc_ah, 1, 2);
+            assert_eq!(ro.wr_complete.unwrap()(rc.qpx()), EINVAL);
+            assert_eq!(rc.producer(), 0);
+            for a in [ah, foreign, rc_ah] {
+                assert_eq!(destroy_ah(a), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn extended_poll_of_a_ud_receive() {
+        let (mut buf, geo) = test_ring::<sys::metaroce_cqe>(4);
+        let kernel = view::<sys::metaroce_cqe>(&mut buf, geo);
+        let p = test_cq(view(&mut buf, geo), ex::WC_FLAGS_SUPPORTED);
+        let cqx = cqx_of(p);
+        let o = ops(cqx);
+        kernel.write_entry(0, &UD_RECV);
+        kernel.store_producer(1);
+        // SAFETY: the callbacks as an application calls them, on a live CQ.
+        unsafe {
+            assert_eq!(o.start_poll.unwrap()(cqx, ptr::null_mut()), 0);
+            assert_eq!(((*cqx).wr_id, (*cqx).status), (77, 0));
+            assert_eq!(o.read_opcode.unwrap()(cqx), sys::ibv_wc_opcode_IBV_WC_RECV);
+            assert_eq!(o.read_byte_len.unwrap()(cqx), 140);
+            assert_eq!(o.read_src_qp.unwrap()(cqx), 0x00ab_cdef);
+            assert_eq!(o.read_qp_num.unwrap()(cqx), 0x11);
+            assert_eq!(o.read_wc_flags.unwrap()(cqx), 3);
+            assert_eq!(o.read_imm_data.unwrap()(cqx), 0x0a0b_0c0du32.to_be());
+            assert_eq!((o.read_sl.unwrap()(cqx), o.read_slid.unwrap()(cqx)), (0, 0));
+            o.end_poll.unwrap()(cqx);
+        }
+        assert_eq!(kernel.load_consumer(), 1);
+        free_cq(p);
     }
 
     #[test]
