@@ -16,6 +16,9 @@
  *   memfd that the fake kernel also maps, so provider and "kernel" share the rings like with
  *   the real module. On a doorbell the fake consumes the SQ and completes signaled WQEs into
  *   the send CQ; the checks then poll them back through ibv_poll_cq.
+ * - Address handles (made in the provider: only the first asks the port count, with a
+ *   QUERY_DEVICE) and UD QPs, whose WQEs, by ibv_post_send and by ibv_wr_*, must carry
+ *   struct metaroce_ud_av at METAROCE_UD_AV_OFFSET.
  * - The extended verbs through verbs.h's inline entry points: ibv_create_cq_ex (refusing what
  *   the CQE does not carry) and ibv_start_poll/ibv_next_poll/ibv_end_poll with the
  *   ibv_wc_read_* functions, ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS and the
@@ -103,6 +106,7 @@ static int fake_fd = -1;		/* the cmd_fd handed to alloc_context */
 static int fake_async_fd = -1;		/* the async fd GET_CONTEXT "creates" */
 static __u32 fake_abi_version;		/* what alloc_ucontext reports */
 static int fake_calls[64];
+static int fake_ncalls;	/* every command the fake saw, extended ones too */
 
 /* Shared memory of the fake device: a memfd, mapped here as the "kernel" view. */
 #define FAKE_MEM_SIZE (1u << 20)
@@ -369,6 +373,7 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 {
 	const struct ib_uverbs_cmd_hdr *hdr = buf;
 
+	fake_ncalls++;
 	if (count < sizeof(*hdr) + 4) { /* the smallest command: DEALLOC_PD, DEREG_MR */
 		errno = EINVAL;
 		return -1;
@@ -606,7 +611,8 @@ static void check_context_ops(const struct verbs_context_ops *ops)
 	CHECK(ops->post_send && ops->post_recv);
 	CHECK(ops->create_srq && ops->modify_srq && ops->query_srq && ops->destroy_srq);
 	CHECK(ops->post_srq_recv);
-	CHECK(!ops->create_ah && !ops->destroy_ah && !ops->resize_cq && !ops->cq_event);
+	CHECK(ops->create_ah && ops->destroy_ah);
+	CHECK(!ops->resize_cq && !ops->cq_event);
 	CHECK(!ops->alloc_mw && !ops->bind_mw && !ops->dealloc_mw);
 	CHECK(!ops->alloc_parent_domain && !ops->open_xrcd && !ops->create_srq_ex);
 	CHECK(!ops->create_wq && !ops->create_flow && !ops->alloc_td);
@@ -840,7 +846,12 @@ static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *
 	struct ibv_qp_attr qattr = { .qp_state = IBV_QPS_INIT };
 	struct ibv_qp_init_attr qinit;
 	struct metaroce_cqe cqe = { 0 };
-	unsigned int ncq = fake_ncq, nqp = fake_nqp, nw, db, i;
+	unsigned int ncq = fake_ncq, nqp = fake_nqp, nw, db, i, calls;
+	struct ibv_ah_attr aa = {
+		.is_global = 1, .port_num = 1,
+		.grh = { .dgid.raw = { 0xfe, 0x80, [8] = 2, [15] = 7 } },
+	};
+	struct ibv_ah *ah;
 	const struct fake_ring *sq, *kcq;
 	struct ibv_cq_ex *cq;
 	struct ibv_qp_ex *qpx;
@@ -979,8 +990,61 @@ static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *
 	cqe.wr_id = 79;
 	fake_complete(ncq, &cqe);
 	CHECK(ibv_poll_cq(ibv_cq_ex_to_cq(cq), 2, &wc) == 1 && wc.wr_id == 79 && wc.src_qp == 0x333);
-
 	CHECK(ibv_destroy_qp(qp) == 0);
+
+	/*
+	 * UD: the two sends only; ibv_wr_set_ud_addr before or after the data setter gives the WQE
+	 * its address vector. The AH needs no command (the port count is known by now).
+	 */
+	qia.qp_type = IBV_QPT_UD;
+	errno = 0;
+	CHECK(ibv_create_qp_ex(ctx, &qia) == NULL && errno == EOPNOTSUPP); /* RDMA_WRITE, FAA */
+	qia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+	nqp = fake_nqp;
+	calls = fake_ncalls;
+	ah = ibv_create_ah(pd, &aa);
+	CHECK(ah != NULL && fake_ncalls == calls);
+	qp = ibv_create_qp_ex(ctx, &qia);
+	CHECK(qp != NULL);
+	if (qp && ah) {
+		struct metaroce_send_wqe uw[2];
+		struct metaroce_ud_av av;
+
+		sq = &fake_qps[nqp].sq;
+		qpx = ibv_qp_to_qp_ex(qp);
+		CHECK(qpx->wr_send && qpx->wr_send_imm && !qpx->wr_rdma_write);
+		p = kernel_producer(sq);
+		db = fake_doorbells;
+		ibv_wr_start(qpx);
+		qpx->wr_id = 21;
+		qpx->wr_flags = 0;
+		ibv_wr_send(qpx);
+		ibv_wr_set_ud_addr(qpx, ah, 0x456, 0x11);
+		ibv_wr_set_sge(qpx, mr->lkey, (uintptr_t)buf, 8);
+		qpx->wr_id = 22;
+		ibv_wr_send_imm(qpx, htobe32(7));
+		ibv_wr_set_inline_data(qpx, buf, 4);
+		ibv_wr_set_ud_addr(qpx, ah, 0x789, 0x22);
+		CHECK(ibv_wr_complete(qpx) == 0);
+		CHECK(fake_doorbells == db + 1 && kernel_producer(sq) == p + 2);
+		memcpy(&uw[0], ring_entry(sq, p), sizeof(uw[0]));
+		memcpy(&uw[1], ring_entry(sq, p + 1), sizeof(uw[1]));
+		memcpy(&av, (const char *)&uw[0] + METAROCE_UD_AV_OFFSET, sizeof(av));
+		CHECK(uw[0].wr_id == 21 && uw[0].num_sge == 1 && memcmp(av.dgid, aa.grh.dgid.raw, 16) == 0);
+		CHECK(av.remote_qpn == 0x456 && av.remote_qkey == 0x11 && !av.reserved[0]);
+		memcpy(&av, (const char *)&uw[1] + METAROCE_UD_AV_OFFSET, sizeof(av));
+		CHECK(uw[1].wr_id == 22 && uw[1].inline_len == 4 && uw[1].imm_data == htobe32(7));
+		CHECK(av.remote_qpn == 0x789 && av.remote_qkey == 0x22 && !av.reserved[1]);
+		CHECK(memcmp(av.dgid, aa.grh.dgid.raw, 16) == 0);
+		/* No address: the batch fails, nothing reaches the fake. */
+		ibv_wr_start(qpx);
+		ibv_wr_send(qpx);
+		ibv_wr_set_sge(qpx, mr->lkey, (uintptr_t)buf, 8);
+		CHECK(ibv_wr_complete(qpx) == EINVAL && kernel_producer(sq) == p + 2);
+		CHECK(fake_doorbells == db + 1);
+	}
+	CHECK(!qp || ibv_destroy_qp(qp) == 0);
+	CHECK(!ah || ibv_destroy_ah(ah) == 0);
 	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
 }
 
@@ -1010,6 +1074,12 @@ static void check_data_path(struct ibv_context *ctx)
 	struct ibv_srq *srq;
 	struct ibv_cq *cq;
 	struct ibv_qp *qp, *sqp;
+	struct ibv_ah_attr aa = {
+		.is_global = 1, .port_num = 1,
+		.grh = { .dgid.raw = { [10] = 0xff, [11] = 0xff, [12] = 10, [13] = 0, [14] = 0, [15] = 2 } },
+	};
+	struct ibv_ah *ah;
+	unsigned int nqp, nqd, ncalls;
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
 	int i;
@@ -1169,24 +1239,68 @@ static void check_data_path(struct ibv_context *ctx)
 	}
 
 	/*
-	 * UD: created if the kernel accepts it, but sends are refused (the WQE has no address
-	 * vector); receives work.
+	 * Address handles, in the provider alone: refused without a GRH, on port 0 or 2 (the
+	 * fake device has one), to the zero GID. The first one with good attributes otherwise
+	 * asks the port count (one QUERY_DEVICE, once per context); nothing else reaches the
+	 * kernel.
+	 */
+	ncalls = fake_ncalls;
+	nqd = fake_calls[IB_USER_VERBS_CMD_QUERY_DEVICE];
+	for (i = 0; i < 4; i++) {
+		struct ibv_ah_attr bad_aa = aa;
+
+		if (i == 0)
+			bad_aa.is_global = 0;
+		else if (i == 1)
+			bad_aa.port_num = 0;
+		else if (i == 2)
+			bad_aa.port_num = 2;
+		else
+			memset(&bad_aa.grh.dgid, 0, sizeof(bad_aa.grh.dgid));
+		errno = 0;
+		CHECK(ibv_create_ah(pd, &bad_aa) == NULL && errno == EINVAL);
+	}
+	ah = ibv_create_ah(pd, &aa);
+	CHECK(ah != NULL && fake_calls[IB_USER_VERBS_CMD_QUERY_DEVICE] == nqd + 1);
+	CHECK(fake_ncalls == ncalls + 1);
+
+	/*
+	 * UD: a send names its AH, remote QPN and Q_Key; the WQE carries struct metaroce_ud_av at
+	 * METAROCE_UD_AV_OFFSET. No AH, or an RDMA write: EINVAL. Receives work as on RC.
 	 */
 	ia.qp_type = IBV_QPT_UD;
+	nqp = fake_nqp;
 	sqp = ibv_create_qp(pd, &ia);
-	CHECK(sqp != NULL);
-	if (sqp) {
-		wr[0].next = NULL;
-		wr[0].send_flags = IBV_SEND_SIGNALED;
+	CHECK(sqp != NULL && ah != NULL);
+	if (sqp && ah) {
+		const struct fake_ring *usq = &fake_qps[nqp].sq;
+		struct metaroce_send_wqe uw;
+		struct metaroce_ud_av av;
+		__u32 up = kernel_producer(usq);
+
+		wr[0] = (struct ibv_send_wr){
+			.wr_id = 90, .sg_list = sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+			.wr.ud = { .ah = NULL, .remote_qpn = 0x123, .remote_qkey = 0x80000000 },
+		};
 		CHECK(ibv_post_send(sqp, &wr[0], &bad) == EINVAL && bad == &wr[0]);
+		wr[0].wr.ud.ah = ah;
+		wr[0].opcode = IBV_WR_RDMA_WRITE;
+		CHECK(ibv_post_send(sqp, &wr[0], &bad) == EINVAL && bad == &wr[0]);
+		CHECK(kernel_producer(usq) == up);
+		wr[0].opcode = IBV_WR_SEND;
+		CHECK(ibv_post_send(sqp, &wr[0], &bad) == 0);
+		CHECK(kernel_producer(usq) == up + 1 && kernel_consumer(usq) == up + 1);
+		memcpy(&uw, ring_entry(usq, up), sizeof(uw));
+		memcpy(&av, (const char *)&uw + METAROCE_UD_AV_OFFSET, sizeof(av));
+		CHECK(uw.wr_id == 90 && uw.opcode == IBV_WR_SEND && uw.num_sge == 1);
+		CHECK(uw.data.sge[0].length == 100 && uw.imm_data == 0);
+		CHECK(memcmp(av.dgid, aa.grh.dgid.raw, 16) == 0);
+		CHECK(av.remote_qpn == 0x123 && av.remote_qkey == 0x80000000);
+		CHECK(av.reserved[0] == 0 && av.reserved[1] == 0);
 		CHECK(ibv_post_recv(sqp, &rwr, &rbad) == 0);
 		CHECK(ibv_destroy_qp(sqp) == 0);
 	}
-
-	/* Not implemented: libibverbs' dummy op. */
-	errno = 0;
-	CHECK(ibv_create_ah(pd, &(struct ibv_ah_attr){ .port_num = 1 }) == NULL);
-	CHECK(errno == EOPNOTSUPP);
+	CHECK(!ah || ibv_destroy_ah(ah) == 0);
 
 	/* A QP made by ibv_create_qp has no ibv_qp_ex. */
 	CHECK(ibv_qp_to_qp_ex(qp) == NULL);
@@ -1196,7 +1310,7 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);
-	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 4);
+	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_QP] == 5);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DESTROY_CQ] == 3);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DEREG_MR] == 1);
 	CHECK(fake_calls[IB_USER_VERBS_CMD_DEALLOC_PD] == 1);
@@ -1330,7 +1444,8 @@ int main(int argc, char **argv)
 		return 1;
 	printf("load-check: %s registered \"%s\" (driver id 0x%llx, uverbs ABI %u..%u); "
 	       "alloc_context/query_device_ex/query_port/close, the data path (PD, MR, CQ, QP, "
-	       "SRQ, post_send/recv, poll_cq over shared rings), the extended CQ and QP verbs "
+	       "SRQ, post_send/recv, poll_cq over shared rings; AHs and UD sends), the extended CQ "
+	       "and QP verbs "
 	       "(create_cq_ex, start/next/end_poll, create_qp_ex, ibv_wr_*) and the direct verbs "
 	       "(metaroce_dv_*@METAROCE_1.0, 1.1) work against a fake uverbs, a wrong ABI is refused\n",
 	       argv[1], registered->name, (unsigned long long)ent[0].u.driver_id,
