@@ -562,10 +562,12 @@ impl Srq {
             Ok(Some(wqe)) => match judge_recv(&wqe) {
                 Judged::Usable(w) => {
                     ring.pop();
+                    self.check_limit(&ring);
                     return SrqTake::Taken(w);
                 }
                 Judged::Refused => {
                     ring.pop();
+                    self.check_limit(&ring);
                     return SrqTake::Refused(wqe.wr_id);
                 }
                 Judged::Fatal => {}
@@ -576,6 +578,17 @@ impl Srq {
         self.broken.store(true, Ordering::Relaxed);
         self.events.srq_error();
         SrqTake::RingError
+    }
+
+    /// After a WQE was taken (under the ring's lock): with a limit armed and fewer WQEs left
+    /// than it, `IB_EVENT_SRQ_LIMIT_REACHED`, once: the limit goes back to 0 (disarmed), as
+    /// the verbs say, until `modify_srq` arms it again.
+    fn check_limit(&self, ring: &UserRing<RecvWqe>) {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit != 0 && ring.available().is_ok_and(|left| left < limit) {
+            self.limit.store(0, Ordering::Relaxed);
+            self.events.srq_limit_reached();
+        }
     }
 }
 

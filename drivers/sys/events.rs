@@ -168,4 +168,10 @@ impl AsyncEvents<bindings::ib_srq> {
     pub(crate) fn srq_error(&self) {
         self.raise(bindings::ib_event_type_IB_EVENT_SRQ_ERR);
     }
+
+    /// `IB_EVENT_SRQ_LIMIT_REACHED` (`IBV_EVENT_SRQ_LIMIT_REACHED`): fewer WQEs are left than
+    /// the limit `modify_srq` armed.
+    pub(crate) fn srq_limit_reached(&self) {
+        self.raise(bindings::ib_event_type_IB_EVENT_SRQ_LIMIT_REACHED);
+    }
 }

@@ -179,6 +179,14 @@ impl<T: RingEntry> UserRing<T> {
         }
     }
 
+    /// Consumer side: how many entries userspace has posted that are not taken yet.
+    /// Err(EOVERFLOW) as for `peek`.
+    pub(crate) fn available(&self) -> Result<u32> {
+        let consumer = self.own.load(Ordering::Relaxed);
+        let producer = self.index(PRODUCER).load(Ordering::Acquire);
+        queue::available(consumer, producer, self.num_entries).map_err(|_| EOVERFLOW)
+    }
+
     /// Consumer side (SQ/RQ/SRQ): the next entry userspace has posted, copied out, or None.
     /// Err(EOVERFLOW) if userspace's producer index claims more than the ring holds.
     pub(crate) fn peek(&self) -> Result<Option<T>> {
