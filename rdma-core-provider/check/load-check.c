@@ -894,6 +894,8 @@ static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *
 	CHECK(fake_nqp == nqp);
 	qp = ibv_create_qp_ex(ctx, &qia);
 	CHECK(qp != NULL);
+	if (qp)
+		qp->state = IBV_QPS_RTS; /* as a modify_qp to RTS leaves it (the fake has none) */
 	if (!qp)
 		return;
 	sq = &fake_qps[nqp].sq;
@@ -906,6 +908,12 @@ static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *
 	memset(&qinit, 0, sizeof(qinit));
 	CHECK(ibv_query_qp(qp, &qattr, IBV_QP_STATE | IBV_QP_CAP, &qinit) == 0);
 	CHECK(qinit.cap.max_inline_data == 128 && qattr.qp_state == IBV_QPS_INIT);
+
+	/* Sends wait for RTS, which the fake's modify_qp does not walk to: set it as one would. */
+	ibv_wr_start(qpx);
+	ibv_wr_send(qpx);
+	CHECK(ibv_wr_complete(qpx) == EINVAL); /* in INIT */
+	qp->state = IBV_QPS_RTS;
 
 	/* Three WRs, one doorbell at wr_complete, none of them visible before. */
 	nw = fake_nwqes;
@@ -1006,6 +1014,8 @@ static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *
 	CHECK(ah != NULL && fake_ncalls == calls);
 	qp = ibv_create_qp_ex(ctx, &qia);
 	CHECK(qp != NULL);
+	if (qp)
+		qp->state = IBV_QPS_RTS; /* as a modify_qp to RTS leaves it (the fake has none) */
 	if (qp && ah) {
 		struct metaroce_send_wqe uw[2];
 		struct metaroce_ud_av av;
@@ -1111,6 +1121,13 @@ static void check_data_path(struct ibv_context *ctx)
 	ia.send_cq = ia.recv_cq = cq;
 	qp = ibv_create_qp(pd, &ia);
 	CHECK(qp != NULL);
+	/* Posting waits for RTS (libibverbs' record of the state): refused in RESET. */
+	if (qp) {
+		struct ibv_send_wr w0 = { .opcode = IBV_WR_SEND }, *b0 = NULL;
+		CHECK(ibv_post_send(qp, &w0, &b0) == EINVAL && b0 == &w0);
+	}
+	if (qp)
+		qp->state = IBV_QPS_RTS; /* as a modify_qp to RTS leaves it (the fake has none) */
 	if (!qp)
 		return;
 	CHECK(qp->qp_num == 0x100);
@@ -1129,6 +1146,9 @@ static void check_data_path(struct ibv_context *ctx)
 	rwr.num_sge = 3; /* more than the QP's max_recv_sge (2) */
 	CHECK(ibv_post_recv(qp, &rwr, &rbad) == EINVAL && rbad == &rwr);
 	rwr.num_sge = 2;
+
+	/* Sends wait for RTS, which the fake's modify_qp does not walk to: set it as one would. */
+	qp->state = IBV_QPS_RTS;
 
 	/* Send: an inline SEND_WITH_IMM and an RDMA_WRITE, one doorbell, two completions. */
 	memset(wr, 0, sizeof(wr));
@@ -1230,6 +1250,8 @@ static void check_data_path(struct ibv_context *ctx)
 		ia.cap.max_inline_data = 0;
 		sqp = ibv_create_qp(pd, &ia);
 		CHECK(sqp != NULL);
+		if (sqp)
+			sqp->state = IBV_QPS_RTS; /* as a modify_qp to RTS leaves it (the fake has none) */
 		if (sqp) {
 			CHECK(ibv_post_recv(sqp, &rwr, &rbad) == EINVAL && rbad == &rwr);
 			CHECK(ibv_destroy_qp(sqp) == 0);
@@ -1272,6 +1294,8 @@ static void check_data_path(struct ibv_context *ctx)
 	nqp = fake_nqp;
 	sqp = ibv_create_qp(pd, &ia);
 	CHECK(sqp != NULL && ah != NULL);
+	if (sqp)
+		sqp->state = IBV_QPS_RTS; /* as a modify_qp to RTS leaves it (the fake has none) */
 	if (sqp && ah) {
 		const struct fake_ring *usq = &fake_qps[nqp].sq;
 		struct metaroce_send_wqe uw;

@@ -1399,8 +1399,11 @@ unsafe extern "C" fn post_send(
 ) -> c_int {
     guard(PANIC_ERRNO, || {
         let qp = outer::<_, Qp>(ibqp);
-        // SAFETY: ibqp came from create_qp: a live Qp whose limits/sq/context never change.
-        let (limits, sq, ctx) = unsafe { ((*qp).limits, &(*qp).sq, (*ibqp).context) };
+        // SAFETY: ibqp came from create_qp: a live Qp whose limits/sq/context never change;
+        // `state` is libibverbs' record of the last modify_qp.
+        let (limits, sq, ctx, state) =
+            unsafe { ((*qp).limits, &(*qp).sq, (*ibqp).context, (*ibqp).state) };
+        let sq = sq.as_ref().filter(|_| wqe::sends_allowed(state));
         let Some(sq) = sq else {
             if !bad_wr.is_null() {
                 // SAFETY: writable (verbs contract).
@@ -1431,10 +1434,11 @@ unsafe extern "C" fn post_recv(
 ) -> c_int {
     guard(PANIC_ERRNO, || {
         let qp = outer::<_, Qp>(ibqp);
-        // SAFETY: ibqp came from create_qp: a live Qp whose rq/max_recv_sge never change.
-        let (max_sge, rq) = unsafe { ((*qp).max_recv_sge, &(*qp).rq) };
-        let Some(rq) = rq else {
-            // The QP receives through an SRQ.
+        // SAFETY: ibqp came from create_qp: a live Qp whose rq/max_recv_sge never change;
+        // `state` is libibverbs' record of the last modify_qp.
+        let (max_sge, rq, state) = unsafe { ((*qp).max_recv_sge, &(*qp).rq, (*ibqp).state) };
+        let Some(rq) = rq.as_ref().filter(|_| wqe::recvs_allowed(state)) else {
+            // The QP receives through an SRQ, or is in RESET.
             if !bad_wr.is_null() {
                 // SAFETY: writable (verbs contract).
                 unsafe { *bad_wr = wr };
@@ -1821,6 +1825,8 @@ mod tests {
         unsafe {
             (*p).vqp.__bindgen_anon_1.qp.context = ctx;
             (*p).vqp.__bindgen_anon_1.qp.handle = 77;
+            // Posting takes an RTS QP (`wqe::sends_allowed`).
+            (*p).vqp.__bindgen_anon_1.qp.state = sys::ibv_qp_state_IBV_QPS_RTS;
             ptr::addr_of_mut!((*p).limits).write(RC);
             ptr::addr_of_mut!((*p).max_recv_sge).write(1);
             ptr::addr_of_mut!((*p).sq).write(Some(SqState::new(Producer::new(sq).unwrap())));

@@ -58,6 +58,19 @@ pub fn op_class(opcode: u32) -> Option<OpClass> {
 
 const QPT_UD: u32 = sys::ibv_qp_type_IBV_QPT_UD;
 
+/// Whether a QP in `state` (`enum ibv_qp_state`, as libibverbs keeps it in `ibv_qp.state`)
+/// takes send work requests: from RTS on (RTS, SQD, SQE, and the error state, which flushes
+/// them); before, `ibv_post_send` fails with `EINVAL`, as on rxe and the IB spec's "immediate
+/// error".
+pub fn sends_allowed(state: u32) -> bool {
+    state >= sys::ibv_qp_state_IBV_QPS_RTS
+}
+
+/// Whether a QP in `state` takes receive work requests: from INIT on; in RESET `EINVAL`.
+pub fn recvs_allowed(state: u32) -> bool {
+    state >= sys::ibv_qp_state_IBV_QPS_INIT
+}
+
 /// Whether a QP of `qp_type` may post `opcode`. RC: all seven; UC: sends and RDMA writes (no
 /// reads or atomics, IB spec); UD: sends only (a datagram has no remote memory, and the ABI's
 /// `metaroce_ud_av` takes the place of the RDMA/atomic fields). Every other type (XRC, raw
@@ -470,6 +483,18 @@ pub fn cqe_to_wc(cqe: &sys::metaroce_cqe) -> sys::ibv_wc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn posting_waits_for_the_states_that_take_work() {
+        use sys::{
+            ibv_qp_state_IBV_QPS_ERR as ERR, ibv_qp_state_IBV_QPS_INIT as INIT,
+            ibv_qp_state_IBV_QPS_RESET as RESET, ibv_qp_state_IBV_QPS_RTR as RTR,
+            ibv_qp_state_IBV_QPS_RTS as RTS,
+        };
+        assert!(!sends_allowed(RESET) && !sends_allowed(INIT) && !sends_allowed(RTR));
+        assert!(sends_allowed(RTS) && sends_allowed(ERR));
+        assert!(!recvs_allowed(RESET) && recvs_allowed(INIT) && recvs_allowed(ERR));
+    }
     use crate::ring::testing::VecRing;
     use crate::ring::Producer;
     use core::mem::{offset_of, size_of};

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::ex::{self, WrBatch, WrData, WrOp};
 use crate::session::{Owner, Session};
-use crate::wqe::{PostError, SendLimits, MAX_SEND_SGE};
+use crate::wqe::{self, PostError, SendLimits, MAX_SEND_SGE};
 use core::ffi::{c_int, c_void};
 use core::mem::size_of;
 use core::ptr;
@@ -685,6 +685,17 @@ unsafe extern "C" fn wr_complete(qpx: *mut sys::ibv_qp_ex) -> c_int {
         let Some((sq, limits)) = (unsafe { sq_of(qpx) }) else {
             return EINVAL;
         };
+        // SAFETY: our live QP; `state` is libibverbs' record of the last modify_qp.
+        let state = unsafe { (*qpx).qp_base.state };
+        if !wqe::sends_allowed(state) {
+            // Before RTS nothing is posted: the batch goes, as `ibv_post_send` would refuse it.
+            sq.close(Owner::current(), |s| {
+                if let Some(b) = s.wr.take() {
+                    b.abort(&mut s.ring);
+                }
+            });
+            return EINVAL;
+        }
         let done = sq.close(Owner::current(), |s| {
             s.wr.take().map(|b| b.complete(&mut s.ring, &limits))
         });
