@@ -7,7 +7,7 @@
 # rxe or any test fails or errors on metaroce; prints both counts and what differs.
 # Not in `make check` until it passes (issue 16); run it with
 #   make vm CMD='bash /opt/metaroce/selftests/run.sh /opt/metaroce/selftests/conformance/rdma-core.sh'
-# RDMA_CORE_MODULES (test_qp test_mr ...) limits it to some modules.
+# RDMA_CORE_MODULES (test_qp,test_mr,...: commas or spaces) limits it to some modules.
 source "$(dirname "$0")/../lib.sh"
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 TESTS=/opt/metaroce/rdma-core-tests/tests
@@ -20,7 +20,7 @@ run_suite() {
 	setup_pair "$type" "$prefix"
 	# shellcheck disable=SC2086 # a list of module names
 	$IP netns exec ns1 python3 "$HERE/py/rdma_core_tests.py" "$TESTS" "${prefix}1" "$out" \
-		${RDMA_CORE_MODULES:-} >"$out.summary" 2>&1
+		${RDMA_CORE_MODULES//,/ } >"$out.summary" 2>&1
 	echo "# $(tail -n 1 "$out.summary")"
 	teardown_pair
 }
