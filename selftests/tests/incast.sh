@@ -283,10 +283,25 @@ victim() { # -> "Gb/s from the counters (-1: the client ended inside the window)
 		printf "%.3f %s %.2f\n", g, p, l
 	}'
 }
+# incast_running SECS: the incast loads its bottleneck (the router's egress towards rx moved
+# 256 KiB), within SECS seconds. Its 14 perftest processes start at nice 19 on a busy guest:
+# a fixed 2 s head start was not always enough (the victim's window then came before the
+# incast's traffic: bottleneck load 0.00 beside 10,375 ECN marks, in two runs on a slower host).
+incast_running() {
+	local base now deadline=$((SECONDS + $1))
+	base=$(net_bytes "$SW_PID" tx:swr | awk '{ print $2 }')
+	while [ "$SECONDS" -lt "$deadline" ]; do
+		sleep 0.3
+		now=$(net_bytes "$SW_PID" tx:swr | awk '{ print $2 }')
+		[ $((now - base)) -ge 262144 ] && return 0
+	done
+	return 1
+}
 read -r alone alone_p _ <<<"$(victim)"
-( incast m $MAXN $((SECS + 4)) 19 >"$TAP_DIR/incast-bg" ) &
+( incast m $MAXN $((SECS + 8)) 19 >"$TAP_DIR/incast-bg" ) &
 bg=$!
 sleep 2
+incast_running 20 || echo "# the incast did not load its bottleneck within 20 s of its start"
 read -r during during_p load <<<"$(victim)"
 wait $bg
 echo "# victim s1 -> v (router's counter; perftest's figure): $alone ($alone_p) Gb/s alone, $during ($during_p) Gb/s during a 7-to-1 incast (bottleneck load $load meanwhile)"
