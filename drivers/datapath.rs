@@ -1356,13 +1356,7 @@ impl Engine {
                     // Unusable SGEs: the WQE completes in error, like a bad post would.
                     Judged::Refused => {
                         rq.pop();
-                        let cqe = Cqe::status_only(
-                            wqe.wr_id,
-                            wc_status::LOC_LEN_ERR,
-                            wc_opcode::RECV,
-                            qp.qpn,
-                        );
-                        qp.recv_cq.complete(&cqe, false);
+                        qp.recv_error(wqe.wr_id, wc_status::LOC_LEN_ERR);
                         continue;
                     }
                     Judged::Fatal => {
@@ -1895,13 +1889,7 @@ impl Memory for Mem<'_> {
                         // Unusable SGEs: it completes in error on this QP, like a bad post
                         // would; the next one may do.
                         verbs::SrqTake::Refused(wr_id) => {
-                            let cqe = Cqe::status_only(
-                                wr_id,
-                                wc_status::LOC_LEN_ERR,
-                                wc_opcode::RECV,
-                                qp.qpn,
-                            );
-                            qp.recv_cq.complete(&cqe, false);
+                            qp.recv_error(wr_id, wc_status::LOC_LEN_ERR);
                         }
                         verbs::SrqTake::Empty => break Some((None, false)),
                         verbs::SrqTake::RingError => break Some((None, true)),

@@ -821,6 +821,12 @@ impl Qp {
         self.inner.lock().state = QpState::Err;
     }
 
+    /// Completes receive WQE `wr_id` in error with `status` (no data was placed).
+    pub(crate) fn recv_error(&self, wr_id: u64, status: u32) {
+        let cqe = Cqe::status_only(wr_id, status, wc_opcode::RECV, self.qpn);
+        self.recv_cq.complete(&cqe, false);
+    }
+
     /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`. A ring
     /// whose producer index claims more than it holds is left alone (nothing in it can be
     /// told from garbage); once userspace puts the index back in range, the next flush (a
@@ -843,13 +849,7 @@ impl Qp {
         if let Some(rq) = &inner.queues.rq {
             while let Ok(Some(wqe)) = rq.peek() {
                 rq.pop();
-                let cqe = Cqe::status_only(
-                    wqe.wr_id,
-                    wc_status::WR_FLUSH_ERR,
-                    wc_opcode::RECV,
-                    self.qpn,
-                );
-                self.recv_cq.complete(&cqe, false);
+                self.recv_error(wqe.wr_id, wc_status::WR_FLUSH_ERR);
             }
         }
     }

@@ -25,10 +25,10 @@ use crate::{
     counters::Counter,
     gsi,
     net::IpAddr,
+    transport::memory::{AccessError, SgList},
     transport::wire::{BaseHeader, DatagramExt, Ext, Flags, Header, Opcode},
     verbs::{Cqe, Qp, QpQueues, QpState, SrqTake, Verbs},
     verbs_core::{
-        abi::Sge,
         ib::{access, mtu, wc_opcode, wc_status, QpType, WC_GRH, WC_WITH_IMM},
         wqe::{judge_recv, judge_ud_send, Judged, Payload, RecvWork, UdSendWork},
     },
@@ -195,7 +195,7 @@ impl Engine {
                 let src = wqe_data.get(..n as usize).ok_or(SendError::Length)?;
                 out.copy_from_slice(src);
             }
-            Payload::Sges(l) => gather(&self.verbs, qp.pd, l.sges(), out)?,
+            Payload::Sges(l) => gather(&self.verbs, qp.pd, &super::sg_list(&l), out)?,
         }
         let dst = IpAddr::from_gid(&w.dgid);
         let plane = (port as usize).wrapping_sub(1);
@@ -236,13 +236,7 @@ impl Engine {
                         Taken::Work(w) => w,
                         Taken::Refused(wr_id) => {
                             drop(inner);
-                            let cqe = Cqe::status_only(
-                                wr_id,
-                                wc_status::LOC_LEN_ERR,
-                                wc_opcode::RECV,
-                                qp.qpn,
-                            );
-                            qp.recv_cq.complete(&cqe, false);
+                            qp.recv_error(wr_id, wc_status::LOC_LEN_ERR);
                             return Err(());
                         }
                         Taken::None => return Err(()),
@@ -264,13 +258,15 @@ impl Engine {
                     cqe.imm_data = imm;
                     cqe.wc_flags |= WC_WITH_IMM;
                 }
-                let sges = work.local.sges();
-                let placed = if (work.local.total() as usize) < total {
+                let sges = super::sg_list(&work.local);
+                let placed = if (sges.total() as usize) < total {
                     Err(wc_status::LOC_LEN_ERR)
                 } else {
-                    scatter(&self.verbs, qp.pd, sges, 0, &grh)
-                        .and_then(|()| scatter(&self.verbs, qp.pd, sges, grh.len(), payload))
-                        .map_err(|()| wc_status::LOC_PROT_ERR)
+                    scatter(&self.verbs, qp.pd, &sges, 0, &grh)
+                        .and_then(|()| {
+                            scatter(&self.verbs, qp.pd, &sges, grh.len() as u32, payload)
+                        })
+                        .map_err(|_| wc_status::LOC_PROT_ERR)
                 };
                 if let Err(status) = placed {
                     cqe = Cqe::status_only(work.wr_id, status, wc_opcode::RECV, qp.qpn);
@@ -323,20 +319,24 @@ fn take_recv(qp: &Qp, queues: &QpQueues) -> Taken {
 fn gather(
     verbs: &Verbs,
     pd: usize,
-    sges: &[Sge],
+    sges: &SgList,
     out: &mut [u8],
 ) -> core::result::Result<(), SendError> {
-    let mut at = 0usize;
-    for s in sges {
-        let n = s.length as usize;
-        let chunk = out.get_mut(at..at + n).ok_or(SendError::Length)?;
+    sges.for_each_piece(0, out.len(), |s, off, range| {
+        let chunk = out.get_mut(range).ok_or(AccessError::Length)?;
+        let va = s
+            .addr
+            .checked_add(u64::from(off))
+            .ok_or(AccessError::Bounds)?;
         verbs
-            .with_mr(s.lkey, Some(pd), |mr| mr.read(s.addr, chunk, 0))
-            .ok_or(SendError::Protection)?
-            .map_err(|_| SendError::Protection)?;
-        at += n;
-    }
-    Ok(())
+            .with_mr(s.lkey, Some(pd), |mr| mr.read(va, chunk, 0))
+            .ok_or(AccessError::Key)?
+            .map_err(|_| AccessError::Permission)
+    })
+    .map_err(|e| match e {
+        AccessError::Length => SendError::Length,
+        _ => SendError::Protection,
+    })
 }
 
 /// Writes `data` into the memory `sges` name (in `pd`, local write), from byte `offset` of
@@ -344,36 +344,21 @@ fn gather(
 fn scatter(
     verbs: &Verbs,
     pd: usize,
-    sges: &[Sge],
-    offset: usize,
+    sges: &SgList,
+    offset: u32,
     data: &[u8],
-) -> core::result::Result<(), ()> {
-    let mut skip = offset;
-    let mut data = data;
-    for s in sges {
-        if data.is_empty() {
-            break;
-        }
-        let n = s.length as usize;
-        if skip >= n {
-            skip -= n;
-            continue;
-        }
-        let take = (n - skip).min(data.len());
-        let (now, rest) = data.split_at(take);
-        let va = s.addr.checked_add(skip as u64).ok_or(())?;
+) -> core::result::Result<(), AccessError> {
+    sges.for_each_piece(offset, data.len(), |s, off, range| {
+        let bytes = data.get(range).ok_or(AccessError::Length)?;
+        let va = s
+            .addr
+            .checked_add(u64::from(off))
+            .ok_or(AccessError::Bounds)?;
         verbs
             .with_mr(s.lkey, Some(pd), |mr| {
-                mr.write(va, now, access::LOCAL_WRITE)
+                mr.write(va, bytes, access::LOCAL_WRITE)
             })
-            .ok_or(())?
-            .map_err(|_| ())?;
-        data = rest;
-        skip = 0;
-    }
-    if data.is_empty() {
-        Ok(())
-    } else {
-        Err(())
-    }
+            .ok_or(AccessError::Key)?
+            .map_err(|_| AccessError::Permission)
+    })
 }

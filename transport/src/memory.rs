@@ -74,7 +74,7 @@ impl SgList {
 
     /// Calls `f(sge, offset_in_sge, range_in_data)` for each piece of `[offset, offset+len)`.
     /// Returns false if the range exceeds the list.
-    pub(crate) fn for_each_piece(
+    pub fn for_each_piece(
         &self,
         offset: u32,
         len: usize,
