@@ -159,15 +159,6 @@ pub struct AddressVector {
     pub sl: u8,
 }
 
-impl AddressVector {
-    /// The destination as an IPv4 address, if the GID is IPv4-mapped.
-    pub fn dest_ipv4(&self) -> Option<[u8; 4]> {
-        let g = &self.dgid;
-        let mapped = g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff;
-        mapped.then_some([g[12], g[13], g[14], g[15]])
-    }
-}
-
 /// The attributes of one `modify_qp` call (the fields of `struct ib_qp_attr` a RoCE device
 /// reads), as the caller gave them; only those `mask` names count.
 #[derive(Clone, Copy, Debug, Default)]
@@ -447,7 +438,10 @@ mod tests {
         assert_eq!(c.attrs.rq_psn, 0xcd_ef12, "PSNs are 24 bits");
         assert_eq!(c.attrs.sq_psn, 0, "SQ_PSN was not in the mask");
         assert!(c.attrs.av_set);
-        assert_eq!(c.attrs.av.dest_ipv4(), Some([10, 0, 0, 2]));
+        assert_eq!(
+            c.attrs.av.dgid,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2]
+        );
         assert_eq!(c.access, None);
 
         let mut bad = a;
