@@ -68,13 +68,19 @@ fab_leafspine() {
 		_fab_router spine$k
 		_fab_veth leaf1 s$k 10.81.$k.1/24 spine$k l1 10.81.$k.2/24
 		_fab_veth spine$k l2 10.82.$k.2/24 leaf2 s$k 10.82.$k.1/24
-		$IP -n spine$k route add 10.80.1.0/24 via 10.81.$k.1
-		$IP -n spine$k route add 10.80.2.0/24 via 10.82.$k.1
+		_fab_spine_routes $k
 		nh1+=(nexthop via 10.81.$k.2 dev s$k)
 		nh2+=(nexthop via 10.82.$k.2 dev s$k)
 	done
 	$IP -n leaf1 route add 10.80.2.0/24 "${nh1[@]}"
 	$IP -n leaf2 route add 10.80.1.0/24 "${nh2[@]}"
+}
+
+# _fab_spine_routes K: spine K's routes to the two hosts' subnets. A link set down loses the
+# routes through it for good (the kernel flushes them; they do not come back with the link).
+_fab_spine_routes() {
+	$IP -n spine$1 route replace 10.80.1.0/24 via 10.81.$1.1
+	$IP -n spine$1 route replace 10.80.2.0/24 via 10.82.$1.1
 }
 
 # fab_planes P: P independent planes (see the top).
@@ -248,6 +254,9 @@ fab_spine_down() {
 fab_spine_up() {
 	$IP -n spine$1 link set l1 up
 	$IP -n spine$1 link set l2 up
+	# Its routes went with its links: without them it would drop all it is given (it did,
+	# for every test after the cut, until this was seen).
+	_fab_spine_routes "$1"
 	# Nexthops come back with the carrier; give the neighbours a moment.
 	wait_for 5 sh -c "$IP -n leaf1 route show 10.80.2.0/24 | grep -q 's$1 .*weight' && \
 		! $IP -n leaf1 route show 10.80.2.0/24 | grep -q 'dev s$1 .*linkdown'"

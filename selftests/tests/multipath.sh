@@ -69,6 +69,14 @@ bw_wait() {
 		grep -Ev '^ (GID|local address|remote address)|^-+$|^ [A-Za-z* ]+ +: ' \
 			"$TAP_DIR/bw.log" | tail -n 10 | sed 's/^/# /'
 		tail -n 5 "$TAP_DIR/bw-server.log" | sed 's/^/# server: /'
+		# Both devices' connections as the failure left them, and how their ids were agreed.
+		for d in mroce1 mroce2; do
+			head -n 24 /sys/class/infiniband/$d/peers 2>/dev/null | sed "s/^/# $d: /"
+			for c in peer_restarts hello_unproven rx_no_connection duplicates rx_out_of_window; do
+				printf '%s %s ' $c "$(cat /sys/class/infiniband/$d/ports/1/hw_counters/$c 2>/dev/null)"
+			done | sed "s/^/# $d: /"
+			echo
+		done
 	fi
 	return $rc
 }
@@ -271,6 +279,10 @@ pp_wait && rc=0 || rc=1
 _tap $rc "ibv_rc_pingpong -c completes, data checked, while leaf1-spine$lightest is blackholed mid-run (spine$busiest down)"
 fab_unblackhole leaf1 s$lightest
 fab_spine_up $busiest
+# Back in service: it routes to both hosts again (a spine that lost its routes with its links
+# would drop all the leaves hash to it, for every test after this one).
+check "spine$busiest routes to both hosts again" sh -c \
+	"$IP -n spine$busiest route get $FAB_H1_ADDR && $IP -n spine$busiest route get $FAB_H2_ADDR"
 
 echo "# ($SECONDS s)"
 # --- One lossy spine (5%, data direction) among clean ones.
