@@ -22,7 +22,7 @@ use crate::{
     counters::Counter,
     device::DeviceRx,
     net::{IpAddr, NodeAddr, RxHandler},
-    sys::{netdev::NetDev, udp::PlaneSocket, udp::UDP_PORT},
+    sys::{netdev::NetDev, udp::PlaneSocket},
     transport::wire::{
         BaseHeader, Ext, Flags, HelloEntry, HelloHeader, Opcode, Packet, PlaneAddr,
         DEFAULT_PEER_PATHS, HELLO_HEADER_LEN,
@@ -37,8 +37,13 @@ pub(crate) const MAX_PLANES: usize = crate::device::MAX_PLANES as usize;
 const HELLO_INTERVAL_NS: u64 = 100_000_000;
 /// An unproven HELLO is answered, and prompts our own, at most this often per peer.
 const HELLO_ANSWER_NS: u64 = 10_000_000;
-/// UDP source port of HELLO (any value would do: it is not on a path).
-const HELLO_SRC_PORT: u16 = UDP_PORT;
+/// HELLO's UDP source port: a random one in the dynamic range (49152-65535) for each HELLO.
+/// HELLO is on no path, so any port would do; a fixed one would put every HELLO between two
+/// devices on one ECMP route, and a route that drops them (a gray failure) would keep the two
+/// from ever agreeing on their connections, however many other routes work.
+fn hello_src_port() -> u16 {
+    49152 | (crate::sys::work::random_u64() as u16 & 0x3fff)
+}
 
 /// One plane of this device: its socket and whether its link is up.
 pub(crate) struct LocalPlane {
@@ -402,7 +407,7 @@ impl Engine {
             _ => None,
         });
         if let (Some((lp, dst)), Some(data)) = (target, buf.get(..len)) {
-            let _ = lp.socket.send(&dst, HELLO_SRC_PORT, false, data);
+            let _ = lp.socket.send(&dst, hello_src_port(), false, data);
         }
     }
 

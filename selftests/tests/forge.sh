@@ -7,7 +7,8 @@
 # address taken from it) and is counted; connection packets with the old fixed id 0 or a
 # guessed one are dropped and counted; the connection carries data before and after. And the
 # connections' life: one goes with its last QP, and a peer that kept its own restarts its
-# paths when the other end comes back with a new connection id.
+# paths when the other end comes back with a new connection id, also when a route drops every
+# datagram of one 5-tuple.
 source "$(dirname "$0")/../lib.sh"
 dmesg_mark
 modprobe metaroce
@@ -114,6 +115,27 @@ pingpong "the new device's connection carries data, data checked"
 check "mroce2 saw mroce1's new connection id and restarted its paths (peer_restarts)" \
 	grows peer_restarts "$restarts" 1
 pingpong "and again, data checked"
+
+# Again, with everything mroce2 sends from UDP source port 4793 dropped on its link, as an ECMP
+# route that swallows one 5-tuple would: HELLO leaves from a random port each time, so the ids
+# are still agreed (from a fixed port, every HELLO of mroce2's would take that one route).
+check "mroce2's datagrams from UDP source port 4793 are dropped on veth2" sh -c "
+	$IP netns exec ns2 tc qdisc add dev veth2 clsact &&
+	$IP netns exec ns2 tc filter add dev veth2 egress protocol ip prio 1 u32 \
+		match ip protocol 17 0xff match ip sport 4793 0xffff action drop"
+check "rdma link delete mroce1, then add it again" sh -c "
+	$IP netns exec ns1 $RDMA link delete mroce1 &&
+	$IP netns exec ns1 $RDMA link add mroce1 type metaroce netdev veth1"
+# The filter works: a datagram of our own from port 4793 (a raw socket: the device owns the
+# port) is dropped and counted.
+check_output "the filter drops a datagram sent from port 4793" '^[1-9]' sh -c "
+	$IP netns exec ns2 python3 -c '
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+s.sendto(struct.pack(\">HHHH\", 4793, 9, 12, 0) + b\"ping\", (\"$NS1_ADDR\", 0))' &&
+	$IP netns exec ns2 tc -s filter show dev veth2 egress | awk '/Sent/ { print \$4; exit }'"
+pingpong "the new connection's ids are agreed past the route that drops port 4793, data checked"
+$IP netns exec ns2 tc qdisc del dev veth2 clsact
 kill $anchor 2>/dev/null
 wait $anchor 2>/dev/null
 
