@@ -94,8 +94,16 @@ pp_start() {
 		>"$TAP_DIR/pp.log" 2>&1 &
 	PP_CLI=$!
 }
-# pp_running: notes when the pingpong ended before the cut meant to hit it.
-pp_running() { kill -0 $PP_CLI 2>/dev/null || echo "# (the pingpong ended before the cut)"; }
+# pp_midrun: waits until the pingpong has moved 100 of its messages (mroce2's datagrams), then
+# checks that it is still running: the cut that follows must hit it mid-run, or the check
+# after it would pass for a pingpong the cut never touched. PP_COUNT messages make it last
+# several seconds at the fabric's TCG pace.
+PP_COUNT=3000
+pp_midrun() {
+	local rx0="$1"
+	wait_for 30 sh -c "[ \$(cat $CNT2/rx_packets) -gt $((rx0 + 100)) ]"
+	check "the pingpong is running when the cut comes" kill -0 $PP_CLI
+}
 pp_wait() {
 	local rc=0
 	wait $PP_CLI || rc=1
@@ -262,18 +270,18 @@ cut_run() {
 
 # --- A spine link blackholed mid-run (a gray failure: routing keeps hashing into it).
 cut_run "leaf1-spine$busiest (the busiest) is blackholed" fab_blackhole leaf1 s$busiest
-pp_start -n 300 -s 4096 -c
-sleep 1.5
-pp_running
+rx0=$(ctr rx_packets "$CNT2")
+pp_start -n $PP_COUNT -s 4096 -c
+pp_midrun "$rx0"
 fab_unblackhole leaf1 s$busiest
 pp_wait && rc=0 || rc=1
 _tap $rc "ibv_rc_pingpong -c completes, data checked, while the blackhole is lifted mid-run"
 
 # --- A whole spine taken out mid-run (both leaves stop using it), then back.
 cut_run "spine$busiest goes down" fab_spine_down $busiest
-pp_start -n 300 -s 4096 -c
-sleep 1.5
-pp_running
+rx0=$(ctr rx_packets "$CNT2")
+pp_start -n $PP_COUNT -s 4096 -c
+pp_midrun "$rx0"
 fab_blackhole leaf1 s$lightest
 pp_wait && rc=0 || rc=1
 _tap $rc "ibv_rc_pingpong -c completes, data checked, while leaf1-spine$lightest is blackholed mid-run (spine$busiest down)"
@@ -377,9 +385,9 @@ fab_blackhole plane2 h1
 bw_wait && rc=0 || rc=1
 ge "$(bw_mbit)" 0.1 || rc=1
 _tap $rc "ib_write_bw over 8 planes completes while the plane of p2 is blackholed mid-run: $(bw_mbit) Mbit/s (moves data: >= 0.1)"
-pp_start -n 300 -s 4096 -c
-sleep 1.5
-pp_running
+rx0=$(ctr rx_packets "$CNT2")
+pp_start -n $PP_COUNT -s 4096 -c
+pp_midrun "$rx0"
 fab_link_down h1 p3
 pp_wait && rc=0 || rc=1
 _tap $rc "ibv_rc_pingpong -c completes, data checked, while the plane of p3 goes down mid-run (that of p2 blackholed)"
