@@ -19,6 +19,7 @@ modprobe metaroce
 modprobe rdma_rxe
 
 RATE_MBIT=${INCAST_RATE_MBIT:-40}
+VICTIM_MBIT=${INCAST_VICTIM_MBIT:-200}
 SECS=${INCAST_SECS:-6}
 MAXN=7
 SIZE=65536
@@ -47,6 +48,15 @@ tc -n sw qdisc add dev swr root handle 1: htb default 1
 tc -n sw class add dev swr parent 1: classid 1:1 htb rate ${RATE_MBIT}mbit burst 30k
 tc -n sw qdisc add dev swr parent 1:1 handle 10: red limit 400000 min 20000 max 60000 \
 	avpkt 1100 burst 30 probability 0.2 bandwidth ${RATE_MBIT}mbit ecn
+# The victim's egress: a port of its own at VICTIM_MBIT, marking as the bottleneck does. The
+# rate is one the guest's 2 vCPUs sustain for the victim while the incast runs beside it, so
+# that the victim check judges what the network and the transport do to it. Unshaped, the
+# victim runs as fast as the CPUs let it, and during the incast gets what CPU the incast's
+# kernel work leaves it: the check would judge TCG's CPU share.
+tc -n sw qdisc add dev swv root handle 1: htb default 1
+tc -n sw class add dev swv parent 1: classid 1:1 htb rate ${VICTIM_MBIT}mbit burst 30k
+tc -n sw qdisc add dev swv parent 1:1 handle 10: red limit 400000 min 20000 max 60000 \
+	avpkt 1100 burst 30 probability 0.2 bandwidth ${VICTIM_MBIT}mbit ecn
 
 # One device of each kind on every host interface.
 for n in rx v $(seq -f 's%g' 1 $MAXN); do
@@ -242,7 +252,7 @@ read -r _ _ m_marked m_dropped _ <<<"${R[m7]}"
 check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked) and the receiver counted CE ($ce_before -> $ce_after)" \
 	test "$m_marked" -gt 0 -a "$ce_after" -gt "$ce_before"
 
-# Victim: s1 -> v through another egress, alone and during a 7-to-1 metaroce incast, its rate
+# Victim: s1 -> v through another egress (VICTIM_MBIT), alone and during a 7-to-1 metaroce incast, its rate
 # read from the router's counter towards v (swv) over a WINDOW in which it runs (perftest's own
 # figure is printed beside it). A client whose clock calibration failed
 # (`perftest_uncalibrated` in lib.sh) still sent: only its own figure is missing.
