@@ -10,6 +10,7 @@
 //! - [`qp`]: the QP state machine (which `modify_qp` is allowed, the core's table) and the
 //!   attributes a modify sets, validated before anything is committed.
 //! - [`caps`]: the device's limits and the queue capacities a create asks for.
+//! - [`mr`]: what an `ibv_rereg_mr` may change of a memory region.
 //! - [`abi`]: the shared-ring entries of `uapi/metaroce-abi.h`, as plain data.
 //! - [`wqe`]: send and receive WQEs copied out of a ring, judged (fatal, refused, usable) and
 //!   decoded.
@@ -28,6 +29,7 @@ extern crate std;
 pub mod abi;
 pub mod caps;
 pub mod ib;
+pub mod mr;
 pub mod qp;
 pub mod queue;
 pub mod udata;
