@@ -19,6 +19,7 @@ use crate::verbs::{
 };
 use crate::verbs_core::{
     ib::{self, access, QpType},
+    mr::{judge_rereg, MrShape, Rereg, ReregError},
     qp::{modify_is_ok, ModifyAttr},
     udata::{self, DvModify},
 };
@@ -177,9 +178,15 @@ impl VerbsOps for MetaRoceOps {
         if req.length == 0 || req.iova.checked_add(req.length).is_none() {
             return Err(EINVAL);
         }
-        let mem = req.pin()?;
+        let mem = Arc::new(req.pin(req.access)?, GFP_KERNEL)?;
         let key = reserve_in(&dev.verbs.mrs, 1)?;
-        let mr = Mr::new(key, req.iova, req.length, req.access, pd, mem);
+        let shape = MrShape {
+            iova: req.iova,
+            length: req.length,
+            access: req.access,
+            pd,
+        };
+        let mr = Mr::new(key, &shape, mem);
         match Arc::new(mr, GFP_KERNEL) {
             Ok(mr) => {
                 dev.verbs.mrs.lock().insert(key, mr.clone());
@@ -188,6 +195,52 @@ impl VerbsOps for MetaRoceOps {
             Err(e) => {
                 dev.verbs.mrs.lock().remove(key);
                 Err(e.into())
+            }
+        }
+    }
+
+    /// Any of the translation, the PD and the rights, judged by `verbs_core::mr`; the keys
+    /// stay. A new MR takes the old one's place in the table under its lock, so the data path
+    /// finds either whole; it shares the old one's pinned pages unless the translation
+    /// changes (then new pages are pinned first, and the old ones go with the old MR).
+    fn rereg_user_mr(
+        dev: &DeviceCtx<'_>,
+        old: &Arc<Mr>,
+        flags: u32,
+        pd: usize,
+        req: &MrRequest<'_>,
+    ) -> Result<Arc<Mr>> {
+        let r = Rereg {
+            flags,
+            start: req.start,
+            length: req.length,
+            iova: req.iova,
+            access: req.access,
+            pd,
+        };
+        let (shape, repin) =
+            judge_rereg(&old.shape(), old.memory_writable(), &r).map_err(|e| match e {
+                ReregError::Unsupported => EOPNOTSUPP,
+                ReregError::Invalid => EINVAL,
+                ReregError::NotWritable => EACCES,
+            })?;
+        let mem = if repin {
+            Arc::new(req.pin(shape.access)?, GFP_KERNEL)?
+        } else {
+            old.memory()
+        };
+        let mr = Arc::new(Mr::new(old.key, &shape, mem), GFP_KERNEL)?;
+        // Whichever comes back (the replaced MR, or ours if the key had none) is dropped
+        // here, after the lock.
+        let replaced = dev.verbs.mrs.lock().replace(old.key, mr.clone());
+        match replaced {
+            Ok(prev) => {
+                drop(prev);
+                Ok(mr)
+            }
+            Err(ours) => {
+                drop(ours);
+                Err(EINVAL)
             }
         }
     }

@@ -23,6 +23,7 @@ pub(crate) use crate::verbs_core::{
     abi::{Cqe, RecvWqe, SendWqe},
     caps::{limits, Caps},
     ib::QpState,
+    mr::MrShape,
     qp::{QpAttrs, QpChange},
     wqe::INLINE_LKEY,
 };
@@ -43,7 +44,8 @@ pub(crate) struct Mr {
     pub(crate) access: u32,
     /// The protection domain, by identity.
     pub(crate) pd: usize,
-    mem: UserMemory,
+    /// The pinned pages: shared with the MR a rereg that keeps the translation makes of it.
+    mem: Arc<UserMemory>,
 }
 
 /// Why a memory access was refused.
@@ -54,22 +56,36 @@ pub(crate) enum MrError {
 }
 
 impl Mr {
-    pub(crate) fn new(
-        key: u32,
-        iova: u64,
-        length: u64,
-        access: u32,
-        pd: usize,
-        mem: UserMemory,
-    ) -> Self {
+    /// The MR with key `key`, shaped `shape`, over the pinned memory `mem`.
+    pub(crate) fn new(key: u32, shape: &MrShape, mem: Arc<UserMemory>) -> Self {
         Mr {
             key,
-            iova,
-            length,
-            access,
-            pd,
+            iova: shape.iova,
+            length: shape.length,
+            access: shape.access,
+            pd: shape.pd,
             mem,
         }
+    }
+
+    /// What a rereg may change of it.
+    pub(crate) fn shape(&self) -> MrShape {
+        MrShape {
+            iova: self.iova,
+            length: self.length,
+            access: self.access,
+            pd: self.pd,
+        }
+    }
+
+    /// Its pinned memory, to share with the MR a rereg makes of it.
+    pub(crate) fn memory(&self) -> Arc<UserMemory> {
+        self.mem.clone()
+    }
+
+    /// Whether its memory was pinned writable.
+    pub(crate) fn memory_writable(&self) -> bool {
+        self.mem.writable()
     }
 
     /// The offset of `[va, va + len)` in the region, if it is inside.
@@ -248,6 +264,15 @@ impl<T> Table<T> {
             if matches!(slot, Slot::Reserved(n) if *n == number) {
                 *slot = Slot::Live(number, obj);
             }
+        }
+    }
+
+    /// Puts `obj` in the place of `number`'s object; returns the object it replaces, or
+    /// `obj` back when `number` holds none (both to be dropped after the table's lock).
+    pub(crate) fn replace(&mut self, number: u32, obj: Arc<T>) -> Result<Arc<T>, Arc<T>> {
+        match self.slots.get_mut((number >> 8) as usize) {
+            Some(Slot::Live(n, old)) if *n == number => Ok(core::mem::replace(old, obj)),
+            _ => Err(obj),
         }
     }
 

@@ -8,7 +8,7 @@
 
 use super::bindings as b;
 use crate::verbs_core::{
-    abi, caps::Caps, ib, qp::AddressVector, qp::ModifyAttr, qp::QpAttrs, udata,
+    abi, caps::Caps, ib, mr, qp::AddressVector, qp::ModifyAttr, qp::QpAttrs, udata,
 };
 use core::mem::{offset_of, size_of};
 
@@ -70,6 +70,11 @@ same! {
     ib::access::REMOTE_READ => b::ib_access_flags_IB_ACCESS_REMOTE_READ,
     ib::access::REMOTE_ATOMIC => b::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC,
     ib::srq_type::BASIC => b::ib_srq_type_IB_SRQT_BASIC,
+    mr::rereg::TRANS => b::ib_mr_rereg_flags_IB_MR_REREG_TRANS,
+    mr::rereg::PD => b::ib_mr_rereg_flags_IB_MR_REREG_PD,
+    mr::rereg::ACCESS => b::ib_mr_rereg_flags_IB_MR_REREG_ACCESS,
+    mr::rereg::TRANS | mr::rereg::PD | mr::rereg::ACCESS
+        => b::ib_mr_rereg_flags_IB_MR_REREG_SUPPORTED,
     ib::mtu::MTU_256 => b::ib_mtu_IB_MTU_256,
     ib::mtu::MTU_512 => b::ib_mtu_IB_MTU_512,
     ib::mtu::MTU_1024 => b::ib_mtu_IB_MTU_1024,

@@ -102,18 +102,12 @@ pub(crate) struct MrRequest<'call> {
 }
 
 impl MrRequest<'_> {
-    /// Pins the memory of the calling process (`ib_umem_get`).
-    pub(crate) fn pin(&self) -> Result<UserMemory> {
+    /// Pins the memory of the calling process (`ib_umem_get`) for the rights `access`
+    /// (writable when they allow a write).
+    pub(crate) fn pin(&self, access: u32) -> Result<UserMemory> {
         // SAFETY: the device is live for the call (type invariant), and a request exists only
-        // during the `reg_user_mr` of the process that owns the memory.
-        unsafe {
-            UserMemory::pin(
-                self.ibdev.as_ptr(),
-                self.start,
-                self.length,
-                self.access as i32,
-            )
-        }
+        // during the `reg_user_mr` or `rereg_user_mr` of the process that owns the memory.
+        unsafe { UserMemory::pin(self.ibdev.as_ptr(), self.start, self.length, access as i32) }
     }
 }
 
@@ -182,6 +176,19 @@ pub(crate) trait VerbsOps: 'static {
 
     /// `reg_user_mr` in the PD `pd`: the MR and its key (lkey and rkey).
     fn reg_user_mr(dev: &DeviceCtx<'_>, pd: usize, req: &MrRequest<'_>) -> Result<(Self::Mr, u32)>;
+
+    /// `rereg_user_mr` of `mr` (the object the `ib_mr` carries) with `IB_MR_REREG_*` `flags`:
+    /// the new PD `pd`, and in `req` the new rights and translation (to pin when asked).
+    /// Returns the object the `ib_mr` carries from then on; its keys stay.
+    fn rereg_user_mr(
+        _dev: &DeviceCtx<'_>,
+        _mr: &Self::Mr,
+        _flags: u32,
+        _pd: usize,
+        _req: &MrRequest<'_>,
+    ) -> Result<Self::Mr> {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 
     /// A kernel PD's DMA MR: its object (if any) and lkey.
     fn get_dma_mr(_dev: &DeviceCtx<'_>, _access: u32) -> Result<(Option<Self::Mr>, u32)> {
@@ -369,6 +376,9 @@ pub(super) fn fill<T: VerbsOps + 'static>(ops: &mut bindings::ib_device_ops) {
     }
     ops.reg_user_mr = Some(reg_user_mr::<T>);
     ops.dereg_mr = Some(dereg_mr::<T>);
+    if T::HAS_REREG_USER_MR {
+        ops.rereg_user_mr = Some(rereg_user_mr::<T>);
+    }
     if T::HAS_GET_DMA_MR {
         ops.get_dma_mr = Some(get_dma_mr::<T>);
     }
@@ -656,6 +666,54 @@ unsafe extern "C" fn reg_user_mr<T: VerbsOps>(
             meta.ibmr.iova = iova;
             meta.ibmr.length = length;
             ptr::addr_of_mut!(KBox::leak(meta).ibmr)
+        }
+        Err(e) => err_ptr(e),
+    }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core (`ibv_rereg_mr`) for a user MR we registered, which the call
+/// holds for writing (no other verb, dereg included, runs on it meanwhile), with a live PD.
+unsafe extern "C" fn rereg_user_mr<T: VerbsOps>(
+    ibmr: *mut bindings::ib_mr,
+    flags: c_int,
+    start: u64,
+    length: u64,
+    virt_addr: u64,
+    access: c_int,
+    ibpd: *mut bindings::ib_pd,
+    _udata: *mut bindings::ib_udata,
+) -> *mut bindings::ib_mr {
+    // SAFETY: the MR is live with `device` set.
+    let ibdev = unsafe { (*ibmr).device };
+    let Some(raw_dev) = NonNull::new(ibdev) else {
+        return err_ptr(EINVAL);
+    };
+    // SAFETY: `ibdev` is live, ours.
+    let dev = unsafe { ctx(ibdev) };
+    // SAFETY: every MR we hand out is a leaked `KBox<MetaMr<T>>` (`ibmr` at offset 0); the
+    // call holds it for writing, so this is the only reference for its duration.
+    let meta = unsafe { &mut *ibmr.cast::<MetaMr<T>>() };
+    let Some(old) = meta.mr.as_ref() else {
+        // A DMA MR: not the user's to rereg.
+        return err_ptr(EINVAL);
+    };
+    let req = MrRequest {
+        ibdev: raw_dev,
+        start,
+        length,
+        iova: virt_addr,
+        access: access as u32,
+        _call: PhantomData,
+    };
+    match T::rereg_user_mr(&dev, old, flags as u32, ibpd as usize, &req) {
+        Ok(mr) => {
+            // The object carried until now goes here, in process context (its pages may be
+            // released, which sleeps). NULL: the same `ib_mr`, changed in place; the core
+            // records the new PD, iova and length itself.
+            drop(meta.mr.replace(mr));
+            ptr::null_mut()
         }
         Err(e) => err_ptr(e),
     }

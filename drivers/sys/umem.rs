@@ -88,6 +88,13 @@ impl UserMemory {
         self.length
     }
 
+    /// Whether the pages were pinned for writing (`ib_umem.writable`: the access flags
+    /// allowed a write).
+    pub(crate) fn writable(&self) -> bool {
+        // SAFETY: the umem is ours until drop; `writable` is set once by `ib_umem_get`.
+        unsafe { (*self.umem.as_ptr()).writable() != 0 }
+    }
+
     /// Calls `f(page_bytes)` for each page piece of `[offset, offset + len)`, each mapped for
     /// the duration of the call. The caller has checked the range against `len()`; a range
     /// beyond it is refused here anyway.
