@@ -130,6 +130,7 @@ static struct {
 static unsigned int fake_ncq, fake_nqp, fake_nsrq, fake_npd, fake_nmr;
 static __u32 fake_cq_entries_override;	/* a bad num_entries for the next CQ, if set */
 static __u64 fake_last_hca_va;
+static struct ib_uverbs_rereg_mr fake_last_rereg;
 static int fake_doorbells;
 static struct metaroce_send_wqe fake_wqes[16];	/* WQEs the fake kernel consumed */
 static unsigned int fake_nwqes;
@@ -451,6 +452,18 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 		fill(hdr, &resp, sizeof(resp));
 		return count;
 	}
+	case IB_USER_VERBS_CMD_REREG_MR: {
+		/* As the module: the keys stay; flags, PD and new address recorded. */
+		const struct ib_uverbs_rereg_mr *cmd = (const void *)(hdr + 1);
+		struct ib_uverbs_rereg_mr_resp resp = {
+			.lkey = 0x1000 + (uint32_t)cmd->mr_handle,
+			.rkey = 0x2000 + (uint32_t)cmd->mr_handle,
+		};
+
+		fake_last_rereg = *cmd;
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
 	case IB_USER_VERBS_CMD_DEALLOC_PD:
 	case IB_USER_VERBS_CMD_DEREG_MR:
 	case IB_USER_VERBS_CMD_REQ_NOTIFY_CQ:
@@ -604,7 +617,7 @@ static struct verbs_context *open_fake(struct verbs_device *vdev, __u32 abi_vers
 static void check_context_ops(const struct verbs_context_ops *ops)
 {
 	CHECK(ops->query_device_ex && ops->query_port && ops->free_context);
-	CHECK(ops->alloc_pd && ops->dealloc_pd && ops->reg_mr && ops->dereg_mr);
+	CHECK(ops->alloc_pd && ops->dealloc_pd && ops->reg_mr && ops->rereg_mr && ops->dereg_mr);
 	CHECK(ops->create_cq && ops->poll_cq && ops->req_notify_cq && ops->destroy_cq);
 	CHECK(ops->create_cq_ex && ops->create_qp_ex);
 	CHECK(ops->create_qp && ops->query_qp && ops->modify_qp && ops->destroy_qp);
@@ -1104,6 +1117,22 @@ static void check_data_path(struct ibv_context *ctx)
 		return;
 	CHECK(fake_last_hca_va == 0x7000000);
 	CHECK(mr->lkey == 0x1000 && mr->rkey == 0x2000 && mr->addr == buf);
+	/* ibv_rereg_mr: new rights, then new memory named by its own address; the keys the
+	 * kernel answers are the MR's. */
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == 0);
+	CHECK(fake_last_rereg.flags == IBV_REREG_MR_CHANGE_ACCESS &&
+	      fake_last_rereg.access_flags == (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD, pd,
+			   buf + 64, 128, 0) == 0);
+	CHECK(fake_last_rereg.start == (uintptr_t)(buf + 64) &&
+	      fake_last_rereg.hca_va == (uintptr_t)(buf + 64) && fake_last_rereg.length == 128 &&
+	      fake_last_rereg.pd_handle == pd->handle);
+	CHECK(mr->lkey == 0x1000 && mr->rkey == 0x2000 && mr->addr == buf + 64 &&
+	      mr->length == 128 && mr->pd == pd);
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf, sizeof(buf), 0) == 0);
+	CHECK(mr->addr == buf && mr->length == sizeof(buf));
+	CHECK(fake_calls[IB_USER_VERBS_CMD_REREG_MR] == 3);
 
 	/* A CQ whose ring the provider cannot use: refused, the kernel CQ destroyed. */
 	fake_cq_entries_override = 3;

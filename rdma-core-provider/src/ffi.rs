@@ -119,6 +119,7 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     alloc_pd: Some(alloc_pd),
     dealloc_pd: Some(dealloc_pd),
     reg_mr: Some(reg_mr),
+    rereg_mr: Some(rereg_mr),
     dereg_mr: Some(dereg_mr),
     create_cq: Some(create_cq),
     create_cq_ex: Some(ex::create_cq_ex),
@@ -1088,6 +1089,45 @@ unsafe extern "C" fn reg_mr(
     })
 }
 
+/// `ibv_rereg_mr`: any of the translation, the PD and the access rights, in place (the kernel
+/// keeps the MR's keys and says them again). A new translation is named by its own address,
+/// as `ibv_reg_mr` names it. Returns 0 or an errno value, which errno also holds.
+unsafe extern "C" fn rereg_mr(
+    vmr: *mut sys::verbs_mr,
+    flags: c_int,
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_rereg_mr = unsafe { core::mem::zeroed() };
+        let mut resp: sys::ib_uverbs_rereg_mr_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: vmr came from reg_mr; the other arguments are as ibv_rereg_mr checked them
+        // (pd is read only with IBV_REREG_MR_CHANGE_PD).
+        let ret = unsafe {
+            sys::ibv_cmd_rereg_mr(
+                vmr,
+                flags as u32,
+                addr,
+                length,
+                addr as u64,
+                access,
+                pd,
+                &mut cmd,
+                size_of::<sys::ibv_rereg_mr>(),
+                &mut resp,
+                size_of::<sys::ib_uverbs_rereg_mr_resp>(),
+            )
+        };
+        if ret != 0 {
+            set_errno(ret);
+        }
+        ret
+    })
+}
+
 unsafe extern "C" fn dereg_mr(vmr: *mut sys::verbs_mr) -> c_int {
     guard(PANIC_ERRNO, || {
         // SAFETY: vmr came from reg_mr and is deregistered once.
@@ -1643,7 +1683,7 @@ mod tests {
             ops.query_device_ex.is_some() && ops.query_port.is_some() && ops.free_context.is_some()
         );
         assert!(ops.alloc_pd.is_some() && ops.dealloc_pd.is_some());
-        assert!(ops.reg_mr.is_some() && ops.dereg_mr.is_some());
+        assert!(ops.reg_mr.is_some() && ops.rereg_mr.is_some() && ops.dereg_mr.is_some());
         assert!(ops.create_cq.is_some() && ops.poll_cq.is_some() && ops.destroy_cq.is_some());
         assert!(ops.req_notify_cq.is_some());
         assert!(ops.create_qp.is_some() && ops.modify_qp.is_some() && ops.query_qp.is_some());
