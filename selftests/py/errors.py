@@ -10,7 +10,9 @@ has a timeout. The client prints 'ok - ...' / 'not ok - ...' lines (tests/errors
 into TAP).
 """
 import argparse
+import ctypes
 import json
+import mmap
 import os
 import socket
 import struct
@@ -83,6 +85,8 @@ class Endpoint:
         self.qp = QP(side.pd, init)
         self.mr = MR(side.other_pd if mr_other_pd else side.pd, size, access)
         self.size = size
+        # Buffers an MR was moved to (rereg): they live as long as the endpoint.
+        self.keep = []
         self.psn = int.from_bytes(os.urandom(3), "little")
         attr = QPAttr(qp_state=e.IBV_QPS_INIT)
         attr.pkey_index = 0
@@ -228,6 +232,24 @@ def handle(side, op, req):
         return {}, None
     if op == "state":
         return {"state": ep.state()}, None
+    if op == "rereg":
+        # ibv_rereg_mr of the endpoint's MR: new rights (access), a new buffer of that many
+        # bytes (size), the side's other PD (other_pd); the MR's keys and address after it.
+        flags, access, pd = 0, 0, ep.side.pd
+        if "access" in req:
+            flags |= e.IBV_REREG_MR_CHANGE_ACCESS
+            access = req["access"]
+        addr, length = 0, 0
+        if "size" in req:
+            flags |= e.IBV_REREG_MR_CHANGE_TRANSLATION
+            buf = mmap.mmap(-1, req["size"])
+            ep.keep.append(buf)
+            addr, length = ctypes.addressof(ctypes.c_char.from_buffer(buf)), req["size"]
+        if req.get("other_pd"):
+            flags |= e.IBV_REREG_MR_CHANGE_PD
+            pd = ep.side.other_pd
+        ep.mr.rereg(flags, pd, addr, length, access)
+        return {"lkey": ep.mr.lkey, "rkey": ep.mr.rkey, "addr": ep.mr.buf}, None
     if op == "destroy":
         side.eps.pop(req["name"]).close()
         return {}, None
@@ -373,6 +395,37 @@ class Client:
             finally:
                 self.drop(name)
         return run
+
+    def rereg(self):
+        """ibv_rereg_mr of the responder's MR, keys kept: new rights (a WRITE refused before
+        is placed after), new memory (WRITEs land in the new buffer), another PD (a WRITE is
+        refused: REM_ACCESS_ERR)."""
+        name = "rereg"
+        ep, remote = self.pair(name, server_access=e.IBV_ACCESS_LOCAL_WRITE
+                               | e.IBV_ACCESS_REMOTE_READ)
+        try:
+            r = self.peer("rereg", name=name, access=ALL_REMOTE)
+            assert (r["rkey"], r["addr"]) == (remote["rkey"], remote["addr"]), (r, remote)
+            data = os.urandom(4096)
+            ep.mr.write(data, len(data))
+            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, len(data), r["rkey"], r["addr"])
+            self.expect(ep, wr, e.IBV_WC_SUCCESS)
+            got = bytes.fromhex(self.peer("read", name=name, length=len(data), offset=0)["data"])
+            assert got == data, f"after the new rights: {first_diff(got, data)}"
+            moved = self.peer("rereg", name=name, size=2 * 4096)
+            assert moved["rkey"] == remote["rkey"] and moved["addr"] != remote["addr"], \
+                (moved, remote)
+            data = os.urandom(2 * 4096)
+            ep.mr.write(data, len(data))
+            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, len(data), moved["rkey"], moved["addr"])
+            self.expect(ep, wr, e.IBV_WC_SUCCESS)
+            got = bytes.fromhex(self.peer("read", name=name, length=len(data), offset=0)["data"])
+            assert got == data, f"in the new buffer: {first_diff(got, data)}"
+            self.peer("rereg", name=name, other_pd=True)
+            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, moved["rkey"], moved["addr"])
+            self.expect(ep, wr, e.IBV_WC_REM_ACCESS_ERR)
+        finally:
+            self.drop(name)
 
     # -- 4: RNR -------------------------------------------------------------------------------
 
@@ -725,6 +778,9 @@ class Client:
               " requester)",
               self.counter_check(c_remop, c_end, [("mroce2", "acks_sent", 1),
                                                   ("mroce1", "acks_rcvd", 1)]))
+        check("ibv_rereg_mr, keys kept: new rights (a refused WRITE is placed after), new"
+              " memory (WRITEs land in the new buffer, byte-exact), another PD (REM_ACCESS_ERR)",
+              self.rereg)
         self.peer("quit")
         print("# client: done", flush=True)
 
