@@ -101,7 +101,35 @@ pub(crate) struct MrRequest<'call> {
     _call: PhantomData<&'call ()>,
 }
 
-impl MrRequest<'_> {
+impl<'call> MrRequest<'call> {
+    /// The device context and the request of a `reg_user_mr` or `rereg_user_mr` call on
+    /// `ibdev` (None for a device that is not set).
+    ///
+    /// # Safety
+    ///
+    /// `ibdev` is null or a live device of ours, and the call is that of the process whose
+    /// memory `start`, `length` name; the results are used only during the call.
+    unsafe fn of_call(
+        ibdev: *mut bindings::ib_device,
+        start: u64,
+        length: u64,
+        iova: u64,
+        access: c_int,
+    ) -> Option<(DeviceCtx<'call>, Self)> {
+        let raw = NonNull::new(ibdev)?;
+        // SAFETY: per the contract, `ibdev` is live and ours.
+        let dev = unsafe { ctx(ibdev) };
+        let req = MrRequest {
+            ibdev: raw,
+            start,
+            length,
+            iova,
+            access: access as u32,
+            _call: PhantomData,
+        };
+        Some((dev, req))
+    }
+
     /// Pins the memory of the calling process (`ib_umem_get`) for the rights `access`
     /// (writable when they allow a write).
     pub(crate) fn pin(&self, access: u32) -> Result<UserMemory> {
@@ -631,13 +659,12 @@ unsafe extern "C" fn reg_user_mr<T: VerbsOps>(
     _udata: *mut bindings::ib_udata,
 ) -> *mut bindings::ib_mr {
     const { assert!(offset_of!(MetaMr<T>, ibmr) == 0) };
-    // SAFETY: the PD is live with `device` set.
-    let ibdev = unsafe { (*ibpd).device };
-    let Some(raw_dev) = NonNull::new(ibdev) else {
+    // SAFETY: the PD is live with `device` set, ours; this is the owning process's call.
+    let Some((dev, req)) =
+        (unsafe { MrRequest::of_call((*ibpd).device, start, length, iova, access) })
+    else {
         return err_ptr(EINVAL);
     };
-    // SAFETY: `ibdev` is live, ours.
-    let dev = unsafe { ctx(ibdev) };
     // Allocated first, so that nothing of the driver's is to undo when it fails.
     let meta = KBox::new(
         MetaMr::<T> {
@@ -649,14 +676,6 @@ unsafe extern "C" fn reg_user_mr<T: VerbsOps>(
     let mut meta = match meta {
         Ok(m) => m,
         Err(e) => return err_ptr(e.into()),
-    };
-    let req = MrRequest {
-        ibdev: raw_dev,
-        start,
-        length,
-        iova,
-        access: access as u32,
-        _call: PhantomData,
     };
     match T::reg_user_mr(&dev, ibpd as usize, &req) {
         Ok((mr, key)) => {
@@ -685,27 +704,18 @@ unsafe extern "C" fn rereg_user_mr<T: VerbsOps>(
     ibpd: *mut bindings::ib_pd,
     _udata: *mut bindings::ib_udata,
 ) -> *mut bindings::ib_mr {
-    // SAFETY: the MR is live with `device` set.
-    let ibdev = unsafe { (*ibmr).device };
-    let Some(raw_dev) = NonNull::new(ibdev) else {
+    // SAFETY: the MR is live with `device` set, ours; this is the owning process's call.
+    let Some((dev, req)) =
+        (unsafe { MrRequest::of_call((*ibmr).device, start, length, virt_addr, access) })
+    else {
         return err_ptr(EINVAL);
     };
-    // SAFETY: `ibdev` is live, ours.
-    let dev = unsafe { ctx(ibdev) };
     // SAFETY: every MR we hand out is a leaked `KBox<MetaMr<T>>` (`ibmr` at offset 0); the
     // call holds it for writing, so this is the only reference for its duration.
     let meta = unsafe { &mut *ibmr.cast::<MetaMr<T>>() };
     let Some(old) = meta.mr.as_ref() else {
         // A DMA MR: not the user's to rereg.
         return err_ptr(EINVAL);
-    };
-    let req = MrRequest {
-        ibdev: raw_dev,
-        start,
-        length,
-        iova: virt_addr,
-        access: access as u32,
-        _call: PhantomData,
     };
     match T::rereg_user_mr(&dev, old, flags as u32, ibpd as usize, &req) {
         Ok(mr) => {
