@@ -540,6 +540,14 @@ fn modify_user_qp(
     match (change.state, engine) {
         (QpState::Err, Some(engine)) => engine.fail(qp),
         (QpState::Err, None) => qp.flush(),
+        // Reset: off its connection (its stream closed; RTR opens a new one with the
+        // attributes given then), its queues emptied.
+        (QpState::Reset, engine) if prev != QpState::Reset => {
+            if let Some(engine) = engine {
+                engine.detach(qp);
+            }
+            qp.discard();
+        }
         _ => {}
     }
     match (dv.planes, engine) {

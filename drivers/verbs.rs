@@ -878,6 +878,21 @@ impl Qp {
             }
         }
     }
+
+    /// The QP was reset: what its rings still hold is discarded, with no completion (the
+    /// verbs' RESET state empties the work queues). A ring userspace broke is left as it
+    /// is: the next post finds it.
+    pub(crate) fn discard(&self) {
+        let inner = self.inner.lock();
+        while let Ok(Some(_)) = inner.queues.sq.peek() {
+            inner.queues.sq.pop();
+        }
+        if let Some(rq) = &inner.queues.rq {
+            while let Ok(Some(_)) = rq.peek() {
+                rq.pop();
+            }
+        }
+    }
 }
 
 /// The verbs objects of one device.

@@ -87,14 +87,23 @@ class Endpoint:
         self.size = size
         # Buffers an MR was moved to (rereg): they live as long as the endpoint.
         self.keep = []
+        self.qp_access = (e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+                          | e.IBV_ACCESS_REMOTE_ATOMIC) if qp_access is None else qp_access
+        self.to_init()
+
+    def to_init(self):
         self.psn = int.from_bytes(os.urandom(3), "little")
         attr = QPAttr(qp_state=e.IBV_QPS_INIT)
         attr.pkey_index = 0
         attr.port_num = 1
-        attr.qp_access_flags = (e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-                                | e.IBV_ACCESS_REMOTE_ATOMIC) if qp_access is None else qp_access
+        attr.qp_access_flags = self.qp_access
         self.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
                        | e.IBV_QP_ACCESS_FLAGS)
+
+    def reset(self):
+        """Through RESET back to INIT, with a new PSN (connect again after it)."""
+        self.qp.modify(QPAttr(qp_state=e.IBV_QPS_RESET), e.IBV_QP_STATE)
+        self.to_init()
 
     def info(self):
         return {"qpn": self.qp.qp_num, "psn": self.psn, "rkey": self.mr.rkey,
@@ -232,6 +241,9 @@ def handle(side, op, req):
         return {}, None
     if op == "state":
         return {"state": ep.state()}, None
+    if op == "reset":
+        ep.reset()
+        return ep.info(), None
     if op == "rereg":
         # ibv_rereg_mr of the endpoint's MR: new rights (access), a new buffer of that many
         # bytes (size), the side's other PD (other_pd); the MR's keys and address after it.
@@ -424,6 +436,41 @@ class Client:
             self.peer("rereg", name=name, other_pd=True)
             wr = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, moved["rkey"], moved["addr"])
             self.expect(ep, wr, e.IBV_WC_REM_ACCESS_ERR)
+        finally:
+            self.drop(name)
+
+    def reset_and_reuse(self):
+        """Both QPs of a pair that failed (REM_ACCESS_ERR) go through RESET, INIT, RTR and
+        RTS again, with new PSNs: a receive posted before the reset is discarded (no
+        completion), and the pair carries a WRITE and a SEND byte-exact."""
+        name = "reuse"
+        ep, remote = self.pair(name)
+        try:
+            bad = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, remote["rkey"] ^ 0x00a5a500,
+                            remote["addr"])
+            self.expect(ep, bad, e.IBV_WC_REM_ACCESS_ERR)
+            ep.reset()
+            ep.post_recv(0xdead, 64)
+            ep.reset()
+            remote = self.peer("reset", name=name)
+            self.peer("connect", name=name, remote=ep.info())
+            ep.connect(remote)
+            data = os.urandom(4096)
+            ep.mr.write(data, len(data))
+            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, len(data), remote["rkey"], remote["addr"])
+            self.expect(ep, wr, e.IBV_WC_SUCCESS)
+            got = bytes.fromhex(self.peer("read", name=name, length=len(data), offset=0)["data"])
+            assert got == data, f"WRITE after the reset: {first_diff(got, data)}"
+            self.peer("post_recv", name=name, wr_id=7, length=len(data), offset=8192)
+            wr = self.post(ep, e.IBV_WR_SEND, len(data))
+            self.expect(ep, wr, e.IBV_WC_SUCCESS)
+            wcs = self.peer("poll_recv", name=name)["wcs"]
+            assert [(w["wr_id"], w["status"]) for w in wcs] == [(7, e.IBV_WC_SUCCESS)], wcs
+            got = bytes.fromhex(self.peer("read", name=name, length=len(data),
+                                          offset=8192)["data"])
+            assert got == data, f"SEND after the reset: {first_diff(got, data)}"
+            stray = poll(ep.rcq, 1, 0.5)
+            assert not stray, f"a receive posted before the reset completed: {wc_dict(stray[0])}"
         finally:
             self.drop(name)
 
@@ -778,6 +825,9 @@ class Client:
               " requester)",
               self.counter_check(c_remop, c_end, [("mroce2", "acks_sent", 1),
                                                   ("mroce1", "acks_rcvd", 1)]))
+        check("a failed QP pair reset and connected again (RESET, INIT, RTR, RTS, new PSNs):"
+              " WRITE and SEND byte-exact, a receive posted before the reset discarded",
+              self.reset_and_reuse)
         check("ibv_rereg_mr, keys kept: new rights (a refused WRITE is placed after), new"
               " memory (WRITEs land in the new buffer, byte-exact), another PD (REM_ACCESS_ERR)",
               self.rereg)
