@@ -418,26 +418,27 @@ class Client:
         try:
             r = self.peer("rereg", name=name, access=ALL_REMOTE)
             assert (r["rkey"], r["addr"]) == (remote["rkey"], remote["addr"]), (r, remote)
-            data = os.urandom(4096)
-            ep.mr.write(data, len(data))
-            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, len(data), r["rkey"], r["addr"])
-            self.expect(ep, wr, e.IBV_WC_SUCCESS)
-            got = bytes.fromhex(self.peer("read", name=name, length=len(data), offset=0)["data"])
-            assert got == data, f"after the new rights: {first_diff(got, data)}"
+            self.write_placed(ep, name, r, 4096, "after the new rights")
             moved = self.peer("rereg", name=name, size=2 * 4096)
             assert moved["rkey"] == remote["rkey"] and moved["addr"] != remote["addr"], \
                 (moved, remote)
-            data = os.urandom(2 * 4096)
-            ep.mr.write(data, len(data))
-            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, len(data), moved["rkey"], moved["addr"])
-            self.expect(ep, wr, e.IBV_WC_SUCCESS)
-            got = bytes.fromhex(self.peer("read", name=name, length=len(data), offset=0)["data"])
-            assert got == data, f"in the new buffer: {first_diff(got, data)}"
+            self.write_placed(ep, name, moved, 2 * 4096, "in the new buffer")
             self.peer("rereg", name=name, other_pd=True)
             wr = self.post(ep, e.IBV_WR_RDMA_WRITE, 64, moved["rkey"], moved["addr"])
             self.expect(ep, wr, e.IBV_WC_REM_ACCESS_ERR)
         finally:
             self.drop(name)
+
+    def write_placed(self, ep, name, remote, size, what):
+        """An RDMA WRITE of size random bytes to the start of the server's MR (its rkey and
+        address in remote) completes and lands byte-exact; returns the bytes."""
+        data = os.urandom(size)
+        ep.mr.write(data, size)
+        wr = self.post(ep, e.IBV_WR_RDMA_WRITE, size, remote["rkey"], remote["addr"])
+        self.expect(ep, wr, e.IBV_WC_SUCCESS)
+        got = bytes.fromhex(self.peer("read", name=name, length=size, offset=0)["data"])
+        assert got == data, f"{what}: {first_diff(got, data)}"
+        return data
 
     def reset_and_reuse(self):
         """Both QPs of a pair that failed (REM_ACCESS_ERR) go through RESET, INIT, RTR and
@@ -455,12 +456,7 @@ class Client:
             remote = self.peer("reset", name=name)
             self.peer("connect", name=name, remote=ep.info())
             ep.connect(remote)
-            data = os.urandom(4096)
-            ep.mr.write(data, len(data))
-            wr = self.post(ep, e.IBV_WR_RDMA_WRITE, len(data), remote["rkey"], remote["addr"])
-            self.expect(ep, wr, e.IBV_WC_SUCCESS)
-            got = bytes.fromhex(self.peer("read", name=name, length=len(data), offset=0)["data"])
-            assert got == data, f"WRITE after the reset: {first_diff(got, data)}"
+            data = self.write_placed(ep, name, remote, 4096, "WRITE after the reset")
             self.peer("post_recv", name=name, wr_id=7, length=len(data), offset=8192)
             wr = self.post(ep, e.IBV_WR_SEND, len(data))
             self.expect(ep, wr, e.IBV_WC_SUCCESS)
