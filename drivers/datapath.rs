@@ -81,6 +81,12 @@ mod ud;
 
 pub(crate) use datagrams::is_datagram;
 
+/// A UDP source port for a datagram on no path (HELLO, a UD QP's): one of the dynamic range
+/// 49152-65535, picked by the low 14 bits of `entropy`.
+fn dynamic_port(entropy: u32) -> u16 {
+    0xc000 | (entropy & 0x3fff) as u16
+}
+
 pub(crate) use planes::MAX_PLANES;
 
 /// Logical paths of a new connection unless the device's `paths` file says otherwise.

@@ -38,10 +38,6 @@ use kernel::sync::Arc;
 
 /// A Q_Key with this bit set in a work request means the QP's own.
 const QKEY_OWN: u32 = 0x8000_0000;
-/// UDP source ports of UD datagrams: the dynamic range's upper part, 16,384 of them.
-const UD_SPORT_BASE: u16 = 0xc000;
-const UD_SPORT_MASK: u32 = 0x3fff;
-
 /// Datagrams sent by UD QPs, for their source ports.
 static UD_SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -50,7 +46,7 @@ static UD_SEQ: AtomicU32 = AtomicU32::new(0);
 fn ud_sport(qpn: u32) -> u16 {
     let seq = UD_SEQ.fetch_add(1, Ordering::Relaxed);
     let h = (qpn ^ seq.rotate_left(16)).wrapping_mul(0x9e37_79b1) >> 18;
-    UD_SPORT_BASE | (h & UD_SPORT_MASK) as u16
+    super::dynamic_port(h)
 }
 
 /// Why a send did not leave.
