@@ -5,6 +5,7 @@ QP state machine, query_qp, and the rings: WQEs posted by the provider come back
 completions when the QP moves to the error state. Prints TAP lines (numbered by run.sh's
 helper through stdout parsing: 'ok - ...' / 'not ok - ...')."""
 import sys
+import time
 import traceback
 
 import pyverbs.enums as e
@@ -156,7 +157,13 @@ def failed_modify_changes_nothing():
 
 
 def hw_counter(name):
-    with open(f"/sys/class/infiniband/{DEV}/ports/1/hw_counters/{name}") as f:
+    """The counter as the core shows it now. The core caches a port's counters for the
+    port's hw_counters/lifespan (10 ms by default): a read that soon after another returns
+    the cached values, so wait that long first."""
+    base = f"/sys/class/infiniband/{DEV}/ports/1/hw_counters"
+    with open(f"{base}/lifespan") as f:
+        time.sleep(int(f.read()) / 1000 + 0.005)
+    with open(f"{base}/{name}") as f:
         return int(f.read())
 
 
