@@ -87,6 +87,15 @@ fn dynamic_port(entropy: u32) -> u16 {
     0xc000 | (entropy & 0x3fff) as u16
 }
 
+/// The UDP source port of a device-level datagram (HELLO, the GSI QP's MADs): a random one of
+/// the dynamic range for each. Such datagrams are on no path, so any port would do; a fixed
+/// one would put all of them between two devices on one ECMP route, and a route that drops
+/// them (a gray failure) would keep the two from ever agreeing on their connections (HELLO)
+/// or connecting their QPs (rdma_cm), however many other routes work.
+fn random_port() -> u16 {
+    dynamic_port(crate::sys::work::random_u64() as u32)
+}
+
 pub(crate) use planes::MAX_PLANES;
 
 /// Logical paths of a new connection unless the device's `paths` file says otherwise.

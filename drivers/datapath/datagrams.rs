@@ -18,7 +18,7 @@ use crate::{
     counters::Counter,
     gsi::{self, Arrival, GsiQp, GSI_QPN},
     net::{IpAddr, RxBuf},
-    sys::{udp::UDP_PORT, work},
+    sys::work,
     transport::wire::{BaseHeader, DatagramExt, Ext, Flags, Header, Opcode, Packet},
 };
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -178,8 +178,9 @@ impl Engine {
             let Some((wr, len)) = taken else { break };
             let sent = len.and_then(|len| {
                 // A datagram that does not leave is lost, as on any UD QP (the MAD layer
-                // retries).
-                self.send_on(plane, &dst, UDP_PORT, false, scratch.get(..len)?);
+                // retries); each leaves from a random source port, so that the MAD layer's
+                // retries take other ECMP routes.
+                self.send_on(plane, &dst, super::random_port(), false, scratch.get(..len)?);
                 Some(())
             });
             if sent.is_some() {

@@ -37,14 +37,6 @@ pub(crate) const MAX_PLANES: usize = crate::device::MAX_PLANES as usize;
 const HELLO_INTERVAL_NS: u64 = 100_000_000;
 /// An unproven HELLO is answered, and prompts our own, at most this often per peer.
 const HELLO_ANSWER_NS: u64 = 10_000_000;
-/// HELLO's UDP source port: a random one of the dynamic range for each HELLO. HELLO is on no
-/// path, so any port would do; a fixed one would put every HELLO between two devices on one
-/// ECMP route, and a route that drops them (a gray failure) would keep the two from ever
-/// agreeing on their connections, however many other routes work.
-fn hello_src_port() -> u16 {
-    super::dynamic_port(crate::sys::work::random_u64() as u32)
-}
-
 /// One plane of this device: its socket and whether its link is up.
 pub(crate) struct LocalPlane {
     socket: PlaneSocket,
@@ -407,7 +399,7 @@ impl Engine {
             _ => None,
         });
         if let (Some((lp, dst)), Some(data)) = (target, buf.get(..len)) {
-            let _ = lp.socket.send(&dst, hello_src_port(), false, data);
+            let _ = lp.socket.send(&dst, super::random_port(), false, data);
         }
     }
 

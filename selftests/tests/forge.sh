@@ -8,7 +8,7 @@
 # guessed one are dropped and counted; the connection carries data before and after. And the
 # connections' life: one goes with its last QP, and a peer that kept its own restarts its
 # paths when the other end comes back with a new connection id, also when a route drops every
-# datagram of one 5-tuple.
+# datagram of one 5-tuple (HELLO and the connection manager's MADs).
 source "$(dirname "$0")/../lib.sh"
 dmesg_mark
 modprobe metaroce
@@ -135,6 +135,16 @@ s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
 s.sendto(struct.pack(\">HHHH\", 4793, 9, 12, 0) + b\"ping\", (\"$NS1_ADDR\", 0))' &&
 	$IP netns exec ns2 tc -s filter show dev veth2 egress | awk '/Sent/ { print \$4; exit }'"
 pingpong "the new connection's ids are agreed past the route that drops port 4793, data checked"
+# The connection manager's MADs (the GSI QP's datagrams) too leave from random ports: rping
+# connects through rdma_cm past the same route (from port 4793, mroce2's replies were lost).
+$IP netns exec ns2 timeout 60 rping -s -a "$NS2_ADDR" -v >"$TAP_DIR/rping-server.log" 2>&1 &
+rsrv=$!
+wait_for 15 sh -c "$RDMA resource show cm_id 2>/dev/null | grep -q 'state LISTEN'" ||
+	echo "# rping's server is not listening after 15 s"
+check_output "rping connects through rdma_cm past the route that drops port 4793, data validated" \
+	'ping data: rdma-ping-4: ' $IP netns exec ns1 timeout 60 rping -c -a "$NS2_ADDR" -C 5 -v -V
+kill $rsrv 2>/dev/null
+wait $rsrv 2>/dev/null
 $IP netns exec ns2 tc qdisc del dev veth2 clsact
 kill $anchor 2>/dev/null
 wait $anchor 2>/dev/null
