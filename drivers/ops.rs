@@ -88,6 +88,19 @@ impl VerbsOps for MetaRoceOps {
         Ok((cq, entries))
     }
 
+    fn resize_user_cq(_dev: &DeviceCtx<'_>, cq: &Arc<Cq>, cqe: u32, udata: &Udata<'_>) -> Result<u32> {
+        if !(1..=limits::MAX_CQE).contains(&cqe) {
+            return Err(EINVAL);
+        }
+        // As at create: one slot more than asked for. The provider maps the new ring from the
+        // response once the call succeeded; a failed call leaves the CQ as it was.
+        let ring = UserRing::new(&udata.ucontext()?, cqe + 1)?;
+        let entries = ring.num_entries() - 1;
+        udata.respond_cq(ring.info())?;
+        cq.resize(ring)?;
+        Ok(entries)
+    }
+
     fn destroy_cq(dev: &DeviceCtx<'_>, cq: Arc<Cq>) {
         // QPs hold their own references, so their in-flight completions finish.
         drop(cq);

@@ -443,6 +443,22 @@ impl Cq {
         }
     }
 
+    /// `ibv_resize_cq` of a user CQ: the completions not polled yet move to `ring`, which
+    /// the CQ fills from then on; the old ring is unmapped when the provider drops its
+    /// mapping. EINVAL if they do not fit (the CQ is unchanged), EOPNOTSUPP for a kernel CQ.
+    pub(crate) fn resize(&self, ring: UserRing<Cqe>) -> Result {
+        let mut guard = self.ring.lock();
+        let CqRing::User(old) = &*guard else {
+            return Err(EOPNOTSUPP);
+        };
+        old.move_pending_to(&ring)?;
+        let old = core::mem::replace(&mut *guard, CqRing::User(ring));
+        drop(guard);
+        // Its mmap entry is removed outside the IRQ-safe lock: that may free its memory.
+        drop(old);
+        Ok(())
+    }
+
     /// Entries the ring holds (what `ibv_create_cq` reports as `cqe`).
     pub(crate) fn capacity(&self) -> u32 {
         match &*self.ring.lock() {

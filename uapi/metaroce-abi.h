@@ -157,6 +157,7 @@ struct metaroce_mmap_info {
 	__u32 entry_size;
 };
 
+/* Also the response of resize_cq: the new ring, to map in place of the old one. */
 struct metaroce_create_cq_resp {
 	struct metaroce_mmap_info ring;
 };

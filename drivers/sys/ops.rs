@@ -33,7 +33,12 @@ use core::{
     mem::{offset_of, size_of},
     ptr::{self, NonNull},
 };
-use kernel::{error::VTABLE_DEFAULT_ERROR, ffi::c_int, prelude::*, sync::Arc};
+use kernel::{
+    error::VTABLE_DEFAULT_ERROR,
+    ffi::{c_int, c_uint},
+    prelude::*,
+    sync::Arc,
+};
 
 /// An SRQ's attributes: what a create or modify asks for, and what it gets.
 pub(crate) struct SrqAttr {
@@ -167,6 +172,12 @@ pub(crate) trait VerbsOps: 'static {
     ) -> Result<(Self::Cq, u32)>;
 
     fn destroy_cq(dev: &DeviceCtx<'_>, cq: Self::Cq);
+
+    /// `ibv_resize_cq` of a user CQ to at least `cqe` entries: the entries it has now (what
+    /// the core reports as `cqe`).
+    fn resize_user_cq(_dev: &DeviceCtx<'_>, _cq: &Self::Cq, _cqe: u32, _udata: &Udata<'_>) -> Result<u32> {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 
     /// Arms the CQ; returns whether completions are waiting (asked with `report_missed`).
     fn req_notify_cq(cq: &Self::Cq, solicited: bool, report_missed: bool) -> bool;
@@ -392,6 +403,9 @@ pub(super) fn fill<T: VerbsOps + 'static>(ops: &mut bindings::ib_device_ops) {
     ops.destroy_cq = Some(destroy_cq::<T>);
     ops.req_notify_cq = Some(req_notify_cq::<T>);
     ops.size_ib_cq = size_of::<MetaCq<T>>();
+    if T::HAS_RESIZE_USER_CQ {
+        ops.resize_user_cq = Some(resize_user_cq::<T>);
+    }
     if T::HAS_POLL_CQ {
         ops.poll_cq = Some(poll_cq::<T>);
     }
@@ -459,6 +473,31 @@ unsafe extern "C" fn create_cq<T: VerbsOps>(
                 (*ibcq).cqe = entries as c_int;
                 ptr::addr_of_mut!((*ibcq.cast::<MetaCq<T>>()).cq).write(Some(cq));
             }
+            0
+        }
+        Err(e) => e.to_errno(),
+    }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core (`ib_uverbs_resize_cq`) for a live user CQ of ours, with the
+/// driver udata of that uverbs call.
+unsafe extern "C" fn resize_user_cq<T: VerbsOps>(
+    ibcq: *mut bindings::ib_cq,
+    cqe: c_uint,
+    udata: *mut bindings::ib_udata,
+) -> c_int {
+    // SAFETY: per the contract.
+    let (dev, cq, udata) = unsafe { (ctx((*ibcq).device), cq_of::<T>(ibcq), Udata::from_raw(udata)) };
+    let (Some(cq), Some(udata)) = (cq, udata) else {
+        return EINVAL.to_errno();
+    };
+    match T::resize_user_cq(&dev, cq, cqe, &udata) {
+        Ok(entries) => {
+            // SAFETY: per the contract; the core reads `cqe` back for its response, and holds
+            // the CQ's uobject for the call, as for every other method on it.
+            unsafe { (*ibcq).cqe = entries as c_int };
             0
         }
         Err(e) => e.to_errno(),

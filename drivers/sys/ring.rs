@@ -209,6 +209,25 @@ impl<T: RingEntry> UserRing<T> {
         self.index(CONSUMER).store(c, Ordering::Release);
     }
 
+    /// Producer side (CQ resize): moves the entries userspace has not consumed yet into `to`,
+    /// a new ring no one produced into, in order. Err(EINVAL) if they do not fit (nothing is
+    /// moved then), or if userspace's consumer index claims more than this ring produced.
+    pub(crate) fn move_pending_to(&self, to: &UserRing<T>) -> Result {
+        let producer = self.own.load(Ordering::Relaxed);
+        let consumer = self.index(CONSUMER).load(Ordering::Acquire);
+        let pending = queue::available(consumer, producer, self.num_entries).map_err(|_| EINVAL)?;
+        if pending > to.num_entries {
+            return Err(EINVAL);
+        }
+        for i in 0..pending {
+            // SAFETY: a valid slot this ring produced and userspace has not consumed; one
+            // volatile whole-entry copy.
+            let entry = unsafe { self.slot(consumer.wrapping_add(i)).read_volatile() };
+            to.push(&entry)?;
+        }
+        Ok(())
+    }
+
     /// Producer side (CQ): appends `entry`, or Err(ENOSPC) if userspace has not made room.
     pub(crate) fn push(&self, entry: &T) -> Result {
         let producer = self.own.load(Ordering::Relaxed);

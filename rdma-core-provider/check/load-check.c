@@ -485,6 +485,31 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 		fake_ncq++;
 		return fill_drv(hdr, &core, sizeof(core), &drv, sizeof(drv)) ? -1 : (ssize_t)count;
 	}
+	case IB_USER_VERBS_CMD_RESIZE_CQ: {
+		/* As the module: a new ring of the next power of two above cqe, the completions
+		 * not polled yet moved into it in order (EINVAL if they do not fit). */
+		const struct ib_uverbs_resize_cq *cmd = (const void *)(hdr + 1);
+		struct fake_ring old = fake_cqs[cmd->cq_handle];
+		struct metaroce_ring_hdr *oh = ring_hdr(&old), *nh;
+		struct ib_uverbs_resize_cq_resp core = { 0 };
+		struct metaroce_create_cq_resp drv;
+		__u32 n = 1, c = oh->consumer, pending = oh->producer - c, i;
+
+		while (n < cmd->cqe + 1)
+			n <<= 1;
+		if (cmd->cq_handle >= fake_ncq || pending > n) {
+			errno = EINVAL;
+			return -1;
+		}
+		drv.ring = fake_ring_alloc(&fake_cqs[cmd->cq_handle], n, sizeof(struct metaroce_cqe));
+		nh = ring_hdr(&fake_cqs[cmd->cq_handle]);
+		for (i = 0; i < pending; i++)
+			memcpy(ring_entry(&fake_cqs[cmd->cq_handle], nh->producer + i),
+			       ring_entry(&old, c + i), sizeof(struct metaroce_cqe));
+		nh->producer += pending;
+		core.cqe = n - 1;
+		return fill_drv(hdr, &core, sizeof(core), &drv, sizeof(drv)) ? -1 : (ssize_t)count;
+	}
 	case IB_USER_VERBS_CMD_DESTROY_CQ:
 	case IB_USER_VERBS_CMD_DESTROY_QP:
 	case IB_USER_VERBS_CMD_DESTROY_SRQ: {
@@ -625,7 +650,7 @@ static void check_context_ops(const struct verbs_context_ops *ops)
 	CHECK(ops->create_srq && ops->modify_srq && ops->query_srq && ops->destroy_srq);
 	CHECK(ops->post_srq_recv);
 	CHECK(ops->create_ah && ops->destroy_ah);
-	CHECK(!ops->resize_cq && !ops->cq_event);
+	CHECK(ops->resize_cq && !ops->cq_event);
 	CHECK(!ops->alloc_mw && !ops->bind_mw && !ops->dealloc_mw);
 	CHECK(!ops->alloc_parent_domain && !ops->open_xrcd && !ops->create_srq_ex);
 	CHECK(!ops->create_wq && !ops->create_flow && !ops->alloc_td);
@@ -1206,6 +1231,23 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(wc[0].wr_id == 2 && wc[0].opcode == IBV_WC_RDMA_WRITE && wc[0].byte_len == 128);
 	CHECK(ibv_poll_cq(cq, 8, wc) == 0);
 	CHECK(kernel_consumer(&fake_cqs[1]) == FAKE_RING_START + 2); /* wrapped past 2^32 */
+
+	/* ibv_resize_cq: three completions waiting move to the new ring, which is mapped in
+	 * place of the old and polled from its start; a later one lands there too. */
+	for (i = 0; i < 3; i++) {
+		cqe.wr_id = 41 + i;
+		fake_complete(1, &cqe);
+	}
+	nqp = fake_mmaps;
+	CHECK(ibv_resize_cq(cq, 1) == EINVAL && fake_mmaps == nqp); /* a ring of 2 */
+	CHECK(ibv_resize_cq(cq, 40) == 0 && cq->cqe == 63 && fake_mmaps == nqp + 1);
+	CHECK(fake_cqs[1].n == 64 && kernel_consumer(&fake_cqs[1]) == FAKE_RING_START);
+	cqe.wr_id = 44;
+	fake_complete(1, &cqe);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 4);
+	CHECK(wc[0].wr_id == 41 && wc[1].wr_id == 42 && wc[2].wr_id == 43 && wc[3].wr_id == 44);
+	CHECK(kernel_consumer(&fake_cqs[1]) == FAKE_RING_START + 4);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 0);
 
 	/* A list with a bad second WR: the first is posted and rung, the rest untouched. */
 	wr[0].next = &wr[1];

@@ -125,6 +125,7 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     create_cq_ex: Some(ex::create_cq_ex),
     poll_cq: Some(poll_cq),
     req_notify_cq: Some(req_notify_cq),
+    resize_cq: Some(resize_cq),
     destroy_cq: Some(destroy_cq),
     create_ah: Some(create_ah),
     destroy_ah: Some(destroy_ah),
@@ -531,13 +532,22 @@ struct Mr {
 struct CqState {
     ring: CqRing,
     cur: sys::metaroce_cqe,
+    /// The mapping `ring` points into (None in tests, where the ring is heap memory); a
+    /// resize replaces both.
+    map: Option<Mapping>,
 }
 
 impl CqState {
+    /// Over a ring in heap memory (tests).
+    #[cfg(test)]
     fn new(ring: CqRing) -> Session<Self> {
+        Self::mapped(ring, None)
+    }
+
+    fn mapped(ring: CqRing, map: Option<Mapping>) -> Session<Self> {
         // SAFETY: metaroce_cqe is plain integers; all-zero is a valid value.
         let cur = unsafe { core::mem::zeroed() };
-        Session::new(Self { ring, cur })
+        Session::new(Self { ring, cur, map })
     }
 }
 
@@ -558,7 +568,6 @@ impl SqState {
 struct Cq {
     vcq: sys::verbs_cq,
     ring: Session<CqState>,
-    _map: Mapping,
 }
 
 #[repr(C)]
@@ -1206,8 +1215,7 @@ unsafe fn finish_cq(
         Ok((map, ring)) => {
             // SAFETY: writing our fields of the boxed Cq (vcq is initialised).
             unsafe {
-                ptr::addr_of_mut!((*p).ring).write(CqState::new(ring));
-                ptr::addr_of_mut!((*p)._map).write(map);
+                ptr::addr_of_mut!((*p).ring).write(CqState::mapped(ring, Some(map)));
             }
             // SAFETY: every field is initialised now.
             Box::into_raw(unsafe { cq.assume_init() })
@@ -1226,6 +1234,56 @@ unsafe extern "C" fn poll_cq(ibcq: *mut sys::ibv_cq, ne: c_int, wc: *mut sys::ib
         let cq = outer::<_, Cq>(ibcq);
         // SAFETY: ibcq came from create_cq (a live Cq); ring is our Mutex, wc has ne entries.
         unsafe { poll_into(&(*cq).ring, ne, wc) }
+    })
+}
+
+/// `ibv_resize_cq`: the kernel moves the completions not polled yet into a new ring, which is
+/// mapped in place of the old one. Pollers of the CQ wait meanwhile (its session); a poll
+/// session of the calling thread open on it (`ibv_start_poll`) refuses it with EINVAL.
+unsafe extern "C" fn resize_cq(ibcq: *mut sys::ibv_cq, cqe: c_int) -> c_int {
+    guard(PANIC_ERRNO, || {
+        let cq = outer::<_, Cq>(ibcq);
+        // SAFETY: ibcq came from create_cq (a live Cq).
+        let ring = unsafe { &(*cq).ring };
+        // SAFETY: ibcq is live; its context's cmd_fd never changes.
+        let cmd_fd = unsafe { (*(*ibcq).context).cmd_fd };
+        ring.with(Owner::current(), |s| {
+            // SAFETY: all-zero request/response buffers are valid.
+            let mut cmd: sys::ibv_resize_cq = unsafe { core::mem::zeroed() };
+            let mut resp: sys::metaroce_cmd_resize_cq_resp = unsafe { core::mem::zeroed() };
+            // SAFETY: ibcq is live; the buffers are ours, of the sizes given.
+            let ret = unsafe {
+                sys::ibv_cmd_resize_cq(
+                    ibcq,
+                    cqe,
+                    &mut cmd,
+                    size_of::<sys::ibv_resize_cq>(),
+                    ptr::addr_of_mut!(resp.ibv_resp),
+                    size_of::<sys::metaroce_cmd_resize_cq_resp>(),
+                )
+            };
+            if ret != 0 {
+                return ret;
+            }
+            // The kernel fills the new ring from now on: map it, then let the old one go.
+            match map_ring::<sys::metaroce_cqe>(cmd_fd, &resp.drv_payload.ring, "CQ").and_then(
+                |(map, r)| {
+                    Consumer::new(r)
+                        .map(|r| (map, r))
+                        .map_err(|_| abi::ABI_MISMATCH_ERRNO)
+                },
+            ) {
+                Ok((map, r)) => {
+                    s.ring = r;
+                    s.map = Some(map);
+                    0
+                }
+                // The kernel CQ is resized but cannot be polled from here: its completions
+                // are lost to this process, as after any failed mapping.
+                Err(errno) => errno,
+            }
+        })
+        .unwrap_or(sys::EINVAL as c_int)
     })
 }
 
@@ -1692,8 +1750,9 @@ mod tests {
         assert!(ops.destroy_srq.is_some() && ops.post_srq_recv.is_some());
         assert!(ops.create_cq_ex.is_some() && ops.create_qp_ex.is_some());
         assert!(ops.create_ah.is_some() && ops.destroy_ah.is_some());
+        assert!(ops.resize_cq.is_some());
         // Not implemented: libibverbs answers EOPNOTSUPP.
-        assert!(ops.resize_cq.is_none() && ops.cq_event.is_none());
+        assert!(ops.cq_event.is_none());
         assert!(ops.alloc_parent_domain.is_none() && ops.open_xrcd.is_none());
         assert!(ops.alloc_mw.is_none() && ops.bind_mw.is_none());
     }

@@ -38,6 +38,16 @@ _Static_assert(sizeof(struct metaroce_cmd_create_cq_resp) ==
 			       sizeof(struct metaroce_create_cq_resp),
 	       "implicit padding in metaroce_cmd_create_cq_resp");
 
+/* ibv_cmd_resize_cq()'s: the new ring, described as create_cq's is. */
+struct metaroce_cmd_resize_cq_resp {
+	struct ib_uverbs_resize_cq_resp ibv_resp;
+	struct metaroce_create_cq_resp drv_payload;
+};
+_Static_assert(sizeof(struct metaroce_cmd_resize_cq_resp) ==
+		       sizeof(struct ib_uverbs_resize_cq_resp) +
+			       sizeof(struct metaroce_create_cq_resp),
+	       "implicit padding in metaroce_cmd_resize_cq_resp");
+
 /* ibv_cmd_create_cq_ex()'s: the extended core response, then ours (the same driver part). */
 struct metaroce_cmd_create_cq_ex_resp {
 	struct ib_uverbs_ex_create_cq_resp ibv_resp;

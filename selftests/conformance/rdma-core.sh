@@ -37,7 +37,9 @@ mr=$TAP_DIR/rdma-core-metaroce
 rxe_pass=$(count "$rxe" pass)
 mr_pass=$(count "$mr" pass)
 check "rdma-core tests ran on rxe ($rxe_pass passed)" test "$rxe_pass" -gt 0
-# Every test that did not pass or skip on metaroce, with why.
+# Every test that did not pass or skip on rxe (the reference has its own failures), then on
+# metaroce, with why.
+awk -F'\t' '$1 != "pass" && $1 != "skip" { print "# rxe " $1 ": " $2 ": " $3 }' "$rxe"
 awk -F'\t' '$1 != "pass" && $1 != "skip" { print "# metaroce " $1 ": " $2 ": " $3 }' "$mr"
 check "rdma-core tests: none fails or errors on metaroce ($(count "$mr" fail) failed, $(count "$mr" error) errors)" \
 	test "$(awk -F'\t' '$1 != "pass" && $1 != "skip"' "$mr" | wc -l)" = 0

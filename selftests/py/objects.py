@@ -4,6 +4,7 @@
 QP state machine, query_qp, and the rings: WQEs posted by the provider come back as flush
 completions when the QP moves to the error state. Prints TAP lines (numbered by run.sh's
 helper through stdout parsing: 'ok - ...' / 'not ok - ...')."""
+import errno
 import sys
 import time
 import traceback
@@ -13,6 +14,7 @@ from pyverbs.addr import GID, AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.mr import MR
+from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.srq import SRQ, SrqInitAttr, SrqAttr
@@ -275,6 +277,54 @@ def flush_on_error():
     raise AssertionError("no flush completion for the send")
 
 
+def cq_resize():
+    """ibv_resize_cq: completions not polled yet move to the new ring in order, later ones
+    land there too; a size they do not fit is refused with EINVAL and changes nothing."""
+    pd, mr = state["pd"], state["mr"]
+    cq = CQ(ctx, 4)
+    cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+    qp.to_init(QPAttr(port_num=1))
+    for i in range(3):
+        qp.post_recv(RecvWR(wr_id=200 + i, num_sge=1, sg=[SGE(mr.buf, 64, mr.lkey)]))
+    qp.modify(QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+    # The three flushes are in the CQ (the error state flushes at once); none is polled.
+    time.sleep(0.1)
+    try:
+        cq.resize(1)
+        raise AssertionError("resize to 1 entry with 3 completions waiting succeeded")
+    except PyverbsRDMAError as ex:
+        assert ex.error_code == errno.EINVAL, ex
+    cq.resize(16)
+    assert cq.cqe >= 16, cq.cqe
+
+    def poll(n):
+        got = []
+        for _ in range(200):
+            k, wcs = cq.poll(num_entries=8)
+            got += wcs[:k]
+            if len(got) >= n:
+                break
+            time.sleep(0.005)
+        return got
+
+    got = poll(3)
+    assert [wc.wr_id for wc in got] == [200, 201, 202], [wc.wr_id for wc in got]
+    assert all(wc.status == e.IBV_WC_WR_FLUSH_ERR for wc in got)
+    # Empty now: smaller is fine, and completions made after it arrive in the new ring.
+    cq.resize(2)
+    assert 2 <= cq.cqe < 16, cq.cqe
+    for i in range(2):
+        wr = SendWR(wr_id=300 + i, opcode=e.IBV_WR_SEND, num_sge=1, sg=[SGE(mr.buf, 8, mr.lkey)])
+        wr.send_flags = e.IBV_SEND_SIGNALED
+        qp.post_send(wr)
+    got = poll(2)
+    assert [wc.wr_id for wc in got] == [300, 301], [wc.wr_id for wc in got]
+    assert cq.poll(num_entries=1)[0] == 0, "a completion polled twice"
+    qp.close()
+    cq.close()
+
+
 def srq_objects():
     srq = SRQ(state["pd"], SrqInitAttr(SrqAttr(max_wr=32, max_sge=1)))
     a = srq.query()
@@ -306,6 +356,8 @@ check("a failed INIT -> RTR (multicast GID) leaves the QP in INIT with its old a
 check("peer devices are bounded by max_peers: one more is refused (ENOSPC, counted), its QP stays "
       "in INIT; an idle peer lingers, and gives its place to a new one", peers_are_bounded)
 check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_error)
+check("ibv_resize_cq: waiting completions move in order, later ones follow; too small is EINVAL",
+      cq_resize)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)
 ctx.close()

@@ -730,10 +730,9 @@ mod tests {
         ah_attr, link, make_ah, send_wr, test_context, test_pd, test_qp, test_ring, view, GID_V4,
         UD, UD_RECV,
     };
-    use super::super::{destroy_ah, post_send, Context, MappedRing, Mapping};
+    use super::super::{destroy_ah, post_send, Context, MappedRing};
     use super::*;
     use crate::ring::{Consumer, RingMemory};
-    use core::ptr::NonNull;
     use std::io::Read;
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
@@ -767,10 +766,6 @@ mod tests {
         // mapping and is never dropped (free_cq).
         unsafe {
             ptr::addr_of_mut!((*p).ring).write(CqState::new(Consumer::new(ring).unwrap()));
-            ptr::addr_of_mut!((*p)._map).write(Mapping {
-                addr: NonNull::dangling(),
-                len: 0,
-            });
             let p = Box::into_raw(cq.assume_init());
             set_poll_ops(ptr::addr_of_mut!((*p).vcq.__bindgen_anon_1.cq_ex), wc_flags);
             p
@@ -778,7 +773,7 @@ mod tests {
     }
 
     fn free_cq(p: *mut Cq) {
-        // SAFETY: the Box of test_cq; its ring dropped in place, its dummy Mapping forgotten.
+        // SAFETY: the Box of test_cq; its ring dropped in place (no mapping).
         unsafe {
             ptr::drop_in_place(ptr::addr_of_mut!((*p).ring));
             drop(Box::from_raw(p.cast::<core::mem::MaybeUninit<Cq>>()));
