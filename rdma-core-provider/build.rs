@@ -194,7 +194,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output:
          ibv_wr_opcode|ibv_qp_type|ibv_srq_attr_mask|ibv_modify_qp_ex|ib_uverbs_ex_modify_qp_resp|\
          ibv_cq_init_attr_ex|ibv_create_cq_ex|ib_uverbs_ex_create_cq_resp|ibv_cq_init_attr_mask|\
          ibv_create_cq_attr_flags|ibv_create_cq_wc_flags|ibv_poll_cq_attr|ibv_qp_init_attr_ex|\
-         ibv_qp_init_attr_mask|ibv_qp_create_send_ops_flags|ibv_data_buf|verbs_qp_mask",
+         ibv_qp_init_attr_mask|ibv_qp_attr_mask|ibv_qp_create_send_ops_flags|ibv_data_buf|verbs_qp_mask",
     ]);
     cmd.args([
         "--allowlist-var",

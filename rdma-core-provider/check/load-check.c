@@ -1249,6 +1249,19 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(kernel_consumer(&fake_cqs[1]) == FAKE_RING_START + 4);
 	CHECK(ibv_poll_cq(cq, 8, wc) == 0);
 
+	/* A QP reset takes its completions not polled yet out of its CQ; another QP's stay. */
+	for (i = 0; i < 3; i++) {
+		cqe.wr_id = 51 + i;
+		cqe.qp_num = i == 1 ? 0x777 : 0x100;
+		fake_complete(1, &cqe);
+	}
+	qattr.qp_state = IBV_QPS_RESET;
+	CHECK(ibv_modify_qp(qp, &qattr, IBV_QP_STATE) == 0);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 1 && wc[0].wr_id == 52 && wc[0].qp_num == 0x777);
+	CHECK(ibv_poll_cq(cq, 8, wc) == 0);
+	cqe.qp_num = 0;
+	qp->state = IBV_QPS_RTS; /* as a modify_qp to RTS leaves it (the fake has none) */
+
 	/* A list with a bad second WR: the first is posted and rung, the rest untouched. */
 	wr[0].next = &wr[1];
 	wr[1].next = &wr[2];

@@ -1466,7 +1466,7 @@ unsafe extern "C" fn modify_qp(
         // SAFETY: an all-zero request is valid.
         let mut cmd: sys::ibv_modify_qp = unsafe { core::mem::zeroed() };
         // SAFETY: arguments as libibverbs passed them.
-        unsafe {
+        let ret = unsafe {
             sys::ibv_cmd_modify_qp(
                 ibqp,
                 attr,
@@ -1474,8 +1474,37 @@ unsafe extern "C" fn modify_qp(
                 &mut cmd,
                 size_of::<sys::ibv_modify_qp>(),
             )
+        };
+        // SAFETY: attr is the caller's, read only when the state is named.
+        let reset = attr_mask as u32 & sys::ibv_qp_attr_mask_IBV_QP_STATE != 0
+            && unsafe { (*attr).qp_state } == sys::ibv_qp_state_IBV_QPS_RESET;
+        if ret == 0 && reset {
+            // SAFETY: ibqp is live, and so are its CQs (a CQ outlives its QPs).
+            unsafe { clean_cqs(ibqp) };
         }
+        ret
     })
+}
+
+/// A QP gone to RESET leaves nothing in its CQs: the completions it made that were not polled
+/// yet are removed (as mlx4 and mlx5 do), so that a QP reset and connected again, as rdma-core's
+/// tests restate a failed pair, does not hand its consumer the flushes of its old life.
+///
+/// # Safety
+/// `ibqp` must be a live QP of ours, with live CQs.
+unsafe fn clean_cqs(ibqp: *mut sys::ibv_qp) {
+    // SAFETY: per the contract.
+    let (qpn, send, recv) = unsafe { ((*ibqp).qp_num, (*ibqp).send_cq, (*ibqp).recv_cq) };
+    for (i, ibcq) in [send, recv].into_iter().enumerate() {
+        if ibcq.is_null() || (i == 1 && ibcq == send) {
+            continue;
+        }
+        let cq = outer::<_, Cq>(ibcq);
+        // SAFETY: a live Cq (contract). A poll session of this thread open on it keeps it.
+        let _ = unsafe { &(*cq).ring }.with(Owner::current(), |s| {
+            s.ring.discard_where(|e| e.qp_num == qpn)
+        });
+    }
 }
 
 unsafe extern "C" fn destroy_qp(ibqp: *mut sys::ibv_qp) -> c_int {

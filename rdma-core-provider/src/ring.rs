@@ -357,6 +357,36 @@ impl<M: RingMemory> Consumer<M> {
         Ok(Some(entry))
     }
 
+    /// Removes the entries published and not yet handed out for which `doomed` holds,
+    /// keeping the others in order (what a QP reset does to its completions, as libmlx5's
+    /// `mlx5_cq_clean`): the kept ones move towards the newest, and `consumer` moves past the
+    /// slots freed. The producer writes only beyond what it published, so the slots swept are
+    /// ours. Returns how many went. Not within a session ([`Consumer::take`]'s entries out).
+    pub fn discard_where(
+        &mut self,
+        mut doomed: impl FnMut(&M::Entry) -> bool,
+    ) -> Result<u32, Corrupt> {
+        let avail = self.available()?;
+        let first = self.tail.wrapping_add(self.taken);
+        let mut removed = 0u32;
+        for i in (0..avail).rev() {
+            let index = first.wrapping_add(i);
+            let e = self.ring.read_entry(index);
+            if doomed(&e) {
+                removed += 1;
+            } else if removed != 0 {
+                self.ring.write_entry(index.wrapping_add(removed), &e);
+            }
+        }
+        if removed != 0 {
+            // The kept entries now start `removed` slots later; any taken ones still precede
+            // them (none outside a session).
+            self.tail = self.tail.wrapping_add(removed);
+            self.ring.store_consumer(self.tail);
+        }
+        Ok(removed)
+    }
+
     /// Frees the slots of the entries [`Consumer::take`] handed out (one release store of
     /// `consumer`, none if there are none: the extended CQ's `end_poll`); returns how many.
     pub fn release(&mut self) -> u32 {
@@ -621,6 +651,32 @@ mod tests {
         // Exactly full is fine.
         ring.producer.set(5);
         assert_eq!(c.poll(16, |_| ()), Ok(4));
+    }
+
+    #[test]
+    fn discard_keeps_the_others_in_order_across_the_wrap() {
+        let start = u32::MAX - 2;
+        let ring = VecRing::new(8, 0u32, start);
+        let mut c = Consumer::new(&ring).unwrap();
+        // Six published: odd ones belong to the QP being reset.
+        for i in 0..6u32 {
+            (&ring).write_entry(start.wrapping_add(i), &(100 + i));
+        }
+        ring.producer.set(start.wrapping_add(6));
+        assert_eq!(c.discard_where(|e| e % 2 == 1), Ok(3));
+        assert_eq!(ring.consumer.get(), start.wrapping_add(3));
+        let mut got = Vec::new();
+        assert_eq!(c.poll(16, |e| got.push(e)), Ok(3));
+        assert_eq!(got, [100, 102, 104]);
+        // Nothing to remove: no store; an empty ring: none either.
+        let stores = ring.consumer_stores.get();
+        (&ring).write_entry(start.wrapping_add(6), &7);
+        ring.producer.set(start.wrapping_add(7));
+        assert_eq!(c.discard_where(|e| *e == 8), Ok(0));
+        assert_eq!(ring.consumer_stores.get(), stores);
+        assert_eq!(c.discard_where(|_| true), Ok(1));
+        assert_eq!(c.discard_where(|_| true), Ok(0));
+        assert_eq!(c.poll(16, |_| ()), Ok(0));
     }
 
     #[test]
