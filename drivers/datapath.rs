@@ -43,6 +43,7 @@
 
 use crate::{
     counters::{Counter, Counters, COUNTED_PATHS, PATH_COUNTERS},
+    mw::WindowError,
     net::{NodeAddr, RxBuf},
     sys::{
         bhlock::{new_spinlock_bh, SpinLockBh, SpinLockBhGuard},
@@ -61,6 +62,7 @@ use crate::{
     verbs::{self, Cqe, Qp, QpAttrs, QpState, SendWqe, Verbs},
     verbs_core::{
         ib::{access, wc_opcode, wc_status, WC_WITH_IMM},
+        mw::MwError,
         wqe::{self as vwqe, judge_recv, judge_send, Judged, Payload, SendOp, SendWork},
     },
 };
@@ -1310,7 +1312,7 @@ impl Engine {
             if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
                 // Failed before this round: its transport flushes come out of this round.
                 let failed_before = slot.failed;
-                let fed = Self::feed(conn, slot, sid, now);
+                let fed = Self::feed(&self.verbs, conn, slot, sid, now);
                 if fed == Fed::RingError {
                     self.counters.inc(Counter::RingErrors);
                 }
@@ -1338,7 +1340,7 @@ impl Engine {
     /// flushes with the others, after what the transport held for the QP: that flushes as
     /// the run's next round delivers its completions, and the rings wait for a feed after
     /// that ([`QpSlot::failed`]).
-    fn feed(conn: &mut Conn, slot: &mut QpSlot, sid: StreamId, now: u64) -> Fed {
+    fn feed(verbs: &Verbs, conn: &mut Conn, slot: &mut QpSlot, sid: StreamId, now: u64) -> Fed {
         let QpSlot { qp, failed, .. } = slot;
         let Some(qp) = qp.as_ref() else {
             return Fed::Done;
@@ -1412,6 +1414,24 @@ impl Engine {
                     break;
                 }
             };
+            // A bind or a local invalidate: carried out once every WQE before it has
+            // completed, so that its completion follows theirs (it sends nothing).
+            if let Some(w) = work.filter(|w| w.op.is_local()) {
+                if conn.send_outstanding(sid) != 0 {
+                    conn.want_send_drained(sid);
+                    break;
+                }
+                inner.queues.sq.pop();
+                if !Self::local_op(verbs, qp, &w) {
+                    // Refused: completed in error, and the QP fails (what follows flushes).
+                    inner.state = QpState::Err;
+                    drop(inner);
+                    let _ = conn.fail_stream(sid);
+                    *failed = true;
+                    return Fed::Again;
+                }
+                continue;
+            }
             let stash = match &work {
                 Some(w) => stash_inline(&mut inner, &wqe, w, qp.qpn, conn.stream_stats(sid)),
                 None => Stash::NotInline,
@@ -1456,6 +1476,34 @@ impl Engine {
             return Fed::RingError;
         }
         Fed::Done
+    }
+
+    /// Carries out the bind or local invalidate `w` of `qp` (`mw.rs`) and completes it: with
+    /// a CQE if it is signaled, or in error (`IB_WC_MW_BIND_ERR`, `IB_WC_LOC_QP_OP_ERR`, as
+    /// rxe) always. Returns whether it succeeded.
+    fn local_op(verbs: &Verbs, qp: &Qp, w: &SendWork) -> bool {
+        let (done, opcode, error) = match (w.op, w.bind) {
+            (SendOp::BindMw, Some(b)) => (
+                verbs.bind_mw(qp.pd, qp.qpn, &b),
+                wc_opcode::BIND_MW,
+                wc_status::MW_BIND_ERR,
+            ),
+            _ => (
+                verbs.invalidate_mw(qp.pd, w.rkey),
+                wc_opcode::LOCAL_INV,
+                wc_status::LOC_QP_OP_ERR,
+            ),
+        };
+        let status = if done.is_ok() {
+            wc_status::SUCCESS
+        } else {
+            error
+        };
+        if w.signaled || done.is_err() {
+            let cqe = Cqe::status_only(w.wr_id, status, opcode, qp.qpn);
+            qp.send_cq.complete(&cqe, false);
+        }
+        done.is_ok()
     }
 
     /// Processes the receive queue (softirq, or a receive thread).
@@ -1517,7 +1565,7 @@ impl Engine {
             let dst = Packet::peek_recv_qp(data).and_then(|qpn| conn.stream_by_qp(qpn));
             if let Some(sid) = dst {
                 if let Some(slot) = qps.get_mut(usize::from(sid.0)) {
-                    let fed = Self::feed(conn, slot, sid, now);
+                    let fed = Self::feed(&self.verbs, conn, slot, sid, now);
                     if fed == Fed::RingError {
                         self.counters.inc(Counter::RingErrors);
                     }
@@ -1784,22 +1832,34 @@ impl<'a> Mem<'a> {
             .map_err(access_error)
     }
 
-    /// `f` applied to the MR `rkey` names, if it is in QP `qpn`'s protection domain and the
-    /// QP grants `right` (an `IB_ACCESS_REMOTE_*` flag; the MR's own rights are checked on
-    /// access).
+    /// `f` applied to what `rkey` reaches for `len` bytes at `va`, if the QP `qpn` grants
+    /// `right` (an `IB_ACCESS_REMOTE_*` flag): an MR of the QP's protection domain, with `va`
+    /// and `right` (the MR's own rights are checked on access); or, through a memory window
+    /// (`mw.rs`), its MR with the address in it and the right the MR itself needs.
     fn remote_mr<R>(
         &mut self,
         qpn: u32,
         rkey: u32,
-        right: u32,
-        f: impl FnOnce(&verbs::Mr) -> Result<R, verbs::MrError>,
+        (va, len, right): (u64, u64, u32),
+        f: impl FnOnce(&verbs::Mr, u64, u32) -> Result<R, verbs::MrError>,
     ) -> Result<R, AccessError> {
         let r = self.rights(qpn)?;
         if r.access & right != right {
             return Err(AccessError::Permission);
         }
+        if rkey & verbs::MW_KEY_BIT != 0 && rkey != verbs::INLINE_LKEY {
+            return self
+                .verbs
+                .with_window(rkey, r.pd, qpn, (va, len, right), f)
+                .map_err(|e| match e {
+                    WindowError::Window(MwError::Bounds) => AccessError::Bounds,
+                    WindowError::Window(MwError::Rights) => AccessError::Permission,
+                    WindowError::Mr(e) => access_error(e),
+                    WindowError::Window(_) | WindowError::NoMr => AccessError::Key,
+                });
+        }
         self.verbs
-            .with_mr(rkey, Some(r.pd), f)
+            .with_mr(rkey, Some(r.pd), |mr| f(mr, va, right))
             .ok_or(AccessError::Key)?
             .map_err(access_error)
     }
@@ -1859,7 +1919,9 @@ impl Memory for Mem<'_> {
         access: Access,
     ) -> Result<(), AccessError> {
         let right = remote_right(access);
-        self.remote_mr(qp, rkey, right, |mr| mr.check(va, u64::from(len), right))
+        self.remote_mr(qp, rkey, (va, u64::from(len), right), |mr, va, right| {
+            mr.check(va, u64::from(len), right)
+        })
     }
 
     fn write_remote(
@@ -1870,7 +1932,10 @@ impl Memory for Mem<'_> {
         data: &[u8],
     ) -> Result<(), AccessError> {
         let right = access::REMOTE_WRITE;
-        self.remote_mr(qp, rkey, right, |mr| mr.write(va, data, right))
+        let len = data.len() as u64;
+        self.remote_mr(qp, rkey, (va, len, right), |mr, va, right| {
+            mr.write(va, data, right)
+        })
     }
 
     fn read_remote(
@@ -1881,7 +1946,10 @@ impl Memory for Mem<'_> {
         out: &mut [u8],
     ) -> Result<(), AccessError> {
         let right = access::REMOTE_READ;
-        self.remote_mr(qp, rkey, right, |mr| mr.read(va, out, right))
+        let len = out.len() as u64;
+        self.remote_mr(qp, rkey, (va, len, right), |mr, va, right| {
+            mr.read(va, out, right)
+        })
     }
 
     fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {
@@ -1923,7 +1991,9 @@ impl Memory for Mem<'_> {
             return Err(AccessError::Alignment);
         }
         let right = access::REMOTE_ATOMIC;
-        self.remote_mr(qp, rkey, right, |mr| mr.atomic(va, |old| op.apply(old)))
+        self.remote_mr(qp, rkey, (va, 8, right), |mr, va, right| {
+            mr.atomic(va, right, |old| op.apply(old))
+        })
     }
 }
 
@@ -2009,6 +2079,8 @@ fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
         SendOp::RdmaRead => WrOpcode::RdmaRead,
         SendOp::CmpSwap => WrOpcode::CmpSwap,
         SendOp::FetchAdd => WrOpcode::FetchAdd,
+        // Carried out by the feeder (`Engine::local_op`), never by the transport.
+        SendOp::BindMw | SendOp::LocalInv => return None,
     };
     let mut t = stream::SendWqe::new(w.wr_id, opcode, local).remote(w.remote_addr, w.rkey);
     if let Some(imm) = w.imm {

@@ -12,6 +12,7 @@ mod counters;
 mod datapath;
 mod device;
 mod gsi;
+mod mw;
 mod net;
 mod ops;
 mod sys;

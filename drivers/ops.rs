@@ -14,12 +14,13 @@ use crate::sys::{
     KERNEL_LKEY,
 };
 use crate::verbs::{
-    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelWc, Mr, Qp, QpParts, QpQueues,
-    QpState, Srq,
+    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelWc, Mr, Mw, MwObject, Qp,
+    QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
 };
 use crate::verbs_core::{
     ib::{self, access, QpType},
     mr::{judge_rereg, MrShape, Rereg, ReregError},
+    mw::{mw_type, MwState},
     qp::{modify_is_ok, ModifyAttr},
     udata::{self, DvModify},
 };
@@ -47,6 +48,7 @@ impl VerbsOps for MetaRoceOps {
     type Srq = Arc<Srq>;
     type Qp = QpObject;
     type Mr = Arc<Mr>;
+    type Mw = MwObject;
 
     fn create_cq(
         dev: &DeviceCtx<'_>,
@@ -88,7 +90,12 @@ impl VerbsOps for MetaRoceOps {
         Ok((cq, entries))
     }
 
-    fn resize_user_cq(_dev: &DeviceCtx<'_>, cq: &Arc<Cq>, cqe: u32, udata: &Udata<'_>) -> Result<u32> {
+    fn resize_user_cq(
+        _dev: &DeviceCtx<'_>,
+        cq: &Arc<Cq>,
+        cqe: u32,
+        udata: &Udata<'_>,
+    ) -> Result<u32> {
         if !(1..=limits::MAX_CQE).contains(&cqe) {
             return Err(EINVAL);
         }
@@ -279,6 +286,41 @@ impl VerbsOps for MetaRoceOps {
         };
         drop(removed);
         drop(mr);
+    }
+
+    /// An unbound window of a random key byte, in the key space above the MRs'
+    /// (`MW_KEY_BIT`).
+    fn alloc_mw(dev: &DeviceCtx<'_>, pd: usize, kind: u32) -> Result<(MwObject, u32)> {
+        if kind != mw_type::ONE && kind != mw_type::TWO {
+            return Err(EINVAL);
+        }
+        let number = reserve_in(&dev.verbs.mws, 0)?;
+        let rkey = number | MW_KEY_BIT;
+        let state = MwState {
+            kind,
+            pd,
+            rkey,
+            binding: None,
+        };
+        match Arc::new(Mw { state }, GFP_KERNEL) {
+            Ok(mw) => {
+                dev.verbs.mws.lock().insert(number, mw);
+                Ok((MwObject { index: number >> 8 }, rkey))
+            }
+            Err(e) => {
+                dev.verbs.mws.lock().remove(number);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn dealloc_mw(dev: &DeviceCtx<'_>, mw: MwObject) {
+        let mut t = dev.verbs.mws.lock();
+        // Whatever key byte its binds gave it: the slot is the window's.
+        let number = t.at(mw.index).map(|(n, _)| n);
+        let removed = number.and_then(|n| t.remove(n));
+        drop(t);
+        drop(removed);
     }
 
     fn create_qp(

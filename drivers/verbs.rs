@@ -24,6 +24,7 @@ pub(crate) use crate::verbs_core::{
     caps::{limits, Caps},
     ib::QpState,
     mr::MrShape,
+    mw::MwState,
     qp::{QpAttrs, QpChange},
     wqe::INLINE_LKEY,
 };
@@ -126,12 +127,38 @@ impl Mr {
         self.mem.read(off, out).map_err(|_| MrError::Bounds)
     }
 
-    /// An atomic on the 8-byte word at `va`; returns the old value.
-    pub(crate) fn atomic(&self, va: u64, op: impl Fn(u64) -> u64) -> Result<u64, MrError> {
-        self.allow(crate::verbs_core::ib::access::REMOTE_ATOMIC)?;
+    /// An atomic on the 8-byte word at `va` (with `needed` the right it takes: remote
+    /// atomic, or local write through a window); returns the old value.
+    pub(crate) fn atomic(
+        &self,
+        va: u64,
+        needed: u32,
+        op: impl Fn(u64) -> u64,
+    ) -> Result<u64, MrError> {
+        self.allow(needed)?;
         let off = self.offset(va, 8)?;
         self.mem.atomic(off, op).map_err(|_| MrError::Bounds)
     }
+}
+
+/// The bit that marks a memory window's key: MR keys stay below it (`MAX_MR` << 8), so the
+/// data path tells the two apart by the key alone; a window's table number is its key without
+/// it. `INLINE_LKEY` has it too, but names no window (beyond `MAX_MW`).
+pub(crate) const MW_KEY_BIT: u32 = 1 << 31;
+const _: () = assert!((limits::MAX_MR as u64) << 8 <= MW_KEY_BIT as u64);
+const _: () = assert!((limits::MAX_MW as u64) << 8 < (INLINE_LKEY & !MW_KEY_BIT) as u64);
+
+/// A memory window, as it is now: bound or not. Immutable: a bind or an invalidate puts a new
+/// one in its table slot (under the table's lock). It holds the MR by key, not by reference:
+/// an access through it finds the MR as any access does, so a window outliving its MR's
+/// deregistration reaches nothing (and holds no pages).
+pub(crate) struct Mw {
+    pub(crate) state: MwState,
+}
+
+/// What the core's `ib_mw` carries: the window's table index.
+pub(crate) struct MwObject {
+    pub(crate) index: u32,
 }
 
 /// A table of objects by a 24-bit index; keys and numbers carry the index in their upper bits
@@ -273,6 +300,35 @@ impl<T> Table<T> {
         match self.slots.get_mut((number >> 8) as usize) {
             Some(Slot::Live(n, old)) if *n == number => Ok(core::mem::replace(old, obj)),
             _ => Err(obj),
+        }
+    }
+
+    /// Puts `obj` in the place of `number`'s object under the number `renumbered` (the same
+    /// index, another key byte: a window's bind), returning the object it replaces; or `obj`
+    /// back when `number` holds none.
+    pub(crate) fn update(
+        &mut self,
+        number: u32,
+        renumbered: u32,
+        obj: Arc<T>,
+    ) -> Result<Arc<T>, Arc<T>> {
+        if renumbered >> 8 != number >> 8 {
+            return Err(obj);
+        }
+        match self.slots.get_mut((number >> 8) as usize) {
+            Some(Slot::Live(n, old)) if *n == number => {
+                *n = renumbered;
+                Ok(core::mem::replace(old, obj))
+            }
+            _ => Err(obj),
+        }
+    }
+
+    /// The number and object in slot `index`, if it holds one.
+    pub(crate) fn at(&self, index: u32) -> Option<(u32, &Arc<T>)> {
+        match self.slots.get(index as usize)? {
+            Slot::Live(n, obj) => Some((*n, obj)),
+            _ => None,
         }
     }
 
@@ -920,6 +976,9 @@ pub(crate) struct Verbs {
     /// As `mrs`.
     #[pin]
     pub(crate) qps: SpinLockBh<Table<Qp>>,
+    /// Memory windows, by key without `MW_KEY_BIT` (read by the data path as `mrs`).
+    #[pin]
+    pub(crate) mws: SpinLockBh<Table<Mw>>,
     #[pin]
     pub(crate) srqs: Mutex<Table<Srq>>,
     pub(crate) cqs: AtomicU32,
@@ -931,6 +990,7 @@ impl Verbs {
         pin_init!(Verbs {
             mrs <- new_spinlock_bh!(Table::with_random_keys(limits::MAX_MR), "metaroce_mrs"),
             qps <- new_spinlock_bh!(Table::new(limits::MAX_QP), "metaroce_qps"),
+            mws <- new_spinlock_bh!(Table::with_random_keys(limits::MAX_MW), "metaroce_mws"),
             srqs <- new_mutex!(Table::new(limits::MAX_SRQ), "metaroce_srqs"),
             cqs: AtomicU32::new(0),
             pds: AtomicU32::new(0),
@@ -944,6 +1004,32 @@ impl Verbs {
             .lock()
             .with(qpn, |qp| (qp.qpn == qpn).then(|| f(qp)))
             .flatten()
+    }
+
+    /// The window `key` names as it is now (a copy, taken under the table's lock).
+    pub(crate) fn mw(&self, key: u32) -> Option<MwState> {
+        if key & MW_KEY_BIT == 0 {
+            return None;
+        }
+        let number = key & !MW_KEY_BIT;
+        self.mws
+            .lock()
+            .with(number, |mw| mw.state)
+            .filter(|s| s.rkey == key)
+    }
+
+    /// Replaces window `key`'s state with `state` (its rkey may differ in its low byte): false
+    /// if `key` names no window now (freed, or bound again meanwhile).
+    pub(crate) fn set_mw(&self, key: u32, state: MwState) -> bool {
+        let Ok(mw) = Arc::new(Mw { state }, GFP_ATOMIC) else {
+            return false;
+        };
+        let res = self
+            .mws
+            .lock()
+            .update(key & !MW_KEY_BIT, state.rkey & !MW_KEY_BIT, mw);
+        // The replaced one (or ours) goes after the lock: windows hold no pages.
+        res.is_ok()
     }
 
     /// `f` applied to the MR that `key` names if it belongs to `pd` (or any PD when `pd` is

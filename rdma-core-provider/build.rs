@@ -176,7 +176,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output:
         "--allowlist-function",
         "verbs_register_driver_[0-9]+|_verbs_init_and_alloc_context|verbs_uninit_context|\
          verbs_set_ops|ibv_cmd_get_context|ibv_cmd_query_device_any|ibv_cmd_query_port|\
-         ibv_cmd_(alloc|dealloc)_pd|ibv_cmd_(reg|rereg|dereg)_mr|ibv_cmd_(create|destroy|resize)_cq|\
+         ibv_cmd_(alloc|dealloc)_(pd|mw)|ibv_cmd_(reg|rereg|dereg)_mr|ibv_cmd_(create|destroy|resize)_cq|\
          ibv_cmd_req_notify_cq|ibv_cmd_(create|query|modify|destroy)_qp|\
          ibv_cmd_(create|query|modify|destroy)_srq|ibv_cmd_modify_qp_ex|ibv_cmd_create_cq_ex|\
          ibv_cmd_create_qp_ex|metaroce_dv_.*|\
@@ -185,7 +185,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output:
     cmd.args([
         "--allowlist-type",
         "verbs_device_ops|verbs_device|verbs_sysfs_dev|verbs_context|verbs_context_ops|\
-         verbs_match_ent|metaroce_.*|ibv_get_context|ib_uverbs_get_context_resp|ibv_query_port|\
+         verbs_match_ent|metaroce_.*|ibv_get_context|ib_uverbs_get_context_resp|ibv_alloc_mw|ib_uverbs_alloc_mw_resp|ibv_mw_type|ibv_mw_bind|ibv_access_flags|ibv_query_port|\
          ib_uverbs_ex_query_device_resp|ibv_device_attr_ex|ibv_alloc_pd|ib_uverbs_alloc_pd_resp|\
          ibv_(re)?reg_mr|ib_uverbs_(re)?reg_mr_resp|verbs_mr|verbs_cq|verbs_qp|verbs_srq|ibv_(create|resize)_cq|\
          ibv_create_qp|ibv_query_qp|ibv_modify_qp|ibv_create_srq|ibv_modify_srq|ibv_query_srq|\

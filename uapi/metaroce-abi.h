@@ -98,6 +98,17 @@ struct metaroce_send_wqe {
 };
 
 /*
+ * Memory windows (RC QPs). IBV_WR_BIND_MW (also what ibv_bind_mw posts for a type 1 window):
+ * rkey is the window's rkey now, imm_data its new rkey (host order; only the low byte may
+ * differ), remote_addr the window's address, compare_add its length (0: unbind, type 1 only),
+ * swap the rights (IBV_ACCESS_*) in its high half and the MR's lkey in its low half.
+ * IBV_WR_LOCAL_INV: imm_data is the rkey to invalidate (host order: invalidate_rkey). Neither
+ * carries data: num_sge and inline_len are 0. The device carries them out once every WQE
+ * posted before has completed; they complete with IBV_WC_BIND_MW / IBV_WC_LOCAL_INV, or with
+ * IBV_WC_MW_BIND_ERR / IBV_WC_LOC_QP_OP_ERR, and the QP goes to the error state.
+ */
+
+/*
  * UD QPs. A send WQE of a UD QP names its destination in its 32 bytes from remote_addr on,
  * which are then read as struct metaroce_ud_av (remote_addr, rkey, reserved1, compare_add and
  * swap mean nothing on UD): the address handle's destination GID (RoCE v2: an IPv4-mapped or

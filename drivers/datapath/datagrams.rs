@@ -180,7 +180,13 @@ impl Engine {
                 // A datagram that does not leave is lost, as on any UD QP (the MAD layer
                 // retries); each leaves from a random source port, so that the MAD layer's
                 // retries take other ECMP routes.
-                self.send_on(plane, &dst, super::random_port(), false, scratch.get(..len)?);
+                self.send_on(
+                    plane,
+                    &dst,
+                    super::random_port(),
+                    false,
+                    scratch.get(..len)?,
+                );
                 Some(())
             });
             if sent.is_some() {

@@ -8,7 +8,7 @@
 
 use super::bindings as b;
 use crate::verbs_core::{
-    abi, caps::Caps, ib, mr, qp::AddressVector, qp::ModifyAttr, qp::QpAttrs, udata,
+    abi, caps::Caps, ib, mr, mw, qp::AddressVector, qp::ModifyAttr, qp::QpAttrs, udata,
 };
 use core::mem::{offset_of, size_of};
 
@@ -60,6 +60,8 @@ same! {
     ib::wr_opcode::RDMA_READ => b::ib_wr_opcode_IB_WR_RDMA_READ,
     ib::wr_opcode::ATOMIC_CMP_AND_SWP => b::ib_wr_opcode_IB_WR_ATOMIC_CMP_AND_SWP,
     ib::wr_opcode::ATOMIC_FETCH_AND_ADD => b::ib_wr_opcode_IB_WR_ATOMIC_FETCH_AND_ADD,
+    ib::wr_opcode::LOCAL_INV => b::ib_wr_opcode_IB_WR_LOCAL_INV,
+    ib::wr_opcode::BIND_MW => b::ib_uverbs_wr_opcode_IB_UVERBS_WR_BIND_MW,
     ib::send_flags::FENCE => b::ib_send_flags_IB_SEND_FENCE,
     ib::send_flags::SIGNALED => b::ib_send_flags_IB_SEND_SIGNALED,
     ib::send_flags::SOLICITED => b::ib_send_flags_IB_SEND_SOLICITED,
@@ -69,6 +71,10 @@ same! {
     ib::access::REMOTE_WRITE => b::ib_access_flags_IB_ACCESS_REMOTE_WRITE,
     ib::access::REMOTE_READ => b::ib_access_flags_IB_ACCESS_REMOTE_READ,
     ib::access::REMOTE_ATOMIC => b::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC,
+    ib::access::MW_BIND => b::ib_access_flags_IB_ACCESS_MW_BIND,
+    ib::access::ZERO_BASED => b::ib_access_flags_IB_ZERO_BASED,
+    mw::mw_type::ONE => b::ib_mw_type_IB_MW_TYPE_1,
+    mw::mw_type::TWO => b::ib_mw_type_IB_MW_TYPE_2,
     ib::srq_type::BASIC => b::ib_srq_type_IB_SRQT_BASIC,
     mr::rereg::TRANS => b::ib_mr_rereg_flags_IB_MR_REREG_TRANS,
     mr::rereg::PD => b::ib_mr_rereg_flags_IB_MR_REREG_PD,
@@ -85,6 +91,7 @@ same! {
     ib::wc_status::LOC_QP_OP_ERR => b::ib_wc_status_IB_WC_LOC_QP_OP_ERR,
     ib::wc_status::LOC_PROT_ERR => b::ib_wc_status_IB_WC_LOC_PROT_ERR,
     ib::wc_status::WR_FLUSH_ERR => b::ib_wc_status_IB_WC_WR_FLUSH_ERR,
+    ib::wc_status::MW_BIND_ERR => b::ib_wc_status_IB_WC_MW_BIND_ERR,
     ib::wc_status::REM_INV_REQ_ERR => b::ib_wc_status_IB_WC_REM_INV_REQ_ERR,
     ib::wc_status::REM_ACCESS_ERR => b::ib_wc_status_IB_WC_REM_ACCESS_ERR,
     ib::wc_status::REM_OP_ERR => b::ib_wc_status_IB_WC_REM_OP_ERR,
@@ -95,6 +102,8 @@ same! {
     ib::wc_opcode::RDMA_READ => b::ib_wc_opcode_IB_WC_RDMA_READ,
     ib::wc_opcode::COMP_SWAP => b::ib_wc_opcode_IB_WC_COMP_SWAP,
     ib::wc_opcode::FETCH_ADD => b::ib_wc_opcode_IB_WC_FETCH_ADD,
+    ib::wc_opcode::BIND_MW => b::ib_wc_opcode_IB_WC_BIND_MW,
+    ib::wc_opcode::LOCAL_INV => b::ib_wc_opcode_IB_WC_LOCAL_INV,
     ib::wc_opcode::RECV => b::ib_wc_opcode_IB_WC_RECV,
     ib::wc_opcode::RECV_RDMA_WITH_IMM => b::ib_wc_opcode_IB_WC_RECV_RDMA_WITH_IMM,
     ib::kernel_wc_flags::GRH => b::ib_wc_flags_IB_WC_GRH,

@@ -452,7 +452,12 @@ fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
     attr.max_res_rd_atom = limits::MAX_RD_ATOM * limits::MAX_QP;
     attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
     attr.max_fast_reg_page_list_len = 0;
-    attr.device_cap_flags = bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN as u64;
+    attr.max_mw = limits::MAX_MW;
+    // Memory windows of type 1 and 2B (`verbs_core::mw`).
+    attr.device_cap_flags = (bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN
+        | bindings::ib_device_cap_flags_IB_DEVICE_MEM_WINDOW
+        | bindings::ib_device_cap_flags_IB_DEVICE_MEM_WINDOW_TYPE_2B)
+        as u64;
     // `rdma link delete` may remove the device, as it may any soft device's.
     attr.kernel_cap_flags = u64::from(bindings::ib_kernel_cap_flags_IBK_ALLOW_USER_UNREG)
         | u64::from(bindings::ib_kernel_cap_flags_IBK_LOCAL_DMA_LKEY);

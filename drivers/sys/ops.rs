@@ -160,6 +160,8 @@ pub(crate) trait VerbsOps: 'static {
     type Qp: Send + Sync;
     /// What an `ib_mr` carries.
     type Mr: Send + Sync;
+    /// What an `ib_mw` carries.
+    type Mw: Send + Sync;
 
     /// `create_cq` of `cqe` entries (a user's when `udata` is given, else a kernel consumer's):
     /// the CQ and the entries it has. `notifier` raises its events.
@@ -175,7 +177,12 @@ pub(crate) trait VerbsOps: 'static {
 
     /// `ibv_resize_cq` of a user CQ to at least `cqe` entries: the entries it has now (what
     /// the core reports as `cqe`).
-    fn resize_user_cq(_dev: &DeviceCtx<'_>, _cq: &Self::Cq, _cqe: u32, _udata: &Udata<'_>) -> Result<u32> {
+    fn resize_user_cq(
+        _dev: &DeviceCtx<'_>,
+        _cq: &Self::Cq,
+        _cqe: u32,
+        _udata: &Udata<'_>,
+    ) -> Result<u32> {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 
@@ -236,6 +243,17 @@ pub(crate) trait VerbsOps: 'static {
 
     /// `dereg_mr` of the MR with `key` (its object, None for a DMA MR).
     fn dereg_mr(dev: &DeviceCtx<'_>, mr: Option<Self::Mr>, key: u32);
+
+    /// `ibv_alloc_mw` of type `kind` (`IB_MW_TYPE_1` or `_2`: the core refuses others) in
+    /// the PD `pd`: the window and its rkey.
+    fn alloc_mw(_dev: &DeviceCtx<'_>, _pd: usize, _kind: u32) -> Result<(Self::Mw, u32)> {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// `ibv_dealloc_mw`: the window goes, unbound.
+    fn dealloc_mw(_dev: &DeviceCtx<'_>, _mw: Self::Mw) {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 
     /// `create_qp` (a user's when `udata` is given, else a kernel consumer's). `events`
     /// raises the QP's asynchronous events until its destroy begins.
@@ -371,6 +389,14 @@ struct MetaMr<T: VerbsOps> {
     mr: Option<T::Mr>,
 }
 
+/// Memory windows: the core allocates them (`size_ib_mw`, zeroed) and frees them after
+/// `dealloc_mw`.
+#[repr(C)]
+struct MetaMw<T: VerbsOps> {
+    ibmw: bindings::ib_mw,
+    mw: Option<T::Mw>,
+}
+
 /// The object behind a core object, if the driver's create succeeded.
 ///
 /// Every create trampoline writes its slot empty before anything else (the core's allocation
@@ -423,6 +449,11 @@ pub(super) fn fill<T: VerbsOps + 'static>(ops: &mut bindings::ib_device_ops) {
     }
     if T::HAS_GET_DMA_MR {
         ops.get_dma_mr = Some(get_dma_mr::<T>);
+    }
+    if T::HAS_ALLOC_MW {
+        ops.alloc_mw = Some(alloc_mw::<T>);
+        ops.dealloc_mw = Some(dealloc_mw::<T>);
+        ops.size_ib_mw = size_of::<MetaMw<T>>();
     }
     ops.create_qp = Some(create_qp::<T>);
     ops.modify_qp = Some(modify_qp::<T>);
@@ -489,7 +520,13 @@ unsafe extern "C" fn resize_user_cq<T: VerbsOps>(
     udata: *mut bindings::ib_udata,
 ) -> c_int {
     // SAFETY: per the contract.
-    let (dev, cq, udata) = unsafe { (ctx((*ibcq).device), cq_of::<T>(ibcq), Udata::from_raw(udata)) };
+    let (dev, cq, udata) = unsafe {
+        (
+            ctx((*ibcq).device),
+            cq_of::<T>(ibcq),
+            Udata::from_raw(udata),
+        )
+    };
     let (Some(cq), Some(udata)) = (cq, udata) else {
         return EINVAL.to_errno();
     };
@@ -814,6 +851,49 @@ unsafe extern "C" fn dereg_mr<T: VerbsOps>(
     };
     let key = meta.ibmr.lkey;
     T::dereg_mr(&dev, meta.mr.take(), key);
+    0
+}
+
+// ---- MW ----
+
+/// # Safety
+///
+/// Called only by the RDMA core (`ibv_alloc_mw`) with a window it allocated (`size_ib_mw`,
+/// zeroed) whose `device`, `pd` and `type` are set, the PD live for the call.
+unsafe extern "C" fn alloc_mw<T: VerbsOps>(
+    ibmw: *mut bindings::ib_mw,
+    _udata: *mut bindings::ib_udata,
+) -> c_int {
+    const { assert!(offset_of!(MetaMw<T>, ibmw) == 0) };
+    let meta = ibmw.cast::<MetaMw<T>>();
+    // SAFETY: the core's allocation of our size, being created; zero bytes need not be a
+    // valid `Option` of the driver's type, so the slot is written first.
+    unsafe { ptr::addr_of_mut!((*meta).mw).write(None) };
+    // SAFETY: per the contract.
+    let (dev, pd, kind) = unsafe { (ctx((*ibmw).device), (*ibmw).pd as usize, (*ibmw).type_) };
+    match T::alloc_mw(&dev, pd, kind) {
+        Ok((mw, rkey)) => {
+            // SAFETY: as above; the core reads `rkey` for its response.
+            unsafe {
+                (*ibmw).rkey = rkey;
+                (*meta).mw = Some(mw);
+            }
+            0
+        }
+        Err(e) => e.to_errno(),
+    }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a window we allocated, once; it frees the allocation
+/// after.
+unsafe extern "C" fn dealloc_mw<T: VerbsOps>(ibmw: *mut bindings::ib_mw) -> c_int {
+    // SAFETY: per the contract: our allocation, with its slot written by `alloc_mw`.
+    let (dev, mw) = unsafe { (ctx((*ibmw).device), (*ibmw.cast::<MetaMw<T>>()).mw.take()) };
+    if let Some(mw) = mw {
+        T::dealloc_mw(&dev, mw);
+    }
     0
 }
 

@@ -464,6 +464,13 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 		fill(hdr, &resp, sizeof(resp));
 		return count;
 	}
+	case IB_USER_VERBS_CMD_ALLOC_MW: {
+		struct ib_uverbs_alloc_mw_resp resp = { .mw_handle = 1, .rkey = 0x80000100 };
+
+		fill(hdr, &resp, sizeof(resp));
+		return count;
+	}
+	case IB_USER_VERBS_CMD_DEALLOC_MW:
 	case IB_USER_VERBS_CMD_DEALLOC_PD:
 	case IB_USER_VERBS_CMD_DEREG_MR:
 	case IB_USER_VERBS_CMD_REQ_NOTIFY_CQ:
@@ -651,7 +658,7 @@ static void check_context_ops(const struct verbs_context_ops *ops)
 	CHECK(ops->post_srq_recv);
 	CHECK(ops->create_ah && ops->destroy_ah);
 	CHECK(ops->resize_cq && !ops->cq_event);
-	CHECK(!ops->alloc_mw && !ops->bind_mw && !ops->dealloc_mw);
+	CHECK(ops->alloc_mw && ops->bind_mw && ops->dealloc_mw);
 	CHECK(!ops->alloc_parent_domain && !ops->open_xrcd && !ops->create_srq_ex);
 	CHECK(!ops->create_wq && !ops->create_flow && !ops->alloc_td);
 }
@@ -1273,7 +1280,7 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(fake_doorbells == 2 && fake_nwqes == 3);
 	/* Unsupported opcode first: nothing posted, no doorbell. */
 	wr[1].num_sge = 1;
-	wr[1].opcode = IBV_WR_LOCAL_INV;
+	wr[1].opcode = IBV_WR_SEND_WITH_INV;
 	CHECK(ibv_post_send(qp, &wr[1], &bad) == EINVAL && bad == &wr[1]);
 	CHECK(fake_doorbells == 2);
 	/* Inline data over the QP's max_inline_data (128). */
@@ -1291,6 +1298,33 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(fake_nwqes == 4 && fake_wqes[3].compare_add == 5 && fake_wqes[3].rkey == 0x2000);
 	CHECK(ibv_poll_cq(cq, 8, wc) == 2);
 	CHECK(wc[0].wr_id == 1 && wc[1].wr_id == 4 && wc[1].opcode == IBV_WC_FETCH_ADD);
+	/* Memory windows: a type 1 bind is a BIND_MW WQE with the window's next rkey, which it
+	 * takes; a LOCAL_INV carries the rkey in imm_data. No data either way. */
+	{
+		struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+		struct ibv_mw_bind mb = {
+			.wr_id = 5, .send_flags = IBV_SEND_SIGNALED,
+			.bind_info = { .mr = mr, .addr = (uintptr_t)buf, .length = 64,
+				       .mw_access_flags = IBV_ACCESS_REMOTE_READ },
+		};
+		struct ibv_send_wr inv = { .wr_id = 6, .opcode = IBV_WR_LOCAL_INV,
+					   .send_flags = IBV_SEND_SIGNALED,
+					   .invalidate_rkey = 0x80000107 };
+
+		CHECK(mw && mw->rkey == 0x80000100 && mw->type == IBV_MW_TYPE_1);
+		CHECK(ibv_bind_mw(qp, mw, &mb) == 0 && mw->rkey == 0x80000101);
+		CHECK(fake_nwqes == 5 && fake_wqes[4].opcode == IBV_WR_BIND_MW);
+		CHECK(fake_wqes[4].rkey == 0x80000100 && fake_wqes[4].imm_data == 0x80000101);
+		CHECK(fake_wqes[4].remote_addr == (uintptr_t)buf && fake_wqes[4].compare_add == 64);
+		CHECK(fake_wqes[4].swap == (((__u64)IBV_ACCESS_REMOTE_READ << 32) | mr->lkey));
+		CHECK(fake_wqes[4].num_sge == 0 && fake_wqes[4].inline_len == 0);
+		CHECK(ibv_post_send(qp, &inv, &bad) == 0);
+		CHECK(fake_nwqes == 6 && fake_wqes[5].imm_data == 0x80000107 && fake_wqes[5].rkey == 0);
+		mb.bind_info.mw_access_flags |= IBV_ACCESS_ZERO_BASED; /* not on type 1 */
+		CHECK(ibv_bind_mw(qp, mw, &mb) == EINVAL && fake_nwqes == 6);
+		CHECK(ibv_poll_cq(cq, 8, wc) == 2 && wc[0].wr_id == 5 && wc[1].wr_id == 6);
+		CHECK(ibv_dealloc_mw(mw) == 0);
+	}
 	check_dv_rings(qp, cq);
 
 	/* A receive completion with immediate data, translated 1:1. */

@@ -118,6 +118,9 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     free_context: Some(free_context),
     alloc_pd: Some(alloc_pd),
     dealloc_pd: Some(dealloc_pd),
+    alloc_mw: Some(alloc_mw),
+    bind_mw: Some(bind_mw),
+    dealloc_mw: Some(dealloc_mw),
     reg_mr: Some(reg_mr),
     rereg_mr: Some(rereg_mr),
     dereg_mr: Some(dereg_mr),
@@ -767,9 +770,42 @@ unsafe fn send_wr_view<'a>(
             (view.remote_addr, view.rkey) = (a.remote_addr, a.rkey);
             (view.compare_add, view.swap) = (a.compare_add, a.swap);
         }
+        Some(wqe::OpClass::Local) if w.opcode == sys::ibv_wr_opcode_IBV_WR_BIND_MW => {
+            // SAFETY: BIND_MW uses the `bind_mw` member: the window and MR are the caller's
+            // live objects (or NULL), read for their keys.
+            let b = unsafe { w.__bindgen_anon_2.bind_mw };
+            bind_view(&mut view, b.mw, b.rkey, &b.bind_info)?;
+        }
         _ => {}
     }
     Ok(view)
+}
+
+/// Fills the fields of a BIND_MW `view` (`wqe::SendWr`): window `mw` (its rkey now), its new
+/// rkey, and what it is bound to (the MR's lkey, address, length and rights). A NULL window
+/// is `EINVAL`; a NULL MR is lkey 0 (a type 1 unbind names none).
+fn bind_view(
+    view: &mut SendWr<'_>,
+    mw: *mut sys::ibv_mw,
+    new_rkey: u32,
+    info: &sys::ibv_mw_bind_info,
+) -> Result<(), PostError> {
+    if mw.is_null() {
+        return Err(PostError::BadOpcode);
+    }
+    // SAFETY: a window of the caller's (non-NULL), live for the call.
+    view.rkey = unsafe { (*mw).rkey };
+    // SAFETY: as above for the MR, when given.
+    let lkey = if info.mr.is_null() {
+        0
+    } else {
+        unsafe { (*info.mr).lkey }
+    };
+    view.imm_data = new_rkey;
+    view.remote_addr = info.addr;
+    view.compare_add = info.length;
+    view.swap = (u64::from(info.mw_access_flags) << 32) | u64::from(lkey);
+    Ok(())
 }
 
 /// `encode_send`'s inline copy: `dst.len()` bytes from the SGE's address.
@@ -955,6 +991,94 @@ unsafe extern "C" fn dealloc_pd(ibpd: *mut sys::ibv_pd) -> c_int {
         if ret == 0 {
             // SAFETY: the Box leaked by alloc_pd; the kernel object is gone.
             drop(unsafe { Box::from_raw(outer::<_, Pd>(ibpd)) });
+        }
+        ret
+    })
+}
+
+/// `ibv_alloc_mw` (type 1 or 2; the kernel refuses others with `EINVAL`): a window of the
+/// kernel's, whose rkey the kernel chose.
+unsafe extern "C" fn alloc_mw(ibpd: *mut sys::ibv_pd, kind: sys::ibv_mw_type) -> *mut sys::ibv_mw {
+    guard(ptr::null_mut(), || {
+        // SAFETY: an all-zero ibv_mw is valid; the command fills it in.
+        let mw: *mut sys::ibv_mw = Box::into_raw(Box::new(unsafe { core::mem::zeroed() }));
+        // SAFETY: all-zero request/response buffers are valid.
+        let mut cmd: sys::ibv_alloc_mw = unsafe { core::mem::zeroed() };
+        let mut resp: sys::ib_uverbs_alloc_mw_resp = unsafe { core::mem::zeroed() };
+        // SAFETY: ibpd as libibverbs passed it; mw and the buffers are ours, of these sizes.
+        let ret = unsafe {
+            sys::ibv_cmd_alloc_mw(
+                ibpd,
+                kind,
+                mw,
+                &mut cmd,
+                size_of::<sys::ibv_alloc_mw>(),
+                &mut resp,
+                size_of::<sys::ib_uverbs_alloc_mw_resp>(),
+            )
+        };
+        if ret != 0 {
+            // SAFETY: the Box made above, never handed out.
+            drop(unsafe { Box::from_raw(mw) });
+            set_errno(ret);
+            return ptr::null_mut();
+        }
+        mw
+    })
+}
+
+unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
+    guard(PANIC_ERRNO, || {
+        // SAFETY: mw came from alloc_mw and is deallocated once.
+        let ret = unsafe { sys::ibv_cmd_dealloc_mw(mw) };
+        if ret == 0 {
+            // SAFETY: the Box leaked by alloc_mw; the kernel object is gone.
+            drop(unsafe { Box::from_raw(mw) });
+        }
+        ret
+    })
+}
+
+/// `ibv_inc_rkey`: the same key with its low byte, the consumer's, moved on.
+fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
+/// `ibv_bind_mw` of a type 1 window (type 2 windows are bound by a BIND_MW work request): a
+/// BIND_MW posted on `ibqp` with the window's next rkey, which the window takes once it is
+/// posted (as rxe's provider; the consumer undoes it if the completion is an error).
+unsafe extern "C" fn bind_mw(
+    ibqp: *mut sys::ibv_qp,
+    mw: *mut sys::ibv_mw,
+    bind: *mut sys::ibv_mw_bind,
+) -> c_int {
+    guard(PANIC_ERRNO, || {
+        if mw.is_null() || bind.is_null() {
+            return sys::EINVAL as c_int;
+        }
+        // SAFETY: the caller's live window and bind request.
+        let (b, rkey, kind) = unsafe { (*bind, (*mw).rkey, (*mw).type_) };
+        if kind != sys::ibv_mw_type_IBV_MW_TYPE_1
+            || b.bind_info.mw_access_flags & sys::ibv_access_flags_IBV_ACCESS_ZERO_BASED != 0
+        {
+            return sys::EINVAL as c_int;
+        }
+        // SAFETY: an all-zero ibv_send_wr is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { core::mem::zeroed() };
+        wr.wr_id = b.wr_id;
+        wr.opcode = sys::ibv_wr_opcode_IBV_WR_BIND_MW;
+        wr.send_flags = b.send_flags;
+        wr.__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw,
+            rkey: inc_rkey(rkey),
+            bind_info: b.bind_info,
+        };
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: ibqp as libibverbs passed it; wr is ours, its window the caller's.
+        let ret = unsafe { post_send(ibqp, &mut wr, &mut bad) };
+        if ret == 0 {
+            // SAFETY: as above.
+            unsafe { (*mw).rkey = inc_rkey(rkey) };
         }
         ret
     })
@@ -1783,7 +1907,7 @@ mod tests {
         // Not implemented: libibverbs answers EOPNOTSUPP.
         assert!(ops.cq_event.is_none());
         assert!(ops.alloc_parent_domain.is_none() && ops.open_xrcd.is_none());
-        assert!(ops.alloc_mw.is_none() && ops.bind_mw.is_none());
+        assert!(ops.alloc_mw.is_some() && ops.bind_mw.is_some() && ops.dealloc_mw.is_some());
     }
 
     /// Ring memory in ordinary (8-aligned) heap memory: the Vec owns it, rings point into it.

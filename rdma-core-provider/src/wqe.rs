@@ -25,6 +25,8 @@ const WR_SEND_WITH_IMM: u32 = sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM;
 const WR_RDMA_READ: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_READ;
 const WR_ATOMIC_CMP_AND_SWP: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_CMP_AND_SWP;
 const WR_ATOMIC_FETCH_AND_ADD: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD;
+const WR_LOCAL_INV: u32 = sys::ibv_wr_opcode_IBV_WR_LOCAL_INV;
+const WR_BIND_MW: u32 = sys::ibv_wr_opcode_IBV_WR_BIND_MW;
 
 /// `IBV_SEND_INLINE`.
 pub const SEND_INLINE: u32 = sys::ibv_send_flags_IBV_SEND_INLINE;
@@ -44,6 +46,8 @@ pub enum OpClass {
     Rdma,
     /// ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD: `wr.atomic`.
     Atomic,
+    /// BIND_MW (`bind_mw`), LOCAL_INV (`invalidate_rkey`): carried out by the device, no data.
+    Local,
 }
 
 /// The class of a send opcode this provider supports, `None` for any other.
@@ -52,6 +56,7 @@ pub fn op_class(opcode: u32) -> Option<OpClass> {
         WR_SEND | WR_SEND_WITH_IMM => Some(OpClass::Send),
         WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM | WR_RDMA_READ => Some(OpClass::Rdma),
         WR_ATOMIC_CMP_AND_SWP | WR_ATOMIC_FETCH_AND_ADD => Some(OpClass::Atomic),
+        WR_BIND_MW | WR_LOCAL_INV => Some(OpClass::Local),
         _ => None,
     }
 }
@@ -71,7 +76,8 @@ pub fn recvs_allowed(state: u32) -> bool {
     state >= sys::ibv_qp_state_IBV_QPS_INIT
 }
 
-/// Whether a QP of `qp_type` may post `opcode`. RC: all seven; UC: sends and RDMA writes (no
+/// Whether a QP of `qp_type` may post `opcode`. RC: all nine (the seven that move data, a
+/// memory window bind and a local invalidate); UC: sends and RDMA writes (no
 /// reads or atomics, IB spec); UD: sends only (a datagram has no remote memory, and the ABI's
 /// `metaroce_ud_av` takes the place of the RDMA/atomic fields). Every other type (XRC, raw
 /// packet, ...): none.
@@ -218,15 +224,16 @@ pub struct SendWr<'a> {
     pub opcode: u32,
     pub send_flags: u32,
     pub sg_list: &'a [sys::ibv_sge],
-    /// `imm_data`, big-endian as the application stored it.
+    /// `imm_data`, big-endian as the application stored it; LOCAL_INV: `invalidate_rkey`
+    /// (the same union); BIND_MW: the window's new rkey (`bind_mw.rkey`).
     pub imm_data: u32,
     /// `wr.rdma.remote_addr` / `wr.atomic.remote_addr` (0 for sends).
     pub remote_addr: u64,
     /// `wr.rdma.rkey` / `wr.atomic.rkey` (0 for sends).
     pub rkey: u32,
-    /// `wr.atomic.compare_add` (0 otherwise).
+    /// `wr.atomic.compare_add`; BIND_MW: the length (0 otherwise).
     pub compare_add: u64,
-    /// `wr.atomic.swap` (0 otherwise).
+    /// `wr.atomic.swap`; BIND_MW: the rights << 32 | the MR's lkey (0 otherwise).
     pub swap: u64,
     /// On a UD QP: where the send goes (`wr.ud`, its AH resolved); not looked at otherwise.
     pub ud: Option<UdDest>,
@@ -257,6 +264,14 @@ pub fn encode_send(
     mut copy_inline: impl FnMut(&sys::ibv_sge, &mut [u8]),
 ) -> Result<sys::metaroce_send_wqe, PostError> {
     let (class, av) = check_op(wr, limits)?;
+    if class == OpClass::Local {
+        // No data: the SGEs are not looked at (the kernel refuses them), nor is inline.
+        let data = sys::metaroce_send_wqe__bindgen_ty_1 {
+            sge: [NO_SGE; MAX_SEND_SGE as usize],
+        };
+        let flags = wr.send_flags & !SEND_INLINE;
+        return Ok(assemble(wr, class, av, flags, data, 0, 0));
+    }
     let num_sge = u32::try_from(wr.sg_list.len()).map_err(|_| PostError::TooManySge)?;
     if num_sge > limits.max_sge.min(MAX_SEND_SGE) {
         return Err(PostError::TooManySge);
@@ -371,17 +386,20 @@ fn assemble(
     num_sge: u32,
     inline_len: u32,
 ) -> sys::metaroce_send_wqe {
-    let (remote_addr, rkey) = match class {
-        OpClass::Send => (0, 0),
-        OpClass::Rdma | OpClass::Atomic => (wr.remote_addr, wr.rkey),
+    // BIND_MW (`SendWr::bind`): the window's rkey now in `rkey`, the new one in `imm_data`,
+    // the address in `remote_addr`, the length in `compare_add`, the rights and the MR's lkey
+    // in `swap` (high and low half); LOCAL_INV: the rkey in `imm_data`.
+    let (remote_addr, rkey) = match (class, wr.opcode) {
+        (OpClass::Send, _) | (OpClass::Local, WR_LOCAL_INV) => (0, 0),
+        _ => (wr.remote_addr, wr.rkey),
     };
     let (compare_add, swap) = match wr.opcode {
-        WR_ATOMIC_CMP_AND_SWP => (wr.compare_add, wr.swap),
+        WR_ATOMIC_CMP_AND_SWP | WR_BIND_MW => (wr.compare_add, wr.swap),
         WR_ATOMIC_FETCH_AND_ADD => (wr.compare_add, 0),
         _ => (0, 0),
     };
     let imm_data = match wr.opcode {
-        WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM => wr.imm_data,
+        WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM | WR_BIND_MW | WR_LOCAL_INV => wr.imm_data,
         _ => 0,
     };
     let mut wqe = sys::metaroce_send_wqe {
@@ -623,7 +641,7 @@ mod tests {
     #[test]
     fn rejects_unsupported_opcodes_and_flags() {
         let list = sges(1);
-        for op in [7, 8, 9, 10, 11, 14, 15, 100, u32::MAX] {
+        for op in [9, 10, 11, 14, 15, 100, u32::MAX] {
             assert_eq!(
                 encode_send(&wr(op, &list), &RC, no_inline).err().unwrap(),
                 PostError::BadOpcode
@@ -639,6 +657,36 @@ mod tests {
         assert_eq!(encode_send(&w, &RC, no_inline).unwrap().send_flags, 0x17);
         assert_eq!(PostError::BadOpcode.errno(), 22);
         assert_eq!(PostError::QueueFull.errno(), 12);
+    }
+
+    #[test]
+    fn memory_window_operations() {
+        // BIND_MW: the window's rkey, the new one, address, length, rights and the MR's lkey
+        // where the ABI puts them; no data, whatever SGEs or inline flag came with it.
+        let list = sges(2);
+        let mut w = wr(WR_BIND_MW, &list);
+        (w.rkey, w.imm_data, w.remote_addr) = (0x8000_0142, 0x8000_0143, 0x1000);
+        (w.compare_add, w.swap) = (0x200, (6u64 << 32) | 0x1234);
+        w.send_flags = SEND_INLINE | 2;
+        let q = encode_send(&w, &RC, no_inline).unwrap();
+        assert_eq!(
+            (q.opcode, q.num_sge, q.inline_len, q.send_flags),
+            (WR_BIND_MW, 0, 0, 2)
+        );
+        assert_eq!(
+            (q.rkey, q.imm_data, q.remote_addr),
+            (0x8000_0142, 0x8000_0143, 0x1000)
+        );
+        assert_eq!((q.compare_add, q.swap), (0x200, (6u64 << 32) | 0x1234));
+        assert_eq!(bytes_of(&q)[64..], [0u8; 192], "no data");
+        // LOCAL_INV: only the rkey to invalidate, in imm_data.
+        let mut w = wr(WR_LOCAL_INV, &[]);
+        (w.imm_data, w.rkey, w.remote_addr) = (0x8000_0143, 9, 9);
+        let q = encode_send(&w, &RC, no_inline).unwrap();
+        assert_eq!(
+            (q.imm_data, q.rkey, q.remote_addr, q.num_sge),
+            (0x8000_0143, 0, 0, 0)
+        );
     }
 
     #[test]
@@ -674,8 +722,12 @@ mod tests {
             w.ud = Some(DEST);
             assert_eq!(encode_send(&w, &ud, no_inline).is_ok(), ud_ok, "{op}");
         }
-        // Neither are the opcodes no QP type takes.
+        // Neither are the memory window operations, which only RC takes here.
         let mut w = wr(sys::ibv_wr_opcode_IBV_WR_BIND_MW, &list);
+        assert_eq!(
+            encode_send(&w, &uc, no_inline).err(),
+            Some(PostError::BadOpcode)
+        );
         w.ud = Some(DEST);
         assert_eq!(
             encode_send(&w, &ud, no_inline).err(),

@@ -325,6 +325,122 @@ def cq_resize():
     cq.close()
 
 
+def memory_windows():
+    """Memory windows between two QPs of this device connected to each other: a type 2
+    window bound by a BIND_MW work request takes an RDMA WRITE through its new rkey (placed in
+    the MR behind it, at the window's address), refuses one beyond it, and after a LOCAL_INV
+    refuses one inside it; a type 1 window bound with ibv_bind_mw is read through, and a
+    bind with rights the MR cannot back fails with MW_BIND_ERR."""
+    from pyverbs.mr import MW, MWBind, MWBindInfo
+    from pyverbs.wr import SendWR as WR
+
+    pd = PD(ctx)
+    cq = CQ(ctx, 64)
+    size = 4096
+    target = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND)
+    src = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE)
+    cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
+    gid = ctx.query_gid(1, 1)
+    remote = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LOCAL_WRITE
+
+    def make_pair():
+        a = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+        b = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+        for qp, peer in ((a, b), (b, a)):
+            attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+            attr.pkey_index = 0
+            attr.port_num = 1
+            attr.qp_access_flags = remote
+            qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                      | e.IBV_QP_ACCESS_FLAGS)
+            attr, mask = rtr_attrs(gid, 1, peer.qp_num)
+            qp.modify(attr, mask)
+            attr = QPAttr(qp_state=e.IBV_QPS_RTS)
+            attr.timeout = 14
+            attr.retry_cnt = 7
+            attr.rnr_retry = 7
+            attr.sq_psn = 0
+            attr.max_rd_atomic = 1
+            qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
+                      | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+        return a, b
+
+    def one(wr_id):
+        for _ in range(2000):
+            n, wcs = cq.poll(num_entries=1)
+            if n:
+                assert wcs[0].wr_id == wr_id, (wcs[0].wr_id, wr_id)
+                return wcs[0]
+            time.sleep(0.005)
+        raise AssertionError(f"no completion for wr_id {wr_id}")
+
+    def rdma(qp, wr_id, opcode, rkey, addr, length, at=0):
+        wr = WR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[SGE(src.buf + at, length, src.lkey)])
+        wr.send_flags = e.IBV_SEND_SIGNALED
+        wr.set_wr_rdma(rkey, addr)
+        qp.post_send(wr)
+        return one(wr_id)
+
+    a, b = make_pair()
+    mw = MW(pd, e.IBV_MW_TYPE_2)
+    info = MWBindInfo(target, target.buf + 1024, 512, e.IBV_ACCESS_REMOTE_WRITE)
+    bind = WR(wr_id=1, opcode=e.IBV_WR_BIND_MW)
+    bind.set_bind_wr(mw, info)
+    bind.send_flags = e.IBV_SEND_SIGNALED
+    b.post_send(bind)
+    wc = one(1)
+    assert wc.status == e.IBV_WC_SUCCESS and wc.opcode == e.IBV_WC_BIND_MW, (wc.status, wc.opcode)
+    rkey = bind.rkey
+    assert rkey != mw.rkey and rkey >> 8 == mw.rkey >> 8, (hex(rkey), hex(mw.rkey))
+    payload = bytes((i * 7) & 0xff for i in range(256))
+    src.write(payload, 256)
+    wc = rdma(a, 2, e.IBV_WR_RDMA_WRITE, rkey, target.buf + 1024 + 128, 256)
+    assert wc.status == e.IBV_WC_SUCCESS, wc.status
+    got = target.read(256, 1024 + 128)
+    assert got == payload, "the WRITE through the window was not placed at its address"
+    # The old rkey reaches nothing; LOCAL_INV on b, then the window refuses a - the QP fails.
+    inv = WR(wr_id=3, opcode=e.IBV_WR_LOCAL_INV)
+    inv.imm_data = rkey
+    inv.send_flags = e.IBV_SEND_SIGNALED
+    b.post_send(inv)
+    wc = one(3)
+    assert wc.status == e.IBV_WC_SUCCESS and wc.opcode == e.IBV_WC_LOCAL_INV, (wc.status, wc.opcode)
+    wc = rdma(a, 4, e.IBV_WR_RDMA_WRITE, rkey, target.buf + 1024, 8)
+    assert wc.status == e.IBV_WC_REM_ACCESS_ERR, wc.status
+    a.close()
+    b.close()
+    mw.close()
+
+    # Type 1: bound by ibv_bind_mw (a BIND_MW the provider posts), read through; beyond it no.
+    a, b = make_pair()
+    mw = MW(pd, e.IBV_MW_TYPE_1)
+    target.write(payload, 256, 2048)
+    b.bind_mw(mw, MWBind(MWBindInfo(target, target.buf + 2048, 256, e.IBV_ACCESS_REMOTE_READ),
+                         e.IBV_SEND_SIGNALED))
+    wc = one(0)
+    assert wc.status == e.IBV_WC_SUCCESS and wc.opcode == e.IBV_WC_BIND_MW, (wc.status, wc.opcode)
+    wc = rdma(a, 5, e.IBV_WR_RDMA_READ, mw.rkey, target.buf + 2048 + 64, 64, at=512)
+    assert wc.status == e.IBV_WC_SUCCESS, wc.status
+    assert src.read(64, 512) == payload[64:128], "the READ through the window read elsewhere"
+    wc = rdma(a, 6, e.IBV_WR_RDMA_READ, mw.rkey, target.buf + 2048 + 250, 8)
+    assert wc.status == e.IBV_WC_REM_ACCESS_ERR, wc.status
+    a.close()
+    b.close()
+    # Remote write through a window over an MR without local write: MW_BIND_ERR (a new pair:
+    # an access error failed both QPs of the last).
+    a, b = make_pair()
+    plain = MR(pd, size, e.IBV_ACCESS_MW_BIND)
+    bad = WR(wr_id=7, opcode=e.IBV_WR_BIND_MW)
+    mw2 = MW(pd, e.IBV_MW_TYPE_2)
+    bad.set_bind_wr(mw2, MWBindInfo(plain, plain.buf, 64, e.IBV_ACCESS_REMOTE_WRITE))
+    bad.send_flags = e.IBV_SEND_SIGNALED
+    b.post_send(bad)
+    wc = one(7)
+    assert wc.status == e.IBV_WC_MW_BIND_ERR, wc.status
+    for o in (a, b, mw, mw2, plain, target, src, cq, pd):
+        o.close()
+
+
 def srq_objects():
     srq = SRQ(state["pd"], SrqInitAttr(SrqAttr(max_wr=32, max_sge=1)))
     a = srq.query()
@@ -358,6 +474,9 @@ check("peer devices are bounded by max_peers: one more is refused (ENOSPC, count
 check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_error)
 check("ibv_resize_cq: waiting completions move in order, later ones follow; too small is EINVAL",
       cq_resize)
+check("memory windows: type 2 bound by a work request takes a WRITE at its address, refuses "
+      "after LOCAL_INV; type 1 bound by ibv_bind_mw is read through, not beyond; a bind the MR "
+      "cannot back is MW_BIND_ERR", memory_windows)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)
 ctx.close()

@@ -275,6 +275,33 @@ fn send_queue_room_after_unsignaled_completions() {
     assert_eq!(sim.ep[0].sq_room.len(), 1);
 }
 
+/// A caller holding back an operation of its own until the stream's send queue is empty
+/// (`want_send_drained`: a memory window bind) hears of it once the last outstanding WQE has
+/// completed, not while any is outstanding; and at once when nothing is.
+#[test]
+fn send_queue_drained_after_the_last_completion() {
+    let mut sim = Sim::new(LinkConfig::clean(), 12);
+    let s = sim.ep[0].stream;
+    let now = sim.now;
+    for i in 0..4u64 {
+        let w = SendWqe::new(i, WrOpcode::RdmaWrite, sge(1, 0x100000, 8000)).remote(0x200000, 2);
+        sim.ep[0].conn.post_send(now, s, w).unwrap();
+    }
+    assert_eq!(sim.ep[0].conn.send_outstanding(s), 4);
+    sim.ep[0].conn.want_send_drained(s);
+    let done = sim.run_until(1_000_000_000, |sim| !sim.ep[0].sq_room.is_empty());
+    assert!(done, "no SendQueueRoom after the stream drained");
+    assert_eq!(
+        sim.ep[0].send_cqes.len(),
+        4,
+        "reported after all four completions"
+    );
+    assert_eq!(sim.ep[0].conn.send_outstanding(s), 0);
+    sim.ep[0].conn.want_send_drained(s);
+    sim.run_until(sim.now + 1_000_000, |sim| sim.ep[0].sq_room.len() > 1);
+    assert_eq!(sim.ep[0].sq_room, vec![s, s]);
+}
+
 /// Streams waiting for their turn on a connection that delivers are not visited every
 /// completion timeout: 1,000 streams with 8 writes each queued behind one another on a slow
 /// link take many timeouts to drain, and the timer work per datagram stays small (a pass over

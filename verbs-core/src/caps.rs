@@ -12,6 +12,8 @@ pub mod limits {
     pub const MAX_SRQ: u32 = 1 << 12;
     /// MRs per device.
     pub const MAX_MR: u32 = 1 << 16;
+    /// Memory windows per device.
+    pub const MAX_MW: u32 = 1 << 16;
     /// Work requests per send or receive queue.
     pub const MAX_QP_WR: u32 = 1 << 14;
     /// Entries per CQ.

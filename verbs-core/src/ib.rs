@@ -148,6 +148,10 @@ pub mod wr_opcode {
     pub const ATOMIC_CMP_AND_SWP: u32 = 5;
     /// `IB_WR_ATOMIC_FETCH_AND_ADD`.
     pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
+    /// `IB_WR_LOCAL_INV`.
+    pub const LOCAL_INV: u32 = 7;
+    /// `IB_UVERBS_WR_BIND_MW` (`IBV_WR_BIND_MW`).
+    pub const BIND_MW: u32 = 8;
 }
 
 /// `enum ib_send_flags`.
@@ -174,6 +178,10 @@ pub mod access {
     pub const REMOTE_READ: u32 = 1 << 2;
     /// `IB_ACCESS_REMOTE_ATOMIC`.
     pub const REMOTE_ATOMIC: u32 = 1 << 3;
+    /// `IB_ACCESS_MW_BIND`: memory windows may be bound to the MR.
+    pub const MW_BIND: u32 = 1 << 4;
+    /// `IB_ZERO_BASED`: remote addresses are offsets into the region (or window).
+    pub const ZERO_BASED: u32 = 1 << 5;
 }
 
 /// `enum ib_srq_type`.
@@ -224,6 +232,8 @@ pub mod wc_status {
     pub const LOC_PROT_ERR: u32 = 4;
     /// `IB_WC_WR_FLUSH_ERR`.
     pub const WR_FLUSH_ERR: u32 = 5;
+    /// `IB_WC_MW_BIND_ERR`.
+    pub const MW_BIND_ERR: u32 = 6;
     /// `IB_WC_REM_INV_REQ_ERR`.
     pub const REM_INV_REQ_ERR: u32 = 9;
     /// `IB_WC_REM_ACCESS_ERR`.
@@ -248,6 +258,10 @@ pub mod wc_opcode {
     pub const COMP_SWAP: u32 = 3;
     /// `IB_WC_FETCH_ADD`.
     pub const FETCH_ADD: u32 = 4;
+    /// `IB_WC_BIND_MW`.
+    pub const BIND_MW: u32 = 5;
+    /// `IB_WC_LOCAL_INV`.
+    pub const LOCAL_INV: u32 = 6;
     /// `IB_WC_RECV`: receive completions have this bit.
     pub const RECV: u32 = 1 << 7;
     /// `IB_WC_RECV_RDMA_WITH_IMM`.
@@ -261,6 +275,8 @@ pub mod wc_opcode {
             wr::RDMA_READ => RDMA_READ,
             wr::ATOMIC_CMP_AND_SWP => COMP_SWAP,
             wr::ATOMIC_FETCH_AND_ADD => FETCH_ADD,
+            wr::BIND_MW => BIND_MW,
+            wr::LOCAL_INV => LOCAL_INV,
             _ => SEND,
         }
     }

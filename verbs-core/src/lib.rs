@@ -11,6 +11,7 @@
 //!   attributes a modify sets, validated before anything is committed.
 //! - [`caps`]: the device's limits and the queue capacities a create asks for.
 //! - [`mr`]: what an `ibv_rereg_mr` may change of a memory region.
+//! - [`mw`]: memory windows: binding, invalidating, and remote access through one.
 //! - [`abi`]: the shared-ring entries of `uapi/metaroce-abi.h`, as plain data.
 //! - [`wqe`]: send and receive WQEs copied out of a ring, judged (fatal, refused, usable) and
 //!   decoded.
@@ -30,6 +31,7 @@ pub mod abi;
 pub mod caps;
 pub mod ib;
 pub mod mr;
+pub mod mw;
 pub mod qp;
 pub mod queue;
 pub mod udata;

@@ -18,6 +18,7 @@
 use super::abi::{self, RecvWqe, SendWqe};
 use super::caps::limits;
 use super::ib::{send_flags as sf, wr_opcode as op};
+use super::mw::BindRequest;
 
 /// The lkey that stands for a send WQE's inline payload, kept by the kernel; never valid in
 /// a WQE from userspace (MR keys stay below it: index << 8 | key byte, index < `MAX_MR`).
@@ -86,6 +87,10 @@ pub enum SendOp {
     RdmaRead,
     CmpSwap,
     FetchAdd,
+    /// A memory window bind ([`SendWork::bind`]); the device's own, it sends nothing.
+    BindMw,
+    /// A local invalidate of the memory window `rkey` names; sends nothing.
+    LocalInv,
 }
 
 impl SendOp {
@@ -99,6 +104,8 @@ impl SendOp {
             op::RDMA_READ => SendOp::RdmaRead,
             op::ATOMIC_CMP_AND_SWP => SendOp::CmpSwap,
             op::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd,
+            op::BIND_MW => SendOp::BindMw,
+            op::LOCAL_INV => SendOp::LocalInv,
             _ => return None,
         })
     }
@@ -119,6 +126,12 @@ impl SendOp {
     /// Whether it is an atomic.
     pub fn is_atomic(self) -> bool {
         matches!(self, SendOp::CmpSwap | SendOp::FetchAdd)
+    }
+
+    /// Whether the device carries it out itself, sending nothing (it completes in order with
+    /// the others once they have).
+    pub fn is_local(self) -> bool {
+        matches!(self, SendOp::BindMw | SendOp::LocalInv)
     }
 }
 
@@ -155,6 +168,8 @@ pub struct SendWork {
     pub solicited: bool,
     /// Waits for earlier RDMA READs and atomics.
     pub fence: bool,
+    /// BIND_MW: the bind (the WQE's fields as `uapi/metaroce-abi.h` lays them out for it).
+    pub bind: Option<BindRequest>,
 }
 
 /// The send flags a provider may set.
@@ -173,6 +188,10 @@ pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<Send
         w.num_sge as usize <= MAX_SGE && w.inline_len == 0
     };
     if w.send_flags & !SEND_FLAGS != 0 || w.reserved0 != 0 || w.reserved1 != 0 || !sized {
+        return Judged::Fatal;
+    }
+    // The local operations carry no data, and their fields are the bind's or the rkey.
+    if opcode.is_local() && (inline || w.num_sge != 0) {
         return Judged::Fatal;
     }
     let payload = if inline {
@@ -197,12 +216,25 @@ pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<Send
         op: opcode,
         payload,
         remote_addr: w.remote_addr,
-        rkey: w.rkey,
+        // LOCAL_INV names the rkey to invalidate where immediate data would be.
+        rkey: if opcode == SendOp::LocalInv {
+            w.imm_data
+        } else {
+            w.rkey
+        },
         imm: opcode.has_imm().then_some(w.imm_data),
         atomic,
         signaled: sq_sig_all || w.send_flags & sf::SIGNALED != 0,
         solicited: w.send_flags & sf::SOLICITED != 0,
         fence: w.send_flags & sf::FENCE != 0,
+        bind: (opcode == SendOp::BindMw).then_some(BindRequest {
+            mw_rkey: w.rkey,
+            new_rkey: w.imm_data,
+            mr_key: w.swap as u32,
+            addr: w.remote_addr,
+            length: w.compare_add,
+            access: (w.swap >> 32) as u32,
+        }),
     })
 }
 
@@ -457,6 +489,7 @@ mod tests {
                 signaled: false,
                 solicited: false,
                 fence: false,
+                bind: None,
             })
         );
     }

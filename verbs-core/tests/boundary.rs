@@ -106,12 +106,15 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     } else {
         w.num_sge as usize <= MAX_SGE && w.inline_len == 0
     };
-    // The opcodes the device carries are 0..=6 (IB_WR_RDMA_WRITE .. IB_WR_ATOMIC_FETCH_AND_ADD).
-    let fatal = w.opcode > op::ATOMIC_FETCH_AND_ADD
+    // The opcodes the device carries are 0..=8 (IB_WR_RDMA_WRITE .. IB_WR_BIND_MW); the two
+    // local ones (LOCAL_INV, BIND_MW) carry no data.
+    let local = matches!(w.opcode, op::LOCAL_INV | op::BIND_MW);
+    let fatal = w.opcode > op::BIND_MW
         || w.send_flags & !KNOWN_SEND_FLAGS != 0
         || w.reserved0 != 0
         || w.reserved1 != 0
-        || !sized;
+        || !sized
+        || (local && (inline || w.num_sge != 0));
     assert_eq!(v == Judged::Fatal, fatal, "fatal: {w:?}");
     let carries_payload = matches!(
         w.opcode,
@@ -129,10 +132,24 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     assert_eq!(v == Judged::Refused, !fatal && refused, "refused: {w:?}");
     if let Judged::Usable(s) = v {
         assert_eq!(SendOp::from_ib(w.opcode), Some(s.op));
+        let rkey = if w.opcode == op::LOCAL_INV {
+            w.imm_data
+        } else {
+            w.rkey
+        };
         assert_eq!(
             (s.wr_id, s.remote_addr, s.rkey),
-            (w.wr_id, w.remote_addr, w.rkey)
+            (w.wr_id, w.remote_addr, rkey)
         );
+        let bind = (w.opcode == op::BIND_MW).then_some(verbs_core::mw::BindRequest {
+            mw_rkey: w.rkey,
+            new_rkey: w.imm_data,
+            mr_key: w.swap as u32,
+            addr: w.remote_addr,
+            length: w.compare_add,
+            access: (w.swap >> 32) as u32,
+        });
+        assert_eq!(s.bind, bind);
         let with_imm = matches!(w.opcode, op::SEND_WITH_IMM | op::RDMA_WRITE_WITH_IMM);
         assert_eq!(s.imm, with_imm.then_some(w.imm_data));
         let atomic = match w.opcode {

@@ -810,6 +810,24 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         }
     }
 
+    /// Asks for a [`Event::SendQueueRoom`] once every send WQE the stream holds has completed:
+    /// for a caller whose next WQE is an operation of its own that completes in order with
+    /// the others but sends nothing (the kernel: a memory window bind, a local invalidate).
+    pub fn want_send_drained(&mut self, id: StreamId) {
+        if let Ok(s) = self.open_stream_mut(id) {
+            s.sq_refused = true;
+            s.sq_drain = true;
+        }
+    }
+
+    /// Send WQEs the stream holds that have not completed (0 for a stream not open).
+    pub fn send_outstanding(&self, id: StreamId) -> u32 {
+        self.streams
+            .slot(usize::from(id.0))
+            .filter(|s| s.open)
+            .map_or(0, |s| s.req.outstanding())
+    }
+
     /// Posts a receive WQE.
     pub fn post_recv(&mut self, id: StreamId, wqe: RecvWqe) -> Result<(), PostError> {
         let s = self.open_stream_mut(id)?;
@@ -2102,12 +2120,22 @@ impl CcSample {
     }
 }
 
-/// The stream refused a send WQE for want of room and now has room (once per refusal).
+/// The stream refused a send WQE for want of room and now has room, or was asked to report
+/// when it holds none any more and holds none (once per request).
 fn s_room(s: Option<&mut Stream>) -> bool {
     match s {
-        Some(s) if s.sq_refused && (s.req.outstanding() as usize) < super::stream::SQ_DEPTH => {
-            s.sq_refused = false;
-            true
+        Some(s) if s.sq_refused => {
+            let n = s.req.outstanding();
+            let room = if s.sq_drain {
+                n == 0
+            } else {
+                (n as usize) < super::stream::SQ_DEPTH
+            };
+            if room {
+                s.sq_refused = false;
+                s.sq_drain = false;
+            }
+            room
         }
         _ => false,
     }

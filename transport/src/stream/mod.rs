@@ -335,6 +335,8 @@ pub struct Stream {
     pub ack_dirty: bool,
     /// A send WQE was refused for want of room: report when there is room again.
     pub(crate) sq_refused: bool,
+    /// With `sq_refused`: report only once no send WQE is outstanding.
+    pub(crate) sq_drain: bool,
     /// Off the connection's TIMER list while its oldest message waits for its turn on a
     /// connection that delivers (see `Connection::stream_timers`).
     pub(crate) parked: bool,
@@ -343,8 +345,8 @@ pub struct Stream {
     pub(crate) links: super::connection::streams::Links,
 }
 zero_valid!(struct Stream {
-    cfg, open, in_error, error_status, error_reported, req, resp, ack_dirty, sq_refused, parked,
-    links,
+    cfg, open, in_error, error_status, error_reported, req, resp, ack_dirty, sq_refused, sq_drain,
+    parked, links,
 });
 
 impl Stream {
@@ -360,6 +362,7 @@ impl Stream {
             resp: Responder::new(),
             ack_dirty: false,
             sq_refused: false,
+            sq_drain: false,
             parked: false,
             links: super::connection::streams::Links::default(),
         }
@@ -385,6 +388,7 @@ impl Stream {
         self.resp.reset(self.cfg.recv_msn);
         self.ack_dirty = false;
         self.sq_refused = false;
+        self.sq_drain = false;
         self.parked = false;
     }
 
