@@ -61,7 +61,7 @@ use crate::{
     },
     verbs::{self, Cqe, Qp, QpAttrs, QpState, SendWqe, Verbs},
     verbs_core::{
-        ib::{access, wc_opcode, wc_status, WC_WITH_IMM},
+        ib::{access, wc_opcode, wc_status, WC_WITH_IMM, WC_WITH_INV},
         mw::MwError,
         wqe::{self as vwqe, judge_recv, judge_send, Judged, Payload, SendOp, SendWork},
     },
@@ -1952,6 +1952,14 @@ impl Memory for Mem<'_> {
         })
     }
 
+    /// A SEND_WITH_INV's rkey: a type 2 window of the QP's PD (`mw.rs`).
+    fn invalidate(&mut self, qp: u32, rkey: u32) -> Result<(), AccessError> {
+        let pd = self.rights(qp)?.pd;
+        self.verbs
+            .invalidate_mw(pd, rkey)
+            .map_err(|_| AccessError::Key)
+    }
+
     fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {
         let (taken, broke) = self
             .verbs
@@ -2074,6 +2082,7 @@ fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
     let opcode = match w.op {
         SendOp::Send => WrOpcode::Send,
         SendOp::SendWithImm => WrOpcode::SendWithImm,
+        SendOp::SendWithInv => WrOpcode::SendWithInv,
         SendOp::RdmaWrite => WrOpcode::RdmaWrite,
         SendOp::RdmaWriteWithImm => WrOpcode::RdmaWriteWithImm,
         SendOp::RdmaRead => WrOpcode::RdmaRead,
@@ -2085,6 +2094,10 @@ fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
     let mut t = stream::SendWqe::new(w.wr_id, opcode, local).remote(w.remote_addr, w.rkey);
     if let Some(imm) = w.imm {
         t = t.imm(imm);
+    }
+    if w.op == SendOp::SendWithInv {
+        // The rkey the receiver invalidates travels where immediate data would.
+        t = t.imm(w.rkey);
     }
     if let Some((compare_add, swap)) = w.atomic {
         t = t.atomic(compare_add, swap);
@@ -2136,7 +2149,11 @@ fn deliver(qps: &[QpSlot], ev: Event) {
                 opcode: wc_opcode(c.opcode),
                 byte_len: c.byte_len,
                 imm_data: c.imm.unwrap_or(0),
-                wc_flags: if c.imm.is_some() { WC_WITH_IMM } else { 0 },
+                wc_flags: match (c.imm, c.invalidated) {
+                    (Some(_), true) => WC_WITH_INV,
+                    (Some(_), false) => WC_WITH_IMM,
+                    (None, _) => 0,
+                },
                 qp_num: qp.qpn,
                 src_qp: c.src_qp,
                 ..Default::default()

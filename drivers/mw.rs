@@ -29,7 +29,7 @@ impl Verbs {
     /// The bind `req` by QP `qpn` of PD `pd` (a type 1 window's `ibv_bind_mw`, a type 2's
     /// BIND_MW work request): the window takes its new rkey and binding, or nothing changes.
     pub(crate) fn bind_mw(&self, pd: usize, qpn: u32, req: &BindRequest) -> Result<(), MwError> {
-        let mw = self.mw(req.mw_rkey).ok_or(MwError::NoWindow)?;
+        let mw = self.mw_at(req.mw_rkey).ok_or(MwError::NoWindow)?;
         let mr = self.with_mr(req.mr_key, None, |m: &Mr| BoundMr {
             key: m.key,
             shape: m.shape(),

@@ -1008,14 +1008,17 @@ impl Verbs {
 
     /// The window `key` names as it is now (a copy, taken under the table's lock).
     pub(crate) fn mw(&self, key: u32) -> Option<MwState> {
+        self.mw_at(key).filter(|s| s.rkey == key)
+    }
+
+    /// The window in `key`'s slot, whatever its key byte now (a bind names its window by
+    /// index).
+    pub(crate) fn mw_at(&self, key: u32) -> Option<MwState> {
         if key & MW_KEY_BIT == 0 {
             return None;
         }
-        let number = key & !MW_KEY_BIT;
-        self.mws
-            .lock()
-            .with(number, |mw| mw.state)
-            .filter(|s| s.rkey == key)
+        let index = (key & !MW_KEY_BIT) >> 8;
+        self.mws.lock().at(index).map(|(_, mw)| mw.state)
     }
 
     /// Replaces window `key`'s state with `state` (its rkey may differ in its low byte): false

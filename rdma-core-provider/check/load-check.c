@@ -928,10 +928,10 @@ static void check_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *
 	CHECK(ibv_start_poll(cq, &pattr) == ENOENT);
 
 	qia.send_cq = qia.recv_cq = ibv_cq_ex_to_cq(cq);
-	qia.send_ops_flags |= IBV_QP_EX_WITH_BIND_MW;
+	qia.send_ops_flags |= IBV_QP_EX_WITH_TSO;
 	errno = 0;
 	CHECK(ibv_create_qp_ex(ctx, &qia) == NULL && errno == EOPNOTSUPP);
-	qia.send_ops_flags &= ~(uint64_t)IBV_QP_EX_WITH_BIND_MW;
+	qia.send_ops_flags &= ~(uint64_t)IBV_QP_EX_WITH_TSO;
 	qia.qp_type = IBV_QPT_UD;
 	errno = 0;
 	CHECK(ibv_create_qp_ex(ctx, &qia) == NULL && errno == EOPNOTSUPP);
@@ -1280,7 +1280,7 @@ static void check_data_path(struct ibv_context *ctx)
 	CHECK(fake_doorbells == 2 && fake_nwqes == 3);
 	/* Unsupported opcode first: nothing posted, no doorbell. */
 	wr[1].num_sge = 1;
-	wr[1].opcode = IBV_WR_SEND_WITH_INV;
+	wr[1].opcode = IBV_WR_TSO;
 	CHECK(ibv_post_send(qp, &wr[1], &bad) == EINVAL && bad == &wr[1]);
 	CHECK(fake_doorbells == 2);
 	/* Inline data over the QP's max_inline_data (128). */

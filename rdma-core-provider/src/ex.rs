@@ -50,9 +50,9 @@ pub fn check_cq_attr(comp_mask: u32, wc_flags: u64, flags: u32) -> Result<(), c_
 }
 
 /// Each `IBV_QP_EX_WITH_*` send op and the `ibv_wr_opcode` its builder posts. The others
-/// (LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, FLUSH, ATOMIC_WRITE) have no opcode the device
-/// carries (`verbs-core/src/wqe.rs` fails the QP on them).
-pub const SEND_OPS: [(u64, u32); 7] = [
+/// (TSO, FLUSH, ATOMIC_WRITE) have no opcode the device carries (`verbs-core/src/wqe.rs`
+/// fails the QP on them).
+pub const SEND_OPS: [(u64, u32); 10] = [
     (
         sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE as u64,
         sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE,
@@ -81,10 +81,22 @@ pub const SEND_OPS: [(u64, u32); 7] = [
         sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD as u64,
         sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD,
     ),
+    (
+        sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_LOCAL_INV as u64,
+        sys::ibv_wr_opcode_IBV_WR_LOCAL_INV,
+    ),
+    (
+        sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_BIND_MW as u64,
+        sys::ibv_wr_opcode_IBV_WR_BIND_MW,
+    ),
+    (
+        sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV as u64,
+        sys::ibv_wr_opcode_IBV_WR_SEND_WITH_INV,
+    ),
 ];
 
 /// Checks `send_ops_flags` for a QP of `qp_type`: every op must be one `ibv_post_send` accepts
-/// on that type (RC: all seven of [`SEND_OPS`]; UC: sends and RDMA writes; UD: the two sends;
+/// on that type (RC: all ten of [`SEND_OPS`]; UC: sends and RDMA writes; UD: the two sends;
 /// the others: none), else `EOPNOTSUPP`.
 pub fn check_send_ops(qp_type: u32, send_ops_flags: u64) -> Result<(), c_int> {
     let mut left = send_ops_flags;
@@ -434,21 +446,21 @@ mod tests {
     #[test]
     fn send_ops_per_qp_type() {
         let all: u64 = SEND_OPS.iter().map(|(f, _)| f).sum();
-        assert_eq!(all, 0x7f);
+        assert_eq!(all, 0x3ff);
         assert_eq!(check_send_ops(RC, all), Ok(()));
         assert_eq!(check_send_ops(RC, 0), Ok(()));
         let uc_ok: u64 = 0xf; // RDMA_WRITE(_WITH_IMM), SEND(_WITH_IMM)
         assert_eq!(check_send_ops(UC, uc_ok), Ok(()));
-        for bit in 4..7 {
+        for bit in 4..10 {
             assert_eq!(check_send_ops(UC, 1 << bit), Err(EOPNOTSUPP), "UC {bit}");
         }
         // UD: SEND and SEND_WITH_IMM only.
         assert_eq!(check_send_ops(UD, 0xc), Ok(()));
-        for bit in [0, 1, 4, 5, 6] {
+        for bit in [0, 1, 4, 5, 6, 7, 8, 9] {
             assert_eq!(check_send_ops(UD, 1 << bit), Err(EOPNOTSUPP), "UD {bit}");
         }
-        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, FLUSH, ATOMIC_WRITE, and unknown bits.
-        for bit in 7..64 {
+        // TSO, FLUSH, ATOMIC_WRITE, and unknown bits.
+        for bit in 10..64 {
             assert_eq!(check_send_ops(RC, 1 << bit), Err(EOPNOTSUPP), "RC {bit}");
         }
         // The opcodes are the ones post_send takes.
@@ -541,6 +553,44 @@ mod tests {
         }
         assert_eq!(ring.slot(7).inline_len, 3);
         assert_eq!(ring.slot(8).compare_add, 5);
+    }
+
+    #[test]
+    fn memory_window_builders_need_no_data_setter() {
+        // wr_bind_mw and wr_local_inv are complete as built (the next builder or wr_complete
+        // queues them); wr_send_inv takes its data like a send.
+        let ring = VecRing::new(8, zero_wqe(), 0);
+        let mut p = Producer::new(&ring).unwrap();
+        let mut b = WrBatch::start(&p);
+        let mut bind = op(sys::ibv_wr_opcode_IBV_WR_BIND_MW, 1);
+        (bind.rkey, bind.imm_data, bind.remote_addr) = (0x8000_0500, 0x8000_0501, 0x4000);
+        (bind.compare_add, bind.swap) = (64, (2u64 << 32) | 0x33);
+        b.build(&mut p, &LIMITS, bind);
+        let mut inv = op(sys::ibv_wr_opcode_IBV_WR_LOCAL_INV, 2);
+        inv.imm_data = 0x8000_0501;
+        b.build(&mut p, &LIMITS, inv);
+        let mut sinv = op(sys::ibv_wr_opcode_IBV_WR_SEND_WITH_INV, 3);
+        sinv.imm_data = 0x8000_0777;
+        b.build(&mut p, &LIMITS, sinv);
+        let sges = [sge(0x1000, 16, 3)];
+        b.set_data(&mut p, &LIMITS, WrData::Sges(&sges), no_copy);
+        assert_eq!(b.complete(&mut p, &LIMITS), Ok(3));
+        let w = ring.slot(0);
+        assert_eq!(
+            (w.opcode, w.num_sge, w.rkey, w.imm_data),
+            (8, 0, 0x8000_0500, 0x8000_0501)
+        );
+        assert_eq!(
+            (w.remote_addr, w.compare_add, w.swap),
+            (0x4000, 64, (2u64 << 32) | 0x33)
+        );
+        let w = ring.slot(1);
+        assert_eq!(
+            (w.opcode, w.num_sge, w.imm_data, w.rkey),
+            (7, 0, 0x8000_0501, 0)
+        );
+        let w = ring.slot(2);
+        assert_eq!((w.opcode, w.num_sge, w.imm_data), (9, 1, 0x8000_0777));
     }
 
     #[test]

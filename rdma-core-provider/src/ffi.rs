@@ -784,7 +784,7 @@ unsafe fn send_wr_view<'a>(
 /// Fills the fields of a BIND_MW `view` (`wqe::SendWr`): window `mw` (its rkey now), its new
 /// rkey, and what it is bound to (the MR's lkey, address, length and rights). A NULL window
 /// is `EINVAL`; a NULL MR is lkey 0 (a type 1 unbind names none).
-fn bind_view(
+pub(super) fn bind_view(
     view: &mut SendWr<'_>,
     mw: *mut sys::ibv_mw,
     new_rkey: u32,

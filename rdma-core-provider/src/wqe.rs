@@ -22,6 +22,7 @@ const WR_RDMA_WRITE: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE;
 const WR_RDMA_WRITE_WITH_IMM: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM;
 const WR_SEND: u32 = sys::ibv_wr_opcode_IBV_WR_SEND;
 const WR_SEND_WITH_IMM: u32 = sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM;
+const WR_SEND_WITH_INV: u32 = sys::ibv_wr_opcode_IBV_WR_SEND_WITH_INV;
 const WR_RDMA_READ: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_READ;
 const WR_ATOMIC_CMP_AND_SWP: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_CMP_AND_SWP;
 const WR_ATOMIC_FETCH_AND_ADD: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -53,7 +54,7 @@ pub enum OpClass {
 /// The class of a send opcode this provider supports, `None` for any other.
 pub fn op_class(opcode: u32) -> Option<OpClass> {
     match opcode {
-        WR_SEND | WR_SEND_WITH_IMM => Some(OpClass::Send),
+        WR_SEND | WR_SEND_WITH_IMM | WR_SEND_WITH_INV => Some(OpClass::Send),
         WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM | WR_RDMA_READ => Some(OpClass::Rdma),
         WR_ATOMIC_CMP_AND_SWP | WR_ATOMIC_FETCH_AND_ADD => Some(OpClass::Atomic),
         WR_BIND_MW | WR_LOCAL_INV => Some(OpClass::Local),
@@ -76,8 +77,8 @@ pub fn recvs_allowed(state: u32) -> bool {
     state >= sys::ibv_qp_state_IBV_QPS_INIT
 }
 
-/// Whether a QP of `qp_type` may post `opcode`. RC: all nine (the seven that move data, a
-/// memory window bind and a local invalidate); UC: sends and RDMA writes (no
+/// Whether a QP of `qp_type` may post `opcode`. RC: all ten (the seven that move data,
+/// SEND_WITH_INV, a memory window bind and a local invalidate); UC: sends and RDMA writes (no
 /// reads or atomics, IB spec); UD: sends only (a datagram has no remote memory, and the ABI's
 /// `metaroce_ud_av` takes the place of the RDMA/atomic fields). Every other type (XRC, raw
 /// packet, ...): none.
@@ -350,7 +351,7 @@ pub fn encode_send_inline(
 fn carries_payload(opcode: u32) -> bool {
     matches!(
         opcode,
-        WR_SEND | WR_SEND_WITH_IMM | WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM
+        WR_SEND | WR_SEND_WITH_IMM | WR_SEND_WITH_INV | WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM
     )
 }
 
@@ -399,7 +400,11 @@ fn assemble(
         _ => (0, 0),
     };
     let imm_data = match wr.opcode {
-        WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM | WR_BIND_MW | WR_LOCAL_INV => wr.imm_data,
+        WR_SEND_WITH_IMM
+        | WR_RDMA_WRITE_WITH_IMM
+        | WR_BIND_MW
+        | WR_LOCAL_INV
+        | WR_SEND_WITH_INV => wr.imm_data,
         _ => 0,
     };
     let mut wqe = sys::metaroce_send_wqe {
@@ -604,7 +609,7 @@ mod tests {
     #[test]
     fn encodes_every_supported_opcode() {
         let list = sges(3);
-        for op in 0..=6u32 {
+        for op in (0..=6u32).chain([WR_SEND_WITH_INV]) {
             let w = encode_send(&wr(op, &list), &RC, no_inline).unwrap();
             assert_eq!(w.wr_id, 0xabcd_0000_0000_0001);
             assert_eq!(w.opcode, op);
@@ -620,7 +625,11 @@ mod tests {
             assert!(s[3..]
                 .iter()
                 .all(|e| e.addr == 0 && e.length == 0 && e.lkey == 0));
-            let with_imm = op == WR_SEND_WITH_IMM || op == WR_RDMA_WRITE_WITH_IMM;
+            // SEND_WITH_INV's rkey is where immediate data would be (invalidate_rkey).
+            let with_imm = matches!(
+                op,
+                WR_SEND_WITH_IMM | WR_RDMA_WRITE_WITH_IMM | WR_SEND_WITH_INV
+            );
             assert_eq!(
                 w.imm_data,
                 if with_imm { 0x1234_5678u32.to_be() } else { 0 }
@@ -641,7 +650,7 @@ mod tests {
     #[test]
     fn rejects_unsupported_opcodes_and_flags() {
         let list = sges(1);
-        for op in [9, 10, 11, 14, 15, 100, u32::MAX] {
+        for op in [10, 11, 14, 15, 100, u32::MAX] {
             assert_eq!(
                 encode_send(&wr(op, &list), &RC, no_inline).err().unwrap(),
                 PostError::BadOpcode
@@ -1141,7 +1150,9 @@ mod tests {
             WR_RDMA_READ,
             WR_ATOMIC_CMP_AND_SWP,
             WR_ATOMIC_FETCH_AND_ADD,
-            9,
+            WR_BIND_MW,
+            WR_LOCAL_INV,
+            10,
         ] {
             assert_eq!(
                 encode_send_inline(&wr(op, &[]), &payload, &RC).err(),

@@ -329,7 +329,7 @@ def memory_windows():
     """Memory windows between two QPs of this device connected to each other: a type 2
     window bound by a BIND_MW work request takes an RDMA WRITE through its new rkey (placed in
     the MR behind it, at the window's address), refuses one beyond it, and after a LOCAL_INV
-    refuses one inside it; a type 1 window bound with ibv_bind_mw is read through, and a
+    refuses one inside it, as after the peer's SEND_WITH_INV of its rkey; a type 1 window bound with ibv_bind_mw is read through, and a
     bind with rights the MR cannot back fails with MW_BIND_ERR."""
     from pyverbs.mr import MW, MWBind, MWBindInfo
     from pyverbs.wr import SendWR as WR
@@ -409,6 +409,39 @@ def memory_windows():
     assert wc.status == e.IBV_WC_REM_ACCESS_ERR, wc.status
     a.close()
     b.close()
+    # Bound again (a new pair), then invalidated by the peer: a SEND_WITH_INV of its rkey
+    # completes b's receive with IBV_WC_WITH_INV and the rkey, and the window refuses a WRITE.
+    a, b = make_pair()
+    bind = WR(wr_id=8, opcode=e.IBV_WR_BIND_MW)
+    bind.set_bind_wr(mw, info)
+    bind.send_flags = e.IBV_SEND_SIGNALED
+    b.post_send(bind)
+    assert one(8).status == e.IBV_WC_SUCCESS
+    rkey = bind.rkey
+    b.post_recv(RecvWR(wr_id=9, num_sge=1, sg=[SGE(src.buf + 3072, 64, src.lkey)]))
+    sinv = WR(wr_id=10, opcode=e.IBV_WR_SEND_WITH_INV, num_sge=1,
+              sg=[SGE(src.buf, 16, src.lkey)])
+    sinv.imm_data = rkey
+    sinv.send_flags = e.IBV_SEND_SIGNALED
+    a.post_send(sinv)
+    got = {}
+    for _ in range(2):
+        for _ in range(2000):
+            n, wcs = cq.poll(num_entries=1)
+            if n:
+                got[wcs[0].wr_id] = wcs[0]
+                break
+            time.sleep(0.005)
+    assert sorted(got) == [9, 10], sorted(got)
+    assert got[10].status == e.IBV_WC_SUCCESS, got[10].status
+    r = got[9]
+    assert r.status == e.IBV_WC_SUCCESS and r.byte_len == 16, (r.status, r.byte_len)
+    assert r.wc_flags & e.IBV_WC_WITH_INV and not r.wc_flags & e.IBV_WC_WITH_IMM, r.wc_flags
+    assert r.imm_data == rkey, (hex(r.imm_data), hex(rkey))  # the union's invalidated_rkey
+    wc = rdma(a, 11, e.IBV_WR_RDMA_WRITE, rkey, target.buf + 1024, 8)
+    assert wc.status == e.IBV_WC_REM_ACCESS_ERR, wc.status
+    a.close()
+    b.close()
     mw.close()
 
     # Type 1: bound by ibv_bind_mw (a BIND_MW the provider posts), read through; beyond it no.
@@ -475,7 +508,7 @@ check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_er
 check("ibv_resize_cq: waiting completions move in order, later ones follow; too small is EINVAL",
       cq_resize)
 check("memory windows: type 2 bound by a work request takes a WRITE at its address, refuses "
-      "after LOCAL_INV; type 1 bound by ibv_bind_mw is read through, not beyond; a bind the MR "
+      "after LOCAL_INV and after the peer's SEND_WITH_INV (IBV_WC_WITH_INV); type 1 bound by ibv_bind_mw is read through, not beyond; a bind the MR "
       "cannot back is MW_BIND_ERR", memory_windows)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)

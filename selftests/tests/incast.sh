@@ -96,7 +96,7 @@ SW_PID=$!
 # <sw1 rx> .. <swN rx>") at the start and at the end of a SECS-long window, on two lines; the
 # window starts once each of the fields FIRST..LAST (the flows watched: 3 the victim, 4.. the
 # senders) has moved 256 KiB, or after WINDOW_WAIT seconds (`net_window` in lib.sh).
-WINDOW_WAIT=${INCAST_WINDOW_WAIT:-3}
+WINDOW_WAIT=${INCAST_WINDOW_WAIT:-6}
 window() {
 	net_window "$SW_PID" "$WINDOW_WAIT" "$2" "$3" "$4" tx:swr tx:swv $(seq -f 'rx:sw%g' 1 "$1")
 }
@@ -119,11 +119,13 @@ WINDOW=${INCAST_WINDOW:-2}
 # 12) while 14 busy-polling perftest processes and the receive side shared 2 vCPUs under TCG,
 # whose scheduling stalls are that long; 2 s of no ACK at all still fails it.
 ACK_TIMEOUT=16
-# The clients run ISECS by default, longer than the window needs: the window may start
-# WINDOW_WAIT seconds after them and each of its samples reads counters on a loaded guest (a
-# 2 s window took 4 s in a CI run; at SECS one of 4 clients had ended inside it, and the run
-# had no fairness figure).
-ISECS=$((SECS + 4))
+# The clients run ISECS by default, longer than the window needs. The window starts once every
+# client moves data, at most WINDOW_WAIT seconds after the first, and its 2 s took up to 4.5 s
+# on a loaded guest; the clients start apart (14 processes connecting on 2 vCPUs: the first
+# had moved 22 MB before the last moved 256 KiB in a CI run). So the first client must
+# outlast 2 x WINDOW_WAIT + 5 s: with -D SECS + 4 one of 4 (and later one of 7) had ended
+# inside the window in two CI runs, which then had no fairness figure.
+ISECS=$((2 * WINDOW_WAIT + 6))
 incast() {
 	local kind="$1" n="$2" secs="${3:-$ISECS}" nice="${4:-0}" i pids=() spids=() port
 	for i in $(seq 1 "$n"); do
@@ -290,7 +292,7 @@ check "metaroce's packets are ECN-capable: the bottleneck marked them ($m_marked
 # SECS, the client ended inside the window once).
 # The sampling runs at nice -19 too: at nice 0 among 7 busy-polling clients and the victim,
 # its forks took so long that the client ended inside the window in two CI runs.
-VSECS=$((SECS + 4))
+VSECS=$((WINDOW_WAIT + 8))
 victim() { # -> "Gb/s from the counters (-1: the client ended inside the window) perftest's
 	#             the bottleneck's load over the same window (1 = RATE_MBIT)"
 	renice -n -19 -p "$BASHPID" >/dev/null
@@ -329,7 +331,7 @@ incast_running() {
 	return 1
 }
 read -r alone alone_p _ <<<"$(victim)"
-( incast m $MAXN $((SECS + 8)) 19 >"$TAP_DIR/incast-bg" ) &
+( incast m $MAXN $((VSECS + 6)) 19 >"$TAP_DIR/incast-bg" ) &
 bg=$!
 sleep 2
 incast_running 20 || echo "# the incast did not load its bottleneck within 20 s of its start"

@@ -210,6 +210,13 @@ pub trait Memory {
     ) -> Result<(), AccessError>;
     /// Executes an atomic and returns the original value.
     fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// Invalidates, for QP `qp`, the memory window (or region) that `rkey` names: a
+    /// SEND_WITH_INV's request, carried out before its receive completes. Memory without
+    /// windows keeps the default: nothing to invalidate.
+    fn invalidate(&mut self, qp: u32, rkey: u32) -> Result<(), AccessError> {
+        let _ = (qp, rkey);
+        Err(AccessError::Key)
+    }
     /// The next receive WQE of the shared receive queue of QP `qp` (a stream with
     /// `StreamConfig::srq`), taken off that queue; None if it is empty (the responder then
     /// answers RNR). Memory without SRQs keeps the default.
@@ -231,6 +238,11 @@ impl<'a, M: Memory> QpMem<'a, M> {
     /// `mem` as QP `qp` sees it.
     pub fn new(mem: &'a mut M, qp: u32) -> Self {
         QpMem { mem, qp }
+    }
+
+    /// [`Memory::invalidate`] for this QP.
+    pub fn invalidate(&mut self, rkey: u32) -> Result<(), AccessError> {
+        self.mem.invalidate(self.qp, rkey)
     }
 
     /// [`Memory::read_local`] for this QP.

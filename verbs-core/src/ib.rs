@@ -152,6 +152,8 @@ pub mod wr_opcode {
     pub const LOCAL_INV: u32 = 7;
     /// `IB_UVERBS_WR_BIND_MW` (`IBV_WR_BIND_MW`).
     pub const BIND_MW: u32 = 8;
+    /// `IB_WR_SEND_WITH_INV`.
+    pub const SEND_WITH_INV: u32 = 9;
 }
 
 /// `enum ib_send_flags`.
@@ -304,6 +306,8 @@ pub mod network_type {
 /// `IBV_WC_WITH_IMM`: libibverbs' `wc_flags` bit for a completion with immediate data (the
 /// CQ ring carries libibverbs' flags, which the provider passes through).
 pub const WC_WITH_IMM: u32 = 1 << 1;
+/// `IBV_WC_WITH_INV`: a receive of a SEND_WITH_INV; `imm_data` is the rkey it invalidated.
+pub const WC_WITH_INV: u32 = 1 << 3;
 /// `IBV_WC_GRH`: libibverbs' `wc_flags` bit for a receive whose first 40 bytes are the GRH
 /// (every UD receive).
 pub const WC_GRH: u32 = 1;

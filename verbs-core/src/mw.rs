@@ -66,7 +66,9 @@ pub struct MwState {
 /// A BIND_MW work request, as the provider wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BindRequest {
-    /// The window's rkey as the consumer knows it.
+    /// The window's rkey as the consumer knows it: it names the window by its index (the
+    /// consumer's byte may be an older one: libibverbs does not update a type 2 window's
+    /// rkey after a bind).
     pub mw_rkey: u32,
     /// The rkey the window gets (only its low byte may differ).
     pub new_rkey: u32,
@@ -119,7 +121,7 @@ pub fn judge_bind(
     qpn: u32,
     mr: Option<&BoundMr>,
 ) -> Result<(u32, Option<Binding>), MwError> {
-    if req.mw_rkey != mw.rkey {
+    if req.mw_rkey & !0xff != mw.rkey & !0xff {
         return Err(MwError::NoWindow);
     }
     // The new rkey keeps the window's index; only the consumer's byte changes.
@@ -388,9 +390,14 @@ mod tests {
         let ok = bind(&w, 0x11000, 0x100, RW | LW);
         let m = mr(LW | MW_BIND);
         assert!(judge_bind(&w, &ok, PD, QPN, Some(&m)).is_ok());
-        // The window's rkey must be its current one, the new one of the same index.
+        // The window's rkey names it by index (any key byte), the new one is of that index.
         let r = BindRequest {
             mw_rkey: w.rkey ^ 1,
+            ..ok
+        };
+        assert!(judge_bind(&w, &r, PD, QPN, Some(&m)).is_ok());
+        let r = BindRequest {
+            mw_rkey: w.rkey + 0x100,
             ..ok
         };
         assert_eq!(

@@ -82,6 +82,8 @@ impl SgList {
 pub enum SendOp {
     Send,
     SendWithImm,
+    /// A SEND whose receiver invalidates the rkey [`SendWork::rkey`] (a window of its own).
+    SendWithInv,
     RdmaWrite,
     RdmaWriteWithImm,
     RdmaRead,
@@ -99,6 +101,7 @@ impl SendOp {
         Some(match opcode {
             op::SEND => SendOp::Send,
             op::SEND_WITH_IMM => SendOp::SendWithImm,
+            op::SEND_WITH_INV => SendOp::SendWithInv,
             op::RDMA_WRITE => SendOp::RdmaWrite,
             op::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm,
             op::RDMA_READ => SendOp::RdmaRead,
@@ -114,7 +117,11 @@ impl SendOp {
     pub fn carries_payload(self) -> bool {
         matches!(
             self,
-            SendOp::Send | SendOp::SendWithImm | SendOp::RdmaWrite | SendOp::RdmaWriteWithImm
+            SendOp::Send
+                | SendOp::SendWithImm
+                | SendOp::SendWithInv
+                | SendOp::RdmaWrite
+                | SendOp::RdmaWriteWithImm
         )
     }
 
@@ -216,8 +223,8 @@ pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<Send
         op: opcode,
         payload,
         remote_addr: w.remote_addr,
-        // LOCAL_INV names the rkey to invalidate where immediate data would be.
-        rkey: if opcode == SendOp::LocalInv {
+        // LOCAL_INV and SEND_WITH_INV name the rkey to invalidate where immediate data would be.
+        rkey: if matches!(opcode, SendOp::LocalInv | SendOp::SendWithInv) {
             w.imm_data
         } else {
             w.rkey

@@ -106,10 +106,10 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     } else {
         w.num_sge as usize <= MAX_SGE && w.inline_len == 0
     };
-    // The opcodes the device carries are 0..=8 (IB_WR_RDMA_WRITE .. IB_WR_BIND_MW); the two
+    // The opcodes the device carries are 0..=9 (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV); the two
     // local ones (LOCAL_INV, BIND_MW) carry no data.
     let local = matches!(w.opcode, op::LOCAL_INV | op::BIND_MW);
-    let fatal = w.opcode > op::BIND_MW
+    let fatal = w.opcode > op::SEND_WITH_INV
         || w.send_flags & !KNOWN_SEND_FLAGS != 0
         || w.reserved0 != 0
         || w.reserved1 != 0
@@ -118,7 +118,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     assert_eq!(v == Judged::Fatal, fatal, "fatal: {w:?}");
     let carries_payload = matches!(
         w.opcode,
-        op::SEND | op::SEND_WITH_IMM | op::RDMA_WRITE | op::RDMA_WRITE_WITH_IMM
+        op::SEND | op::SEND_WITH_IMM | op::SEND_WITH_INV | op::RDMA_WRITE | op::RDMA_WRITE_WITH_IMM
     );
     let posted: Vec<Sge> = (0..w.num_sge as usize)
         .take(MAX_SGE)
@@ -132,7 +132,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     assert_eq!(v == Judged::Refused, !fatal && refused, "refused: {w:?}");
     if let Judged::Usable(s) = v {
         assert_eq!(SendOp::from_ib(w.opcode), Some(s.op));
-        let rkey = if w.opcode == op::LOCAL_INV {
+        let rkey = if matches!(w.opcode, op::LOCAL_INV | op::SEND_WITH_INV) {
             w.imm_data
         } else {
             w.rkey

@@ -338,8 +338,7 @@ pub(super) unsafe extern "C" fn create_qp_ex(
 /// Installs the `ibv_wr_*` functions: a builder for each op of `send_ops_flags` (checked by
 /// `ex::check_send_ops`; the others stay NULL, as in rxe and mlx5), the data setters, and
 /// `wr_set_ud_addr` (which fails the batch on a QP that is not UD). `wr_set_xrc_srqn`,
-/// `wr_send_tso`, `wr_bind_mw`, `wr_local_inv`, `wr_send_inv`, `wr_flush` and
-/// `wr_atomic_write` stay NULL: the device has none of them.
+/// `wr_send_tso`, `wr_flush` and `wr_atomic_write` stay NULL: the device has none of them.
 ///
 /// # Safety
 /// `qpx` must be the `ibv_qp_ex` of a live [`Qp`] not yet handed out.
@@ -367,6 +366,15 @@ pub(super) unsafe fn set_wr_ops(qpx: *mut sys::ibv_qp_ex, send_ops_flags: u64) {
         }
         if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) {
             (*qpx).wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+        }
+        if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_LOCAL_INV) {
+            (*qpx).wr_local_inv = Some(wr_local_inv);
+        }
+        if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_BIND_MW) {
+            (*qpx).wr_bind_mw = Some(wr_bind_mw);
+        }
+        if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV) {
+            (*qpx).wr_send_inv = Some(wr_send_inv);
         }
         (*qpx).wr_set_sge = Some(wr_set_sge);
         (*qpx).wr_set_sge_list = Some(wr_set_sge_list);
@@ -443,6 +451,68 @@ macro_rules! builder {
             })
         }
     };
+}
+
+builder!(
+    /// `ibv_wr_local_inv`: no data setter follows (the next builder or `wr_complete` queues
+    /// it).
+    wr_local_inv(invalidate_rkey: u32) => WrOp {
+        opcode: sys::ibv_wr_opcode_IBV_WR_LOCAL_INV,
+        imm_data: invalidate_rkey,
+        ..WrOp::default()
+    }
+);
+builder!(
+    /// `ibv_wr_send_inv`: a SEND whose receiver invalidates `invalidate_rkey`.
+    wr_send_inv(invalidate_rkey: u32) => WrOp {
+        opcode: sys::ibv_wr_opcode_IBV_WR_SEND_WITH_INV,
+        imm_data: invalidate_rkey,
+        ..WrOp::default()
+    }
+);
+
+/// `ibv_wr_bind_mw`: a type 2 window `mw` bound with rkey `rkey` as `bind_info` says (no data
+/// setter follows). A NULL window or bind fails the batch (`EINVAL`).
+unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut sys::ibv_qp_ex,
+    mw: *mut sys::ibv_mw,
+    rkey: u32,
+    bind_info: *const sys::ibv_mw_bind_info,
+) {
+    guard((), || {
+        // SAFETY: the caller's bind description, if given.
+        let info = unsafe { bind_info.as_ref() };
+        let mut view = wqe::SendWr {
+            wr_id: 0,
+            opcode: sys::ibv_wr_opcode_IBV_WR_BIND_MW,
+            send_flags: 0,
+            sg_list: &[],
+            imm_data: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            ud: None,
+        };
+        let ok = info.is_some_and(|i| super::bind_view(&mut view, mw, rkey, i).is_ok());
+        let op = WrOp {
+            opcode: sys::ibv_wr_opcode_IBV_WR_BIND_MW,
+            imm_data: view.imm_data,
+            remote_addr: view.remote_addr,
+            rkey: view.rkey,
+            compare_add: view.compare_add,
+            swap: view.swap,
+            ..WrOp::default()
+        };
+        // SAFETY: libibverbs calls this on our extended QP.
+        unsafe {
+            if ok {
+                build(qpx, op);
+            } else {
+                in_batch(qpx, |b, _, _| b.fail(wqe::PostError::BadOpcode));
+            }
+        }
+    })
 }
 
 builder!(
@@ -991,7 +1061,7 @@ mod tests {
         }
     }
 
-    const ALL_RC: u64 = 0x7f;
+    const ALL_RC: u64 = 0x3ff;
     const RC_LIMITS: SendLimits = super::super::tests::RC;
     /// IBV_QP_EX_WITH_SEND | _SEND_WITH_IMM: what a UD QP takes.
     const UD_OPS: u64 = 0xc;
@@ -1436,15 +1506,16 @@ mod tests {
         assert!(o.wr_set_sge.is_some() && o.wr_set_sge_list.is_some());
         assert!(o.wr_set_inline_data.is_some() && o.wr_set_inline_data_list.is_some());
         assert!(o.wr_set_ud_addr.is_some());
-        // Never: the device has none of these.
         assert!(o.wr_bind_mw.is_none() && o.wr_local_inv.is_none() && o.wr_send_inv.is_none());
+        // Never: the device has none of these.
         assert!(o.wr_send_tso.is_none() && o.wr_set_xrc_srqn.is_none());
         assert!(o.wr_flush.is_none() && o.wr_atomic_write.is_none());
         let all = ExQp::new(4, ALL_RC).ops();
         assert!(all.wr_send_imm.is_some() && all.wr_rdma_write.is_some());
         assert!(all.wr_rdma_write_imm.is_some() && all.wr_rdma_read.is_some());
         assert!(all.wr_atomic_cmp_swp.is_some() && all.wr_atomic_fetch_add.is_some());
-        assert!(all.wr_bind_mw.is_none());
+        assert!(all.wr_bind_mw.is_some() && all.wr_local_inv.is_some());
+        assert!(all.wr_send_inv.is_some());
     }
 
     #[test]

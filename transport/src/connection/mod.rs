@@ -1860,6 +1860,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 let opcode = match info.opcode {
                     WrOpcode::Send => Opcode::Send,
                     WrOpcode::SendWithImm => Opcode::SendWithImm,
+                    WrOpcode::SendWithInv => Opcode::SendWithInv,
                     WrOpcode::RdmaWrite => Opcode::RdmaWrite,
                     WrOpcode::RdmaWriteWithImm => Opcode::RdmaWriteWithImm,
                     WrOpcode::RdmaRead => Opcode::ReadRequest,
@@ -1886,13 +1887,15 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 let imm = (opcode.has_imm() && info.last).then_some(info.wqe.imm);
                 let w = info.wqe;
                 let ext = match opcode {
-                    Opcode::Send | Opcode::SendWithImm => Ext::Send(SendExt {
-                        rsn: info.rsn,
-                        offset: info.offset,
-                        total_len: info.total_len,
-                        payload_len: info.payload_len,
-                        imm,
-                    }),
+                    Opcode::Send | Opcode::SendWithImm | Opcode::SendWithInv => {
+                        Ext::Send(SendExt {
+                            rsn: info.rsn,
+                            offset: info.offset,
+                            total_len: info.total_len,
+                            payload_len: info.payload_len,
+                            imm,
+                        })
+                    }
                     Opcode::RdmaWrite | Opcode::RdmaWriteWithImm => Ext::Write(WriteExt {
                         va: w.remote_va.wrapping_add(u64::from(info.offset)),
                         rkey: w.rkey,

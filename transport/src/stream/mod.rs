@@ -111,6 +111,9 @@ pub enum WrOpcode {
     Send,
     /// SEND with immediate data.
     SendWithImm,
+    /// SEND whose receiver invalidates the rkey in `imm` (its memory window) before it
+    /// completes the receive.
+    SendWithInv,
     /// RDMA WRITE.
     RdmaWrite,
     /// RDMA WRITE with immediate data (consumes a receive WQE).
@@ -129,7 +132,10 @@ impl WrOpcode {
     pub fn consumes_recv(self) -> bool {
         matches!(
             self,
-            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm
+            WrOpcode::Send
+                | WrOpcode::SendWithImm
+                | WrOpcode::SendWithInv
+                | WrOpcode::RdmaWriteWithImm
         )
     }
 
@@ -144,7 +150,7 @@ impl WrOpcode {
     /// The completion opcode.
     pub fn cq_opcode(self) -> CqOpcode {
         match self {
-            WrOpcode::Send | WrOpcode::SendWithImm => CqOpcode::Send,
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => CqOpcode::Send,
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => CqOpcode::RdmaWrite,
             WrOpcode::RdmaRead => CqOpcode::RdmaRead,
             WrOpcode::CmpSwap => CqOpcode::CmpSwap,
@@ -292,8 +298,11 @@ pub struct Cqe {
     pub opcode: CqOpcode,
     /// Bytes transferred (message length; 8 for atomics).
     pub byte_len: u32,
-    /// Immediate data (receives of WITH_IMM messages).
+    /// Immediate data (receives of WITH_IMM messages); with `invalidated`, the rkey the
+    /// message invalidated (`IB_WC_WITH_INVALIDATE`).
     pub imm: Option<u32>,
+    /// A receive of a SEND_WITH_INV: `imm` is the rkey invalidated.
+    pub invalidated: bool,
     /// The message was sent solicited (receives).
     pub solicited: bool,
     /// The peer's QP (receive completions).

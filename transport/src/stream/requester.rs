@@ -685,6 +685,7 @@ impl Requester {
                 opcode: e.opcode.cq_opcode(),
                 byte_len,
                 imm: None,
+                invalidated: false,
                 solicited: false,
                 src_qp: 0,
             };

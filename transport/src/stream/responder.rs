@@ -89,6 +89,7 @@ enum RqState {
         imm: Option<u32>,
         opcode: CqOpcode,
         solicited: bool,
+        invalidated: bool,
     },
 }
 
@@ -177,8 +178,12 @@ pub struct ResponderStats {
     pub rnr_naks: u64,
     /// Messages completed.
     pub completed: u64,
+    /// SEND_WITH_INV messages failed: their rkey named nothing this QP may invalidate.
+    pub invalidate_errors: u64,
 }
-zero_valid!(struct ResponderStats { placed_bytes, duplicates, dropped, rnr_naks, completed });
+zero_valid!(struct ResponderStats {
+    placed_bytes, duplicates, dropped, rnr_naks, completed, invalidate_errors,
+});
 
 #[derive(Clone, Debug)]
 /// A stream's receive queue, message assembly and responses.
@@ -376,11 +381,8 @@ impl Responder {
             return v;
         }
         let mtu = mtu.max(1);
-        let consumes = matches!(
-            opcode,
-            Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
-        );
-        let is_send = matches!(opcode, Opcode::Send | Opcode::SendWithImm);
+        let consumes = opcode.consumes_recv();
+        let is_send = opcode.is_send();
         let idx = slot_index(msn);
         let existing = self
             .slots
@@ -491,7 +493,9 @@ impl Responder {
         self.stats.placed_bytes += data.len() as u64;
         if s.segs.complete(s.n_segs) {
             s.state = SlotState::Done;
-            self.advance();
+            if let Some(code) = self.advance(mem) {
+                return Verdict::Nak(code, 0);
+            }
         }
         Verdict::Accept
     }
@@ -533,11 +537,11 @@ impl Responder {
         Ok(())
     }
 
-    fn done_single(&mut self, msn: u32) {
+    fn done_single(&mut self, msn: u32, mem: &mut QpMem<'_, impl Memory>) -> Option<NakCode> {
         if let Some(s) = self.slots.get_mut(slot_index(msn)) {
             s.state = SlotState::Done;
         }
-        self.advance();
+        self.advance(mem)
     }
 
     /// RDMA READ request: validate the whole range now, then serve it from a response slot.
@@ -581,7 +585,9 @@ impl Responder {
         if let Err(v) = self.single_packet_slot(msn, Opcode::ReadRequest) {
             return v;
         }
-        self.done_single(msn);
+        if let Some(code) = self.done_single(msn, mem) {
+            return Verdict::Nak(code, 0);
+        }
         Verdict::Accept
     }
 
@@ -621,7 +627,9 @@ impl Responder {
         if let Err(v) = self.single_packet_slot(msn, opcode) {
             return v;
         }
-        self.done_single(msn);
+        if let Some(code) = self.done_single(msn, mem) {
+            return Verdict::Nak(code, 0);
+        }
         Verdict::Accept
     }
 
@@ -630,23 +638,29 @@ impl Responder {
         self.fail(msn, code)
     }
 
-    /// Moves the completion point over complete messages, completing receive WQEs.
-    fn advance(&mut self) {
+    /// Moves the completion point over complete messages, completing receive WQEs. A
+    /// SEND_WITH_INV invalidates its rkey here, in message order (after every earlier
+    /// message's accesses, which may have used that rkey); if the rkey names nothing the
+    /// receiver may invalidate, the message fails (an invalid request): returns its NAK code.
+    fn advance(&mut self, mem: &mut QpMem<'_, impl Memory>) -> Option<NakCode> {
         loop {
             if matches!(self.error(), Some((m, _)) if m == self.completed) {
-                return;
+                return None;
             }
             let idx = slot_index(self.completed);
-            let Some(s) = self.slots.get(idx).copied() else {
-                return;
-            };
+            let s = self.slots.get(idx).copied()?;
             if s.state != SlotState::Done || s.msn != self.completed {
-                return;
+                return None;
             }
-            if matches!(
-                s.opcode,
-                Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
-            ) {
+            let invalidated = s.opcode == Opcode::SendWithInv;
+            if invalidated && (!s.has_imm || mem.invalidate(s.imm).is_err()) {
+                self.stats.invalidate_errors += 1;
+                let Verdict::Nak(code, _) = self.fail(s.msn, NakCode::InvalidRequest) else {
+                    return None;
+                };
+                return Some(code);
+            }
+            if s.opcode.consumes_recv() {
                 // byte_len is the message length for both (as rxe reports it).
                 let opcode = if s.opcode == Opcode::RdmaWriteWithImm {
                     CqOpcode::RecvRdmaWithImm
@@ -661,6 +675,7 @@ impl Responder {
                         imm: s.has_imm.then_some(s.imm),
                         opcode,
                         solicited: s.solicited,
+                        invalidated,
                     };
                 }
             }
@@ -737,6 +752,7 @@ impl Responder {
                 imm,
                 opcode,
                 solicited,
+                invalidated,
             } => Cqe {
                 stream,
                 wr_id: e.wqe.wr_id,
@@ -744,6 +760,7 @@ impl Responder {
                 opcode,
                 byte_len,
                 imm,
+                invalidated,
                 solicited,
                 src_qp,
             },
@@ -754,6 +771,7 @@ impl Responder {
                 opcode: CqOpcode::Recv,
                 byte_len: 0,
                 imm: None,
+                invalidated: false,
                 solicited: false,
                 src_qp,
             },
@@ -867,6 +885,16 @@ mod tests {
             self.0[r].copy_from_slice(&new.to_ne_bytes());
             Ok(old)
         }
+        /// Keys 7 and 8 are windows; the region's last byte records the last invalidated.
+        fn invalidate(&mut self, _qp: u32, rkey: u32) -> Result<(), AccessError> {
+            if !(7..=8).contains(&rkey) {
+                return Err(AccessError::Key);
+            }
+            if let Some(b) = self.0.last_mut() {
+                *b = rkey as u8;
+            }
+            Ok(())
+        }
     }
 
     fn send(
@@ -895,6 +923,66 @@ mod tests {
             100,
             mem,
         )
+    }
+
+    #[test]
+    fn send_with_inv_invalidates_in_message_order() {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        for wr_id in [20, 21] {
+            r.post_recv(RecvWqe {
+                wr_id,
+                local: SgList::single(Sge {
+                    addr: 32,
+                    len: 8,
+                    lkey: 1,
+                }),
+            })
+            .unwrap();
+        }
+        let data = |op,
+                    msn,
+                    rsn,
+                    off: u32,
+                    total: u32,
+                    imm,
+                    mem: &mut QpMem<'_, Flat>,
+                    r: &mut Responder| {
+            let len = total.saturating_sub(off).min(4) as usize;
+            let d = std::vec![0x5a; len];
+            r.on_data(op, msn, rsn, 8, 1, off, total, imm, false, &d, 4, 100, mem)
+        };
+        // Message 0, a WRITE (perhaps through the window message 1 invalidates), has its
+        // second half missing when message 1, SEND_WITH_INV of rkey 7, is all there.
+        assert_eq!(
+            data(Opcode::RdmaWrite, 0, 0, 0, 8, None, &mut mem, &mut r),
+            Verdict::Accept
+        );
+        let last = Some(7);
+        assert_eq!(
+            data(Opcode::SendWithInv, 1, 0, 0, 4, last, &mut mem, &mut r),
+            Verdict::Accept
+        );
+        assert_eq!(
+            mem.mem.0[63], 0,
+            "not invalidated before the WRITE before it is complete"
+        );
+        assert!(r.pop_completion(StreamId(0), 0, false).is_none());
+        assert_eq!(
+            data(Opcode::RdmaWrite, 0, 0, 4, 8, None, &mut mem, &mut r),
+            Verdict::Accept
+        );
+        assert_eq!(mem.mem.0[63], 7, "invalidated in message order");
+        let c = r.pop_completion(StreamId(0), 0, false).unwrap();
+        assert_eq!((c.wr_id, c.imm, c.invalidated), (20, Some(7), true));
+        // An rkey the QP may not invalidate fails the message (an invalid request).
+        let v = data(Opcode::SendWithInv, 2, 1, 0, 4, Some(9), &mut mem, &mut r);
+        assert_eq!(v, Verdict::Nak(NakCode::InvalidRequest, 0));
+        assert_eq!(r.failed(), Some(NakCode::InvalidRequest));
+        assert_eq!(r.stats.invalidate_errors, 1);
+        assert_eq!(mem.mem.0[63], 7);
+        assert!(r.pop_completion(StreamId(0), 0, false).is_none());
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub enum Opcode {
     FetchAdd = 0x07,
     /// Atomic response (original value).
     AtomicResponse = 0x08,
+    /// SEND data, and with the last packet the rkey the receiver invalidates (where a
+    /// SEND_WITH_IMM has its immediate data).
+    SendWithInv = 0x09,
     /// Acknowledgement (paths and streams).
     Ack = 0x10,
     /// Negative acknowledgement of a message.
@@ -87,6 +90,7 @@ impl Opcode {
             0x06 => Opcode::CmpSwap,
             0x07 => Opcode::FetchAdd,
             0x08 => Opcode::AtomicResponse,
+            0x09 => Opcode::SendWithInv,
             0x10 => Opcode::Ack,
             0x11 => Opcode::Nak,
             0x12 => Opcode::Probe,
@@ -97,21 +101,29 @@ impl Opcode {
         })
     }
 
-    /// Carries immediate data (on its last packet).
+    /// Carries immediate data (on its last packet; SEND_WITH_INV: the rkey to invalidate).
     pub fn has_imm(self) -> bool {
         matches!(
             self,
-            Opcode::SendWithImm | Opcode::RdmaWriteWithImm | Opcode::DatagramWithImm
+            Opcode::SendWithImm
+                | Opcode::RdmaWriteWithImm
+                | Opcode::DatagramWithImm
+                | Opcode::SendWithInv
+        )
+    }
+
+    /// A SEND (any of the three).
+    pub fn is_send(self) -> bool {
+        matches!(
+            self,
+            Opcode::Send | Opcode::SendWithImm | Opcode::SendWithInv
         )
     }
 
     /// Consumes a receive WQE at its destination QP: SEND data, and a WRITE with immediate
     /// (whose immediate completes a receive).
     pub fn consumes_recv(self) -> bool {
-        matches!(
-            self,
-            Opcode::Send | Opcode::SendWithImm | Opcode::RdmaWriteWithImm
-        )
+        self.is_send() || self == Opcode::RdmaWriteWithImm
     }
 
     /// Takes a PSN on its path and is acknowledged (everything but ACK, NAK, HELLO and

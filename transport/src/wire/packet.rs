@@ -396,7 +396,7 @@ impl Packet {
             }
         };
         let ext = match opcode {
-            Opcode::Send | Opcode::SendWithImm => {
+            Opcode::Send | Opcode::SendWithImm | Opcode::SendWithInv => {
                 let rsn = r.u32()?;
                 let offset = r.u32()?;
                 let total_len = r.u32()?;
@@ -664,9 +664,7 @@ impl Header {
             |off: u32, total: u32, len: u32| off.checked_add(len).is_some_and(|e| e <= total);
         let ok = match self.ext {
             Ext::Send(s) => {
-                matches!(op, Opcode::Send | Opcode::SendWithImm)
-                    && imm_ok(s.imm)
-                    && data_ok(s.offset, s.total_len, s.payload_len)
+                op.is_send() && imm_ok(s.imm) && data_ok(s.offset, s.total_len, s.payload_len)
             }
             Ext::Write(x) => {
                 matches!(op, Opcode::RdmaWrite | Opcode::RdmaWriteWithImm)
