@@ -65,6 +65,18 @@ def too_big_qp_fails():
     raise AssertionError("a QP beyond max_qp_wr was created")
 
 
+def to_rts(qp, sq_psn, max_rd_atomic):
+    """RTR -> RTS with the timeouts and retries every check here uses."""
+    attr = QPAttr(qp_state=e.IBV_QPS_RTS)
+    attr.timeout = 14
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    attr.sq_psn = sq_psn
+    attr.max_rd_atomic = max_rd_atomic
+    qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
+              | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+
+
 def walk_states():
     qp = state["qp"]
     attr = QPAttr(qp_state=e.IBV_QPS_INIT)
@@ -83,14 +95,7 @@ def walk_states():
     attr.ah_attr = ah
     qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
               | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-    attr = QPAttr(qp_state=e.IBV_QPS_RTS)
-    attr.timeout = 14
-    attr.retry_cnt = 7
-    attr.rnr_retry = 7
-    attr.sq_psn = 0x1234
-    attr.max_rd_atomic = 4
-    qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
-              | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+    to_rts(qp, 0x1234, 4)
     qattr, _ = qp.query(e.IBV_QP_STATE | e.IBV_QP_DEST_QPN | e.IBV_QP_SQ_PSN | e.IBV_QP_TIMEOUT)
     assert qattr.qp_state == e.IBV_QPS_RTS, qattr.qp_state
     assert qattr.dest_qp_num == qp.qp_num
@@ -355,14 +360,7 @@ def memory_windows():
                       | e.IBV_QP_ACCESS_FLAGS)
             attr, mask = rtr_attrs(gid, 1, peer.qp_num)
             qp.modify(attr, mask)
-            attr = QPAttr(qp_state=e.IBV_QPS_RTS)
-            attr.timeout = 14
-            attr.retry_cnt = 7
-            attr.rnr_retry = 7
-            attr.sq_psn = 0
-            attr.max_rd_atomic = 1
-            qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
-                      | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+            to_rts(qp, 0, 1)
         return a, b
 
     def one(wr_id):
