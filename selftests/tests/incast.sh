@@ -120,12 +120,14 @@ WINDOW=${INCAST_WINDOW:-2}
 # whose scheduling stalls are that long; 2 s of no ACK at all still fails it.
 ACK_TIMEOUT=16
 # The clients run ISECS by default, longer than the window needs. The window starts once every
-# client moves data, at most WINDOW_WAIT seconds after the first, and its 2 s took up to 4.5 s
-# on a loaded guest; the clients start apart (14 processes connecting on 2 vCPUs: the first
-# had moved 22 MB before the last moved 256 KiB in a CI run). So the first client must
-# outlast 2 x WINDOW_WAIT + 5 s: with -D SECS + 4 one of 4 (and later one of 7) had ended
-# inside the window in two CI runs, which then had no fairness figure.
-ISECS=$((2 * WINDOW_WAIT + 6))
+# client moves data, at most WINDOW_WAIT seconds after the clients were launched, and its 2 s
+# took up to 4.6 s on a loaded guest; the clients start apart (14 processes connecting on 2
+# vCPUs: the first had moved 22 MB before the last moved 256 KiB in a CI run), and their
+# launch itself takes seconds there. A client that ends inside the window leaves the run
+# without a fairness figure: with -D SECS + 4 one of 4 did, with 2 x WINDOW_WAIT + 6 (18 s)
+# one of 7, in CI runs. So 30 s: the first client outlasts launch, wait and window with
+# about 10 s to spare.
+ISECS=30
 incast() {
 	local kind="$1" n="$2" secs="${3:-$ISECS}" nice="${4:-0}" i pids=() spids=() port
 	for i in $(seq 1 "$n"); do
