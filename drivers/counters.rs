@@ -241,6 +241,15 @@ counters! {
     /// the error state with `IB_EVENT_QP_FATAL` (an SRQ: `IB_EVENT_SRQ_ERR`); one count per
     /// QP or SRQ failed.
     RingErrors => c"ring_errors",
+    /// `rx_no_peer`: of `rx_no_connection`, datagrams from an address of no peer device (a
+    /// stranger; or a peer's HELLO that reached us before any QP of ours named it, which
+    /// its next HELLO mends).
+    RxNoPeer => c"rx_no_peer",
+    /// `rx_wrong_connection`: of `rx_no_connection`, packets from a peer's address naming a
+    /// connection id that is not ours: a connection of ours the peer still uses after we
+    /// made a new one (each end lets an unused connection go after its own linger), which
+    /// our HELLO, sent in answer, mends; or forged.
+    RxWrongConnection => c"rx_wrong_connection",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default

@@ -2132,6 +2132,8 @@ fn wc_opcode(o: CqOpcode) -> u32 {
         CqOpcode::FetchAdd => w::FETCH_ADD,
         CqOpcode::Recv => w::RECV,
         CqOpcode::RecvRdmaWithImm => w::RECV_RDMA_WITH_IMM,
+        CqOpcode::AtomicWrite => w::ATOMIC_WRITE,
+        CqOpcode::Flush => w::FLUSH,
     }
 }
 
