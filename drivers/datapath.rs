@@ -1590,6 +1590,7 @@ impl Engine {
                 Err(RecvError::UnknownStream) => self.counters.inc(Counter::RxNoConnection),
                 Err(RecvError::WrongConnection) => {
                     self.counters.inc(Counter::RxNoConnection);
+                    self.counters.inc(Counter::RxWrongConnection);
                     self.on_wrong_connection(peer, conn.path_count(), now);
                 }
                 Err(RecvError::OutOfWindow) => self.counters.inc(Counter::RxOutOfWindow),
@@ -1726,6 +1727,7 @@ impl Engine {
                 drop(q);
                 drop(item);
                 self.counters.inc(Counter::RxNoConnection);
+                self.counters.inc(Counter::RxNoPeer);
             }
         }
     }
@@ -1998,10 +2000,49 @@ impl Memory for Mem<'_> {
         if va % 8 != 0 {
             return Err(AccessError::Alignment);
         }
-        let right = access::REMOTE_ATOMIC;
+        // An ATOMIC WRITE is a write (as rxe judges it); the others take the atomic right.
+        let right = if matches!(op, AtomicOp::Write { .. }) {
+            access::REMOTE_WRITE
+        } else {
+            access::REMOTE_ATOMIC
+        };
         self.remote_mr(qp, rkey, (va, 8, right), |mr, va, right| {
             mr.atomic(va, right, |old| op.apply(old))
         })
+    }
+
+    /// The region must grant the flush's placement type (`IB_ACCESS_FLUSH_GLOBAL`; the device
+    /// has no persistent memory, so no region grants `IB_ACCESS_FLUSH_PERSISTENT`) and hold
+    /// the range; a memory window's rkey is refused (windows grant no flush). Data is placed
+    /// by CPU stores as it arrives, and every earlier message's is (the transport runs a
+    /// FLUSH in message order): a full barrier makes it visible to every observer.
+    fn flush(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        persistent: bool,
+        whole_region: bool,
+    ) -> Result<(), AccessError> {
+        if rkey & verbs::MW_KEY_BIT != 0 {
+            return Err(AccessError::Key);
+        }
+        let right = if persistent {
+            access::FLUSH_PERSISTENT
+        } else {
+            access::FLUSH_GLOBAL
+        };
+        // The QP's own access flags have no flush bits: the region's decide.
+        self.remote_mr(qp, rkey, (va, len, 0), |mr, va, _| {
+            if whole_region {
+                mr.check(mr.iova, 0, right)
+            } else {
+                mr.check(va, len, right)
+            }
+        })?;
+        core::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -2088,6 +2129,8 @@ fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
         SendOp::RdmaRead => WrOpcode::RdmaRead,
         SendOp::CmpSwap => WrOpcode::CmpSwap,
         SendOp::FetchAdd => WrOpcode::FetchAdd,
+        SendOp::AtomicWrite => WrOpcode::AtomicWrite,
+        SendOp::Flush => WrOpcode::Flush,
         // Carried out by the feeder (`Engine::local_op`), never by the transport.
         SendOp::BindMw | SendOp::LocalInv => return None,
     };

@@ -109,6 +109,18 @@ struct metaroce_send_wqe {
  */
 
 /*
+ * IBV_WR_ATOMIC_WRITE (RC, built by ibv_wr_atomic_write): remote_addr (8-byte aligned) and
+ * rkey, compare_add the 8 bytes to store read as a big-endian number (they travel and land in
+ * order); the target needs IBV_ACCESS_REMOTE_WRITE. IBV_WR_FLUSH (RC, ibv_wr_flush):
+ * remote_addr, rkey, compare_add the length, swap the placement type (IBV_FLUSH_GLOBAL or
+ * _PERSISTENT) in bits 0-7 and the level (IBV_FLUSH_RANGE or _MR) in bits 8-15; the target
+ * region needs IBV_ACCESS_FLUSH_GLOBAL (the device has no persistent memory: a persistent
+ * flush completes with IBV_WC_REM_ACCESS_ERR). Neither carries data (num_sge and inline_len
+ * are 0); both run at the responder after every earlier WQE's data is placed, and complete
+ * with IBV_WC_ATOMIC_WRITE / IBV_WC_FLUSH.
+ */
+
+/*
  * UD QPs. A send WQE of a UD QP names its destination in its 32 bytes from remote_addr on,
  * which are then read as struct metaroce_ud_av (remote_addr, rkey, reserved1, compare_add and
  * swap mean nothing on UD): the address handle's destination GID (RoCE v2: an IPv4-mapped or

@@ -49,10 +49,9 @@ pub fn check_cq_attr(comp_mask: u32, wc_flags: u64, flags: u32) -> Result<(), c_
     Ok(())
 }
 
-/// Each `IBV_QP_EX_WITH_*` send op and the `ibv_wr_opcode` its builder posts. The others
-/// (TSO, FLUSH, ATOMIC_WRITE) have no opcode the device carries (`verbs-core/src/wqe.rs`
-/// fails the QP on them).
-pub const SEND_OPS: [(u64, u32); 10] = [
+/// Each `IBV_QP_EX_WITH_*` send op and the `ibv_wr_opcode` its builder posts. TSO has none
+/// the device carries (`verbs-core/src/wqe.rs` fails the QP on it).
+pub const SEND_OPS: [(u64, u32); 12] = [
     (
         sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE as u64,
         sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE,
@@ -93,10 +92,18 @@ pub const SEND_OPS: [(u64, u32); 10] = [
         sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV as u64,
         sys::ibv_wr_opcode_IBV_WR_SEND_WITH_INV,
     ),
+    (
+        sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_FLUSH as u64,
+        sys::ibv_wr_opcode_IBV_WR_FLUSH,
+    ),
+    (
+        sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_WRITE as u64,
+        sys::ibv_wr_opcode_IBV_WR_ATOMIC_WRITE,
+    ),
 ];
 
 /// Checks `send_ops_flags` for a QP of `qp_type`: every op must be one `ibv_post_send` accepts
-/// on that type (RC: all ten of [`SEND_OPS`]; UC: sends and RDMA writes; UD: the two sends;
+/// on that type (RC: all twelve of [`SEND_OPS`]; UC: sends and RDMA writes; UD: the two sends;
 /// the others: none), else `EOPNOTSUPP`.
 pub fn check_send_ops(qp_type: u32, send_ops_flags: u64) -> Result<(), c_int> {
     let mut left = send_ops_flags;
@@ -446,21 +453,21 @@ mod tests {
     #[test]
     fn send_ops_per_qp_type() {
         let all: u64 = SEND_OPS.iter().map(|(f, _)| f).sum();
-        assert_eq!(all, 0x3ff);
+        assert_eq!(all, 0x3ff | 1 << 11 | 1 << 12);
         assert_eq!(check_send_ops(RC, all), Ok(()));
         assert_eq!(check_send_ops(RC, 0), Ok(()));
         let uc_ok: u64 = 0xf; // RDMA_WRITE(_WITH_IMM), SEND(_WITH_IMM)
         assert_eq!(check_send_ops(UC, uc_ok), Ok(()));
-        for bit in 4..10 {
+        for bit in [4, 5, 6, 7, 8, 9, 11, 12] {
             assert_eq!(check_send_ops(UC, 1 << bit), Err(EOPNOTSUPP), "UC {bit}");
         }
         // UD: SEND and SEND_WITH_IMM only.
         assert_eq!(check_send_ops(UD, 0xc), Ok(()));
-        for bit in [0, 1, 4, 5, 6, 7, 8, 9] {
+        for bit in [0, 1, 4, 5, 6, 7, 8, 9, 11, 12] {
             assert_eq!(check_send_ops(UD, 1 << bit), Err(EOPNOTSUPP), "UD {bit}");
         }
-        // TSO, FLUSH, ATOMIC_WRITE, and unknown bits.
-        for bit in 10..64 {
+        // TSO, and unknown bits.
+        for bit in (10..11).chain(13..64) {
             assert_eq!(check_send_ops(RC, 1 << bit), Err(EOPNOTSUPP), "RC {bit}");
         }
         // The opcodes are the ones post_send takes.

@@ -776,6 +776,9 @@ unsafe fn send_wr_view<'a>(
             let b = unsafe { w.__bindgen_anon_2.bind_mw };
             bind_view(&mut view, b.mw, b.rkey, &b.bind_info)?;
         }
+        // `ibv_send_wr` has no member for ATOMIC_WRITE or FLUSH: only their `ibv_wr_*`
+        // builders post them.
+        Some(wqe::OpClass::Operands) => return Err(PostError::BadOpcode),
         _ => {}
     }
     Ok(view)

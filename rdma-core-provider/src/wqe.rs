@@ -28,6 +28,8 @@ const WR_ATOMIC_CMP_AND_SWP: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_CMP_AND_SWP;
 const WR_ATOMIC_FETCH_AND_ADD: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD;
 const WR_LOCAL_INV: u32 = sys::ibv_wr_opcode_IBV_WR_LOCAL_INV;
 const WR_BIND_MW: u32 = sys::ibv_wr_opcode_IBV_WR_BIND_MW;
+const WR_ATOMIC_WRITE: u32 = sys::ibv_wr_opcode_IBV_WR_ATOMIC_WRITE;
+const WR_FLUSH: u32 = sys::ibv_wr_opcode_IBV_WR_FLUSH;
 
 /// `IBV_SEND_INLINE`.
 pub const SEND_INLINE: u32 = sys::ibv_send_flags_IBV_SEND_INLINE;
@@ -49,6 +51,9 @@ pub enum OpClass {
     Atomic,
     /// BIND_MW (`bind_mw`), LOCAL_INV (`invalidate_rkey`): carried out by the device, no data.
     Local,
+    /// ATOMIC_WRITE, FLUSH: a remote address and operands, no data (`ibv_send_wr` has no
+    /// member for them: only `ibv_wr_atomic_write` and `ibv_wr_flush` build them).
+    Operands,
 }
 
 /// The class of a send opcode this provider supports, `None` for any other.
@@ -58,6 +63,7 @@ pub fn op_class(opcode: u32) -> Option<OpClass> {
         WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM | WR_RDMA_READ => Some(OpClass::Rdma),
         WR_ATOMIC_CMP_AND_SWP | WR_ATOMIC_FETCH_AND_ADD => Some(OpClass::Atomic),
         WR_BIND_MW | WR_LOCAL_INV => Some(OpClass::Local),
+        WR_ATOMIC_WRITE | WR_FLUSH => Some(OpClass::Operands),
         _ => None,
     }
 }
@@ -77,8 +83,8 @@ pub fn recvs_allowed(state: u32) -> bool {
     state >= sys::ibv_qp_state_IBV_QPS_INIT
 }
 
-/// Whether a QP of `qp_type` may post `opcode`. RC: all ten (the seven that move data,
-/// SEND_WITH_INV, a memory window bind and a local invalidate); UC: sends and RDMA writes (no
+/// Whether a QP of `qp_type` may post `opcode`. RC: all twelve (the seven that move data,
+/// SEND_WITH_INV, a memory window bind and a local invalidate, ATOMIC_WRITE and FLUSH); UC: sends and RDMA writes (no
 /// reads or atomics, IB spec); UD: sends only (a datagram has no remote memory, and the ABI's
 /// `metaroce_ud_av` takes the place of the RDMA/atomic fields). Every other type (XRC, raw
 /// packet, ...): none.
@@ -232,9 +238,11 @@ pub struct SendWr<'a> {
     pub remote_addr: u64,
     /// `wr.rdma.rkey` / `wr.atomic.rkey` (0 for sends).
     pub rkey: u32,
-    /// `wr.atomic.compare_add`; BIND_MW: the length (0 otherwise).
+    /// `wr.atomic.compare_add`; BIND_MW: the length; ATOMIC_WRITE: the 8 bytes read as a
+    /// big-endian number; FLUSH: the length (0 otherwise).
     pub compare_add: u64,
-    /// `wr.atomic.swap`; BIND_MW: the rights << 32 | the MR's lkey (0 otherwise).
+    /// `wr.atomic.swap`; BIND_MW: the rights << 32 | the MR's lkey; FLUSH: the placement type
+    /// | the selectivity level << 8 (0 otherwise).
     pub swap: u64,
     /// On a UD QP: where the send goes (`wr.ud`, its AH resolved); not looked at otherwise.
     pub ud: Option<UdDest>,
@@ -265,7 +273,13 @@ pub fn encode_send(
     mut copy_inline: impl FnMut(&sys::ibv_sge, &mut [u8]),
 ) -> Result<sys::metaroce_send_wqe, PostError> {
     let (class, av) = check_op(wr, limits)?;
-    if class == OpClass::Local {
+    if class == OpClass::Operands
+        && wr.opcode == WR_ATOMIC_WRITE
+        && !wr.remote_addr.is_multiple_of(8)
+    {
+        return Err(PostError::BadAtomic);
+    }
+    if matches!(class, OpClass::Local | OpClass::Operands) {
         // No data: the SGEs are not looked at (the kernel refuses them), nor is inline.
         let data = sys::metaroce_send_wqe__bindgen_ty_1 {
             sge: [NO_SGE; MAX_SEND_SGE as usize],
@@ -395,8 +409,8 @@ fn assemble(
         _ => (wr.remote_addr, wr.rkey),
     };
     let (compare_add, swap) = match wr.opcode {
-        WR_ATOMIC_CMP_AND_SWP | WR_BIND_MW => (wr.compare_add, wr.swap),
-        WR_ATOMIC_FETCH_AND_ADD => (wr.compare_add, 0),
+        WR_ATOMIC_CMP_AND_SWP | WR_BIND_MW | WR_FLUSH => (wr.compare_add, wr.swap),
+        WR_ATOMIC_FETCH_AND_ADD | WR_ATOMIC_WRITE => (wr.compare_add, 0),
         _ => (0, 0),
     };
     let imm_data = match wr.opcode {
@@ -647,10 +661,42 @@ mod tests {
         }
     }
 
+    /// ATOMIC_WRITE and FLUSH carry their operands, never data (SGEs and inline are dropped);
+    /// an ATOMIC_WRITE's address must be aligned; neither exists on UC or UD.
+    #[test]
+    fn atomic_write_and_flush_carry_operands_only() {
+        let list = sges(2);
+        let mut w = wr(WR_ATOMIC_WRITE, &list);
+        w.remote_addr = 0x7000_0000_0010;
+        w.compare_add = 0x0102_0304_0506_0708;
+        w.swap = 99;
+        w.send_flags |= SEND_INLINE;
+        let e = encode_send(&w, &RC, no_inline).unwrap();
+        assert_eq!((e.opcode, e.num_sge, e.inline_len), (WR_ATOMIC_WRITE, 0, 0));
+        assert_eq!(e.send_flags & SEND_INLINE, 0);
+        assert_eq!((e.remote_addr, e.rkey), (0x7000_0000_0010, 0xfeed));
+        assert_eq!((e.compare_add, e.swap), (0x0102_0304_0506_0708, 0));
+        w.remote_addr += 4;
+        assert_eq!(
+            encode_send(&w, &RC, no_inline).err(),
+            Some(PostError::BadAtomic)
+        );
+        let mut f = wr(WR_FLUSH, &list);
+        f.compare_add = 4096;
+        f.swap = 1 | 1 << 8;
+        let e = encode_send(&f, &RC, no_inline).unwrap();
+        assert_eq!((e.opcode, e.num_sge), (WR_FLUSH, 0));
+        assert_eq!((e.compare_add, e.swap), (4096, 1 | 1 << 8));
+        for t in [sys::ibv_qp_type_IBV_QPT_UC, QPT_UD] {
+            assert!(!opcode_allowed(t, WR_ATOMIC_WRITE));
+            assert!(!opcode_allowed(t, WR_FLUSH));
+        }
+    }
+
     #[test]
     fn rejects_unsupported_opcodes_and_flags() {
         let list = sges(1);
-        for op in [10, 11, 14, 15, 100, u32::MAX] {
+        for op in [10, 11, 12, 13, 16, 100, u32::MAX] {
             assert_eq!(
                 encode_send(&wr(op, &list), &RC, no_inline).err().unwrap(),
                 PostError::BadOpcode

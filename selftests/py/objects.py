@@ -472,6 +472,94 @@ def memory_windows():
         o.close()
 
 
+def atomic_write_and_flush():
+    """ATOMIC WRITE and RDMA FLUSH between two QPs of this device, through the ibv_wr_* API: the
+    8 bytes land in order at the target; FLUSH of a range and of the whole MR complete
+    (IBV_WC_ATOMIC_WRITE, IBV_WC_FLUSH, in order with the WRITE before them); an MR asking for
+    persistent flush is refused (no persistent memory), a persistent FLUSH fails with a remote
+    access error, and a misaligned ATOMIC WRITE fails the batch (EINVAL)."""
+    from pyverbs.qp import QPEx, QPInitAttrEx
+
+    pd = PD(ctx)
+    cq = CQ(ctx, 64)
+    target = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+                | e.IBV_ACCESS_FLUSH_GLOBAL)
+    src = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+    try:
+        MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_FLUSH_PERSISTENT)
+        raise AssertionError("an MR with IBV_ACCESS_FLUSH_PERSISTENT was registered")
+    except PyverbsRDMAError:
+        pass
+    ops = (e.IBV_QP_EX_WITH_ATOMIC_WRITE | e.IBV_QP_EX_WITH_FLUSH
+           | e.IBV_QP_EX_WITH_RDMA_WRITE)
+    cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
+    gid = ctx.query_gid(1, 1)
+
+    def qpex():
+        return QPEx(ctx, QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, pd=pd, cap=cap,
+                                      send_ops_flags=ops,
+                                      comp_mask=e.IBV_QP_INIT_ATTR_PD
+                                      | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+    a, b = qpex(), qpex()
+    for qp, peer in ((a, b), (b, a)):
+        attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+        attr.pkey_index = 0
+        attr.port_num = 1
+        attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
+        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                  | e.IBV_QP_ACCESS_FLAGS)
+        attr, mask = rtr_attrs(gid, 1, peer.qp_num)
+        qp.modify(attr, mask)
+        to_rts(qp, 0, 1)
+
+    def poll(n):
+        got = []
+        for _ in range(2000):
+            k, wcs = cq.poll(num_entries=n - len(got))
+            got += [(w.wr_id, w.status, w.opcode) for w in wcs[:k]]
+            if len(got) == n:
+                return got
+            time.sleep(0.005)
+        raise AssertionError(f"{len(got)} of {n} completions: {got}")
+
+    data = bytes((i * 13) & 0xff for i in range(1024))
+    src.write(data, len(data))
+    flag = bytes(range(1, 9))
+    a.wr_start()
+    a.wr_id, a.wr_flags = 1, e.IBV_SEND_SIGNALED
+    a.wr_rdma_write(target.rkey, target.buf)
+    a.wr_set_sge(SGE(src.buf, len(data), src.lkey))
+    a.wr_id = 2
+    a.wr_atomic_write(target.rkey, target.buf + 1024, flag)
+    a.wr_id = 3
+    a.wr_flush(target.rkey, target.buf, 1032, e.IBV_FLUSH_GLOBAL, e.IBV_FLUSH_RANGE)
+    a.wr_id = 4
+    a.wr_flush(target.rkey, target.buf, 0, e.IBV_FLUSH_GLOBAL, e.IBV_FLUSH_MR)
+    a.wr_complete()
+    ok = e.IBV_WC_SUCCESS
+    want = [(1, ok, e.IBV_WC_RDMA_WRITE), (2, ok, e.IBV_WC_ATOMIC_WRITE),
+            (3, ok, e.IBV_WC_FLUSH), (4, ok, e.IBV_WC_FLUSH)]
+    got = poll(4)
+    assert got == want, got
+    assert target.read(len(data), 0) == data, "the WRITE's data"
+    assert target.read(8, 1024) == flag, f"the ATOMIC WRITE's bytes: {target.read(8, 1024)}"
+    a.wr_start()
+    a.wr_atomic_write(target.rkey, target.buf + 1028, flag)
+    try:
+        a.wr_complete()
+        raise AssertionError("a misaligned ATOMIC WRITE was posted")
+    except PyverbsRDMAError as ex:
+        assert ex.error_code == errno.EINVAL, ex.error_code
+    a.wr_start()
+    a.wr_id = 5
+    a.wr_flush(target.rkey, target.buf, 8, e.IBV_FLUSH_PERSISTENT, e.IBV_FLUSH_RANGE)
+    a.wr_complete()
+    got = poll(1)
+    assert got == [(5, e.IBV_WC_REM_ACCESS_ERR, e.IBV_WC_FLUSH)], got
+    for o in (a, b, target, src, cq, pd):
+        o.close()
+
+
 def srq_objects():
     srq = SRQ(state["pd"], SrqInitAttr(SrqAttr(max_wr=32, max_sge=1)))
     a = srq.query()
@@ -508,6 +596,8 @@ check("ibv_resize_cq: waiting completions move in order, later ones follow; too 
 check("memory windows: type 2 bound by a work request takes a WRITE at its address, refuses "
       "after LOCAL_INV and after the peer's SEND_WITH_INV (IBV_WC_WITH_INV); type 1 bound by ibv_bind_mw is read through, not beyond; a bind the MR "
       "cannot back is MW_BIND_ERR", memory_windows)
+check("ATOMIC WRITE lands its 8 bytes in order, FLUSH of a range and of an MR complete in order, "
+      "a persistent FLUSH is a remote access error (ibv_wr_* API)", atomic_write_and_flush)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("destroy QP, CQ, MR, PD", close_all)
 ctx.close()

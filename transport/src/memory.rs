@@ -145,6 +145,11 @@ pub enum AtomicOp {
         /// Addend.
         add: u64,
     },
+    /// Store `value` (ATOMIC WRITE: the word is never seen half written).
+    Write {
+        /// New value.
+        value: u64,
+    },
 }
 
 impl AtomicOp {
@@ -159,6 +164,7 @@ impl AtomicOp {
                 }
             }
             AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+            AtomicOp::Write { value } => value,
         }
     }
 }
@@ -208,8 +214,25 @@ pub trait Memory {
         va: u64,
         out: &mut [u8],
     ) -> Result<(), AccessError>;
-    /// Executes an atomic and returns the original value.
+    /// Executes an atomic and returns the original value. An ATOMIC WRITE
+    /// ([`AtomicOp::Write`]) takes the remote write right, the others the remote atomic one.
     fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// An RDMA FLUSH for QP `qp`: makes what earlier messages placed in `[va, va + len)` under
+    /// `rkey` (with `whole_region`, all of the region `rkey` names) visible to every observer,
+    /// or persistent with `persistent`; the region must allow that flush (its access flags).
+    /// Memory without flush keeps the default: refused.
+    fn flush(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        persistent: bool,
+        whole_region: bool,
+    ) -> Result<(), AccessError> {
+        let _ = (qp, rkey, va, len, persistent, whole_region);
+        Err(AccessError::Permission)
+    }
     /// Invalidates, for QP `qp`, the memory window (or region) that `rkey` names: a
     /// SEND_WITH_INV's request, carried out before its receive completes. Memory without
     /// windows keeps the default: nothing to invalidate.
@@ -284,5 +307,18 @@ impl<'a, M: Memory> QpMem<'a, M> {
     /// [`Memory::atomic`] for this QP.
     pub fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
         self.mem.atomic(self.qp, rkey, va, op)
+    }
+
+    /// [`Memory::flush`] for this QP.
+    pub fn flush(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        persistent: bool,
+        whole_region: bool,
+    ) -> Result<(), AccessError> {
+        self.mem
+            .flush(self.qp, rkey, va, len, persistent, whole_region)
     }
 }

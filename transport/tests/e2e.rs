@@ -139,6 +139,65 @@ fn atomics_return_original_values() {
         .all(|c| c.status == CqStatus::Success && c.byte_len == 8));
 }
 
+/// A WRITE, then an ATOMIC WRITE of a flag behind it and a FLUSH of both, over a reordering,
+/// lossy link: the flag and the data arrive, the FLUSH completes after them, and a
+/// persistent FLUSH (no persistent memory here) fails with a remote access error.
+#[test]
+fn atomic_write_and_flush() {
+    for seed in [5, 6, 7] {
+        let mut sim = Sim::new(LinkConfig::clean().loss(300).reorder(30, 30_000), seed);
+        let data: Vec<u8> = (0..16384u32).map(|i| (i * 7) as u8).collect();
+        sim.ep[0].mem.fill(1, A_BUF, &data);
+        post(
+            &mut sim,
+            SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 16384)).remote(B_BUF, 2),
+        );
+        post(
+            &mut sim,
+            SendWqe::new(2, WrOpcode::AtomicWrite, Default::default())
+                .remote(B_BUF + 16384, 2)
+                .atomic(0, 0x1122_3344_5566_7788),
+        );
+        let global_range = u64::from(metaroce_transport::wire::FLUSH_GLOBAL);
+        post(
+            &mut sim,
+            SendWqe::new(3, WrOpcode::Flush, Default::default())
+                .remote(B_BUF, 2)
+                .atomic(global_range, 16392),
+        );
+        assert!(sim.run_until(50_000_000, |s| s.ep[0].send_cqes.len() == 3));
+        let got: Vec<_> = sim.ep[0]
+            .send_cqes
+            .iter()
+            .map(|c| (c.wr_id, c.status, c.opcode, c.byte_len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, CqStatus::Success, CqOpcode::RdmaWrite, 16384),
+                (2, CqStatus::Success, CqOpcode::AtomicWrite, 8),
+                (3, CqStatus::Success, CqOpcode::Flush, 0),
+            ]
+        );
+        assert_eq!(sim.ep[1].mem.bytes(2, B_BUF, 16384), &data[..]);
+        assert_eq!(
+            sim.ep[1].mem.bytes(2, B_BUF + 16384, 8),
+            0x1122_3344_5566_7788u64.to_be_bytes(),
+            "the bytes in order"
+        );
+        assert_eq!(sim.ep[1].mem.flushes, 1, "executed once");
+        let persistent = u64::from(metaroce_transport::wire::FLUSH_PERSISTENT);
+        post(
+            &mut sim,
+            SendWqe::new(4, WrOpcode::Flush, Default::default())
+                .remote(B_BUF, 2)
+                .atomic(persistent, 8),
+        );
+        assert!(sim.run_until(100_000_000, |s| s.ep[0].send_cqes.len() == 4));
+        assert_eq!(sim.ep[0].send_cqes[3].status, CqStatus::RemAccessErr);
+    }
+}
+
 fn lossy(link: LinkConfig, seed: u64, msgs: &[Msg]) -> WorkloadResult {
     let mut sim = Sim::new(link, seed);
     let r = run_workload(&mut sim, msgs, 2_000_000_000);

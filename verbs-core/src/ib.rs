@@ -154,6 +154,10 @@ pub mod wr_opcode {
     pub const BIND_MW: u32 = 8;
     /// `IB_WR_SEND_WITH_INV`.
     pub const SEND_WITH_INV: u32 = 9;
+    /// `IB_WR_FLUSH`.
+    pub const FLUSH: u32 = 14;
+    /// `IB_WR_ATOMIC_WRITE`.
+    pub const ATOMIC_WRITE: u32 = 15;
 }
 
 /// `enum ib_send_flags`.
@@ -184,6 +188,10 @@ pub mod access {
     pub const MW_BIND: u32 = 1 << 4;
     /// `IB_ZERO_BASED`: remote addresses are offsets into the region (or window).
     pub const ZERO_BASED: u32 = 1 << 5;
+    /// `IB_ACCESS_FLUSH_GLOBAL`: RDMA FLUSH to global visibility may target the region.
+    pub const FLUSH_GLOBAL: u32 = 1 << 8;
+    /// `IB_ACCESS_FLUSH_PERSISTENT`: RDMA FLUSH to persistence may target the region.
+    pub const FLUSH_PERSISTENT: u32 = 1 << 9;
 }
 
 /// `enum ib_srq_type`.
@@ -264,6 +272,10 @@ pub mod wc_opcode {
     pub const BIND_MW: u32 = 5;
     /// `IB_WC_LOCAL_INV`.
     pub const LOCAL_INV: u32 = 6;
+    /// `IB_WC_FLUSH`.
+    pub const FLUSH: u32 = 8;
+    /// `IB_WC_ATOMIC_WRITE`.
+    pub const ATOMIC_WRITE: u32 = 9;
     /// `IB_WC_RECV`: receive completions have this bit.
     pub const RECV: u32 = 1 << 7;
     /// `IB_WC_RECV_RDMA_WITH_IMM`.
@@ -279,6 +291,8 @@ pub mod wc_opcode {
             wr::ATOMIC_FETCH_AND_ADD => FETCH_ADD,
             wr::BIND_MW => BIND_MW,
             wr::LOCAL_INV => LOCAL_INV,
+            wr::FLUSH => FLUSH,
+            wr::ATOMIC_WRITE => ATOMIC_WRITE,
             _ => SEND,
         }
     }

@@ -93,6 +93,11 @@ pub enum SendOp {
     BindMw,
     /// A local invalidate of the memory window `rkey` names; sends nothing.
     LocalInv,
+    /// ATOMIC WRITE of the 8 bytes in the WQE ([`SendWork::atomic`]: `(0, value)`).
+    AtomicWrite,
+    /// RDMA FLUSH ([`SendWork::atomic`]: `(placement type | selectivity level << 8,
+    /// length)`).
+    Flush,
 }
 
 impl SendOp {
@@ -109,6 +114,8 @@ impl SendOp {
             op::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd,
             op::BIND_MW => SendOp::BindMw,
             op::LOCAL_INV => SendOp::LocalInv,
+            op::ATOMIC_WRITE => SendOp::AtomicWrite,
+            op::FLUSH => SendOp::Flush,
             _ => return None,
         })
     }
@@ -140,6 +147,14 @@ impl SendOp {
     pub fn is_local(self) -> bool {
         matches!(self, SendOp::BindMw | SendOp::LocalInv)
     }
+
+    /// Whether it has no local data at all: its operands are in the WQE.
+    pub fn dataless(self) -> bool {
+        matches!(
+            self,
+            SendOp::BindMw | SendOp::LocalInv | SendOp::AtomicWrite | SendOp::Flush
+        )
+    }
 }
 
 /// Where a send's local data is.
@@ -167,7 +182,9 @@ pub struct SendWork {
     pub rkey: u32,
     /// Immediate data (big-endian, as posted) of the `*WithImm` operations.
     pub imm: Option<u32>,
-    /// Compare-and-swap: (compare, swap); fetch-and-add: (0, add).
+    /// Compare-and-swap: (compare, swap); fetch-and-add: (0, add); ATOMIC WRITE: (0, the
+    /// 8 bytes read as a big-endian number); FLUSH: (placement type | selectivity level << 8,
+    /// length).
     pub atomic: Option<(u64, u64)>,
     /// Completes with a CQE even when the QP signals only requested ones.
     pub signaled: bool,
@@ -197,8 +214,9 @@ pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<Send
     if w.send_flags & !SEND_FLAGS != 0 || w.reserved0 != 0 || w.reserved1 != 0 || !sized {
         return Judged::Fatal;
     }
-    // The local operations carry no data, and their fields are the bind's or the rkey.
-    if opcode.is_local() && (inline || w.num_sge != 0) {
+    // The local operations, ATOMIC WRITE and FLUSH carry no data: their fields are the
+    // bind's, the rkey, the value or the range.
+    if opcode.dataless() && (inline || w.num_sge != 0) {
         return Judged::Fatal;
     }
     let payload = if inline {
@@ -216,6 +234,8 @@ pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<Send
     let atomic = match opcode {
         SendOp::CmpSwap => Some((w.compare_add, w.swap)),
         SendOp::FetchAdd => Some((0, w.compare_add)),
+        SendOp::AtomicWrite => Some((0, w.compare_add)),
+        SendOp::Flush => Some((w.swap, w.compare_add)),
         _ => None,
     };
     Judged::Usable(SendWork {
@@ -566,6 +586,43 @@ mod tests {
             (s.imm, s.atomic, s.solicited, s.fence),
             (Some(0x1234), None, true, true)
         );
+    }
+
+    /// ATOMIC WRITE and FLUSH carry their operands in the WQE and no data.
+    #[test]
+    fn atomic_write_and_flush() {
+        let w = SendWqe {
+            opcode: op::ATOMIC_WRITE,
+            remote_addr: 64,
+            rkey: 3,
+            compare_add: 0x0102_0304_0506_0708,
+            swap: 7,
+            ..Default::default()
+        };
+        let Judged::Usable(s) = judge_send(&w, false, false) else {
+            panic!()
+        };
+        assert_eq!(
+            (s.op, s.atomic, s.rkey, s.remote_addr),
+            (SendOp::AtomicWrite, Some((0, 0x0102_0304_0506_0708)), 3, 64)
+        );
+        let f = SendWqe {
+            opcode: op::FLUSH,
+            compare_add: 4096,
+            swap: 1 | 1 << 8,
+            ..w
+        };
+        let Judged::Usable(s) = judge_send(&f, false, false) else {
+            panic!()
+        };
+        assert_eq!((s.op, s.atomic), (SendOp::Flush, Some((1 | 1 << 8, 4096))));
+        for mut bad in [w, f] {
+            bad.num_sge = 1;
+            assert_eq!(judge_send(&bad, false, true), Judged::Fatal, "with an SGE");
+            bad.num_sge = 0;
+            bad.send_flags = sf::INLINE;
+            assert_eq!(judge_send(&bad, false, true), Judged::Fatal, "inline");
+        }
     }
 
     #[test]

@@ -337,8 +337,8 @@ pub(super) unsafe extern "C" fn create_qp_ex(
 
 /// Installs the `ibv_wr_*` functions: a builder for each op of `send_ops_flags` (checked by
 /// `ex::check_send_ops`; the others stay NULL, as in rxe and mlx5), the data setters, and
-/// `wr_set_ud_addr` (which fails the batch on a QP that is not UD). `wr_set_xrc_srqn`,
-/// `wr_send_tso`, `wr_flush` and `wr_atomic_write` stay NULL: the device has none of them.
+/// `wr_set_ud_addr` (which fails the batch on a QP that is not UD). `wr_set_xrc_srqn` and
+/// `wr_send_tso` stay NULL: the device has neither.
 ///
 /// # Safety
 /// `qpx` must be the `ibv_qp_ex` of a live [`Qp`] not yet handed out.
@@ -375,6 +375,12 @@ pub(super) unsafe fn set_wr_ops(qpx: *mut sys::ibv_qp_ex, send_ops_flags: u64) {
         }
         if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV) {
             (*qpx).wr_send_inv = Some(wr_send_inv);
+        }
+        if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_WRITE) {
+            (*qpx).wr_atomic_write = Some(wr_atomic_write);
+        }
+        if asked(sys::ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_FLUSH) {
+            (*qpx).wr_flush = Some(wr_flush);
         }
         (*qpx).wr_set_sge = Some(wr_set_sge);
         (*qpx).wr_set_sge_list = Some(wr_set_sge_list);
@@ -573,6 +579,55 @@ builder!(
         rkey,
         remote_addr,
         compare_add: add,
+        ..WrOp::default()
+    }
+);
+
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` stored at `remote_addr` (8-byte
+/// aligned) at once; no data setter follows. The bytes are read now and travel in order (the
+/// WQE's `compare_add` holds them read as a big-endian number); a NULL `atomic_wr` fails the
+/// batch (`EINVAL`).
+unsafe extern "C" fn wr_atomic_write(
+    qpx: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
+) {
+    guard((), || {
+        // SAFETY: the caller's 8 bytes, if given (any alignment).
+        let value = (!atomic_wr.is_null())
+            .then(|| unsafe { atomic_wr.cast::<[u8; 8]>().read_unaligned() })
+            .map(u64::from_be_bytes);
+        // SAFETY: libibverbs calls this on our extended QP.
+        unsafe {
+            match value {
+                Some(value) => build(
+                    qpx,
+                    WrOp {
+                        opcode: sys::ibv_wr_opcode_IBV_WR_ATOMIC_WRITE,
+                        rkey,
+                        remote_addr,
+                        compare_add: value,
+                        ..WrOp::default()
+                    },
+                ),
+                None => in_batch(qpx, |b, _, _| b.fail(wqe::PostError::BadAtomic)),
+            }
+        }
+    })
+}
+
+builder!(
+    /// `ibv_wr_flush`: what earlier work requests placed in `[remote_addr, remote_addr +
+    /// len)` (`IBV_FLUSH_MR`: in all of the region `rkey` names) made visible
+    /// (`IBV_FLUSH_GLOBAL`) or persistent; no data setter follows. The device has no
+    /// persistent memory: a persistent flush completes with a remote access error.
+    wr_flush(rkey: u32, remote_addr: u64, len: usize, ptype: u8, level: u8) => WrOp {
+        opcode: sys::ibv_wr_opcode_IBV_WR_FLUSH,
+        rkey,
+        remote_addr,
+        compare_add: len as u64,
+        swap: u64::from(ptype) | u64::from(level) << 8,
         ..WrOp::default()
     }
 );
@@ -1052,6 +1107,22 @@ mod tests {
         fn bytes(&self) -> Vec<u64> {
             self.buf.clone()
         }
+
+        /// The WQE in ring slot `i`.
+        fn wqe(&self, i: usize) -> sys::metaroce_send_wqe {
+            let at = crate::ring::HDR_SIZE + i * size_of::<sys::metaroce_send_wqe>();
+            assert!(at + size_of::<sys::metaroce_send_wqe>() <= self.buf.len() * 8);
+            // SAFETY: in bounds (checked) of the 8-aligned ring buffer; any bytes are a valid
+            // WQE (plain integers and a byte union).
+            unsafe {
+                self.buf
+                    .as_ptr()
+                    .cast::<u8>()
+                    .add(at)
+                    .cast::<sys::metaroce_send_wqe>()
+                    .read_unaligned()
+            }
+        }
     }
 
     impl Drop for ExQp {
@@ -1061,7 +1132,7 @@ mod tests {
         }
     }
 
-    const ALL_RC: u64 = 0x3ff;
+    const ALL_RC: u64 = 0x3ff | 1 << 11 | 1 << 12;
     const RC_LIMITS: SendLimits = super::super::tests::RC;
     /// IBV_QP_EX_WITH_SEND | _SEND_WITH_IMM: what a UD QP takes.
     const UD_OPS: u64 = 0xc;
@@ -1310,6 +1381,54 @@ mod tests {
         }
     }
 
+    /// `ibv_wr_atomic_write` takes its 8 bytes when called (in order: `compare_add` holds them
+    /// read big-endian), `ibv_wr_flush` its range, type and level; neither takes data, and a
+    /// NULL value or a misaligned address fails the batch.
+    #[test]
+    fn atomic_write_and_flush_builders() {
+        let qp = ExQp::new(4, ALL_RC);
+        let o = qp.ops();
+        let q = qp.qpx();
+        let value = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        // SAFETY: the callbacks as an application calls them, on a live QP; `value` is live.
+        unsafe {
+            o.wr_start.unwrap()(q);
+            qp.next(7, SIGNALED);
+            o.wr_atomic_write.unwrap()(q, 0x31, 0xbeef_0008, value.as_ptr().cast());
+            qp.next(8, SIGNALED);
+            o.wr_flush.unwrap()(q, 0x32, 0xbeef_0000, 4096, 1, 1);
+            assert_eq!(o.wr_complete.unwrap()(q), 0);
+        }
+        assert_eq!((qp.producer(), qp.doorbells()), (2, 1));
+        let (a, f) = (qp.wqe(0), qp.wqe(1));
+        assert_eq!(
+            (a.wr_id, a.opcode, a.rkey, a.remote_addr, a.num_sge),
+            (
+                7,
+                sys::ibv_wr_opcode_IBV_WR_ATOMIC_WRITE,
+                0x31,
+                0xbeef_0008,
+                0
+            )
+        );
+        assert_eq!((a.compare_add, a.swap), (0x0102_0304_0506_0708, 0));
+        assert_eq!(
+            (f.wr_id, f.opcode, f.rkey, f.remote_addr, f.num_sge),
+            (8, sys::ibv_wr_opcode_IBV_WR_FLUSH, 0x32, 0xbeef_0000, 0)
+        );
+        assert_eq!((f.compare_add, f.swap), (4096, 1 | 1 << 8));
+        // SAFETY: as above; a NULL value is the application's mistake, caught.
+        unsafe {
+            o.wr_start.unwrap()(q);
+            o.wr_atomic_write.unwrap()(q, 0x31, 0xbeef_0008, ptr::null());
+            assert_eq!(o.wr_complete.unwrap()(q), EINVAL);
+            o.wr_start.unwrap()(q);
+            o.wr_atomic_write.unwrap()(q, 0x31, 0xbeef_0004, value.as_ptr().cast());
+            assert_eq!(o.wr_complete.unwrap()(q), EINVAL, "misaligned");
+        }
+        assert_eq!(qp.producer(), 2);
+    }
+
     #[test]
     fn post_send_inside_ones_own_batch_is_refused() {
         let qp = ExQp::new(4, ALL_RC);
@@ -1507,15 +1626,17 @@ mod tests {
         assert!(o.wr_set_inline_data.is_some() && o.wr_set_inline_data_list.is_some());
         assert!(o.wr_set_ud_addr.is_some());
         assert!(o.wr_bind_mw.is_none() && o.wr_local_inv.is_none() && o.wr_send_inv.is_none());
+        assert!(o.wr_flush.is_none() && o.wr_atomic_write.is_none());
         // Never: the device has none of these.
         assert!(o.wr_send_tso.is_none() && o.wr_set_xrc_srqn.is_none());
-        assert!(o.wr_flush.is_none() && o.wr_atomic_write.is_none());
         let all = ExQp::new(4, ALL_RC).ops();
         assert!(all.wr_send_imm.is_some() && all.wr_rdma_write.is_some());
         assert!(all.wr_rdma_write_imm.is_some() && all.wr_rdma_read.is_some());
         assert!(all.wr_atomic_cmp_swp.is_some() && all.wr_atomic_fetch_add.is_some());
         assert!(all.wr_bind_mw.is_some() && all.wr_local_inv.is_some());
         assert!(all.wr_send_inv.is_some());
+        assert!(all.wr_flush.is_some() && all.wr_atomic_write.is_some());
+        assert!(all.wr_send_tso.is_none() && all.wr_set_xrc_srqn.is_none());
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod timer;
 use super::congestion::{
     CcConfig, CcStats, ConnCc, Grant, RateAllocator, SenderSlot, PACKET_OVERHEAD,
 };
-use super::memory::{AtomicOp, Memory, QpMem};
+use super::memory::{Memory, QpMem};
 use super::rng::XorShift;
 use super::stream::requester::{RequesterStats, RespVerdict};
 use super::stream::responder::{ResponderStats, ResponseKind, Verdict};
@@ -1025,10 +1025,13 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 }
             }
             let v = if s.error().is_some() {
-                // A QP in error answers requests with a NAK so the peer fails fast.
-                match view.header.ext {
-                    Ext::ReadResponse(_) | Ext::AtomicResponse(_) => Verdict::Accept,
+                // A QP in error answers requests with a NAK so the peer fails fast: the
+                // message that failed it with its own NAK again (that one may have been lost),
+                // the others with a remote operational error.
+                match (view.header.ext, s.resp.failed()) {
+                    (Ext::ReadResponse(_) | Ext::AtomicResponse(_), _) => Verdict::Accept,
                     _ if super::wire::seq_lt(b.msn, s.resp.completed_msn()) => Verdict::Accept,
+                    (_, Some(code)) if b.msn == s.resp.completed_msn() => Verdict::Nak(code, 0),
                     _ => Verdict::Nak(NakCode::RemoteOperational, 0),
                 }
             } else {
@@ -1067,17 +1070,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     Ext::ReadRequest(x) => {
                         s.resp.on_read_request(b.msn, x.va, x.rkey, x.len, mtu, mem)
                     }
-                    Ext::Atomic(x) => {
-                        let op = if b.opcode == Opcode::CmpSwap {
-                            AtomicOp::CompareSwap {
-                                compare: x.compare,
-                                swap: x.swap_add,
-                            }
-                        } else {
-                            AtomicOp::FetchAdd { add: x.swap_add }
-                        };
-                        s.resp.on_atomic(b.msn, x.va, x.rkey, op, b.opcode, mem)
-                    }
+                    Ext::Atomic(x) => s
+                        .resp
+                        .on_atomic(b.msn, x.va, x.rkey, x.compare, x.swap_add, b.opcode, mem),
                     Ext::ReadResponse(x) => match s.req.on_read_response(
                         now,
                         b.msn,
@@ -1110,8 +1105,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 self.sched.push(&mut self.streams, ACK, si);
             }
             self.touch(si);
-            if let Verdict::Nak(code, value) = v {
-                self.queue_nak(b.src_qp, b.dst_qp, b.msn, code, value);
+            match v {
+                Verdict::Nak(code, value) => self.queue_nak(b.src_qp, b.dst_qp, b.msn, code, value),
+                Verdict::NakMsn(msn, code) => self.queue_nak(b.src_qp, b.dst_qp, msn, code, 0),
+                Verdict::Accept | Verdict::Drop => {}
             }
             v
         };
@@ -1133,7 +1130,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.unacked = self.unacked.saturating_add(1);
         if b.flags.has(Flags::ACK_REQ)
             || self.unacked >= self.cfg.ack_every
-            || matches!(verdict, Verdict::Nak(..))
+            || matches!(verdict, Verdict::Nak(..) | Verdict::NakMsn(..))
         {
             self.ack_now = true;
         } else if !self.ack_armed || self.ack_repeat {
@@ -1866,6 +1863,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     WrOpcode::RdmaRead => Opcode::ReadRequest,
                     WrOpcode::CmpSwap => Opcode::CmpSwap,
                     WrOpcode::FetchAdd => Opcode::FetchAdd,
+                    WrOpcode::AtomicWrite => Opcode::AtomicWrite,
+                    WrOpcode::Flush => Opcode::Flush,
                 };
                 let mut base = base_header(
                     &self.cfg,
@@ -1914,7 +1913,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                         va: w.remote_va,
                         rkey: w.rkey,
                         swap_add: w.swap_add,
-                        compare: if opcode == Opcode::CmpSwap {
+                        compare: if matches!(opcode, Opcode::CmpSwap | Opcode::Flush) {
                             w.compare
                         } else {
                             0

@@ -124,6 +124,12 @@ pub enum WrOpcode {
     CmpSwap,
     /// Atomic fetch and add.
     FetchAdd,
+    /// ATOMIC WRITE: the 8 bytes `swap_add` holds (read as a big-endian number: they travel
+    /// and land in order) stored at once at the 8-byte aligned `remote_va`, in message order.
+    AtomicWrite,
+    /// RDMA FLUSH of `[remote_va, remote_va + swap_add)` under `rkey`; `compare` holds the
+    /// placement type and selectivity level as the wire's `AtomicExt` does.
+    Flush,
 }
 zero_valid!(WrOpcode::Send);
 
@@ -155,6 +161,8 @@ impl WrOpcode {
             WrOpcode::RdmaRead => CqOpcode::RdmaRead,
             WrOpcode::CmpSwap => CqOpcode::CmpSwap,
             WrOpcode::FetchAdd => CqOpcode::FetchAdd,
+            WrOpcode::AtomicWrite => CqOpcode::AtomicWrite,
+            WrOpcode::Flush => CqOpcode::Flush,
         }
     }
 }
@@ -174,9 +182,9 @@ pub struct SendWqe {
     pub rkey: u32,
     /// Immediate data (WITH_IMM opcodes).
     pub imm: u32,
-    /// CMP_SWP compare value.
+    /// CMP_SWP compare value; FLUSH placement type and selectivity level.
     pub compare: u64,
-    /// CMP_SWP swap value or FETCH_ADD addend.
+    /// CMP_SWP swap value, FETCH_ADD addend, ATOMIC WRITE bytes (big-endian), FLUSH length.
     pub swap_add: u64,
     /// Generate a completion on success (errors always complete).
     pub signaled: bool,
@@ -283,6 +291,10 @@ pub enum CqOpcode {
     Recv,
     /// Receive consumed by an RDMA WRITE with immediate.
     RecvRdmaWithImm,
+    /// ATOMIC WRITE.
+    AtomicWrite,
+    /// RDMA FLUSH.
+    Flush,
 }
 
 /// A completion queue entry.

@@ -232,6 +232,14 @@ impl Requester {
                 }
                 (0, 1, 1)
             }
+            // One packet, acknowledged as a WRITE is; the value travels in the header.
+            WrOpcode::AtomicWrite => {
+                if !wqe.remote_va.is_multiple_of(8) {
+                    return Err(PostError::InvalidWqe);
+                }
+                (0, 1, 0)
+            }
+            WrOpcode::Flush => (0, 1, 0),
             _ => (local_len, segments(local_len, mtu), 0),
         };
         if matches!(
@@ -675,7 +683,8 @@ impl Requester {
                 State::Pending => return None,
             };
             let byte_len = match e.opcode {
-                WrOpcode::CmpSwap | WrOpcode::FetchAdd => 8,
+                WrOpcode::CmpSwap | WrOpcode::FetchAdd | WrOpcode::AtomicWrite => 8,
+                WrOpcode::Flush => 0,
                 _ => e.wqe.local.total(),
             };
             let cqe = Cqe {

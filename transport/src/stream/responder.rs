@@ -10,7 +10,7 @@
 use super::super::connection::retransmit::Outcome;
 use super::super::connection::sack::SegWindow;
 use super::super::memory::{Access, AccessError, AtomicOp, Memory, QpMem};
-use super::super::wire::{seq_diff, NakCode, Opcode};
+use super::super::wire::{seq_diff, NakCode, Opcode, FLUSH_GLOBAL, FLUSH_PERSISTENT, FLUSH_REGION};
 use super::super::zero::{zero_valid, ZeroValid};
 use super::requester::segments;
 use super::{
@@ -24,6 +24,10 @@ pub enum Verdict {
     Accept,
     /// Acknowledge its PSN and send this NAK for its message.
     Nak(NakCode, u32),
+    /// Acknowledge its PSN and send this NAK for message `.0`: a later message than the
+    /// packet's, that failed when the packet moved the completion point to it (the NAK must
+    /// name the message that failed: an earlier one completes successfully).
+    NakMsn(u32, NakCode),
     /// Not processed (no room to track it): do not acknowledge; it will be resent.
     Drop,
 }
@@ -57,9 +61,16 @@ struct Slot {
     imm: u32,
     has_imm: bool,
     solicited: bool,
+    /// A request carried out at the completion point (atomics, ATOMIC WRITE, FLUSH): its
+    /// address, key and operands (as in its `AtomicExt`).
+    va: u64,
+    rkey: u32,
+    compare: u64,
+    swap_add: u64,
 }
 zero_valid!(struct Slot {
-    state, msn, opcode, total_len, n_segs, segs, rsn, imm, has_imm, solicited,
+    state, msn, opcode, total_len, n_segs, segs, rsn, imm, has_imm, solicited, va, rkey,
+    compare, swap_add,
 });
 
 impl Slot {
@@ -75,6 +86,10 @@ impl Slot {
             imm: 0,
             has_imm: false,
             solicited: false,
+            va: 0,
+            rkey: 0,
+            compare: 0,
+            swap_add: 0,
         }
     }
 }
@@ -145,12 +160,14 @@ const _: () = {
 #[derive(Clone, Copy, Debug)]
 struct Response {
     used: bool,
+    /// It may be sent (an atomic's once it was carried out).
+    ready: bool,
     msn: u32,
     kind: ResponseKind,
     n_segs: u32,
     segs: SegWindow,
 }
-zero_valid!(struct Response { used, msn, kind, n_segs, segs });
+zero_valid!(struct Response { used, ready, msn, kind, n_segs, segs });
 
 /// A response packet the connection should send now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +250,7 @@ impl Responder {
             completed: 0,
             resps: [Response {
                 used: false,
+                ready: false,
                 msn: 0,
                 kind: ResponseKind::Atomic { orig: 0 },
                 n_segs: 0,
@@ -419,9 +437,7 @@ impl Responder {
                 n_segs: segments(total_len, mtu),
                 segs: SegWindow::new(),
                 rsn,
-                imm: 0,
-                has_imm: false,
-                solicited: false,
+                ..Slot::free()
             };
         }
         let Some(s) = self.slots.get_mut(idx) else {
@@ -493,19 +509,20 @@ impl Responder {
         self.stats.placed_bytes += data.len() as u64;
         if s.segs.complete(s.n_segs) {
             s.state = SlotState::Done;
-            if let Some(code) = self.advance(mem) {
-                return Verdict::Nak(code, 0);
+            if let Some((m, code)) = self.advance(mem) {
+                return Verdict::NakMsn(m, code);
             }
         }
         Verdict::Accept
     }
 
     /// Claims a response slot for `msn`, or None when all are busy.
-    fn new_response(&mut self, msn: u32, kind: ResponseKind, n_segs: u32) -> bool {
+    fn new_response(&mut self, msn: u32, kind: ResponseKind, n_segs: u32, ready: bool) -> bool {
         match self.resps.iter_mut().find(|r| !r.used) {
             Some(r) => {
                 *r = Response {
                     used: true,
+                    ready,
                     msn,
                     kind,
                     n_segs,
@@ -537,7 +554,11 @@ impl Responder {
         Ok(())
     }
 
-    fn done_single(&mut self, msn: u32, mem: &mut QpMem<'_, impl Memory>) -> Option<NakCode> {
+    fn done_single(
+        &mut self,
+        msn: u32,
+        mem: &mut QpMem<'_, impl Memory>,
+    ) -> Option<(u32, NakCode)> {
         if let Some(s) = self.slots.get_mut(slot_index(msn)) {
             s.state = SlotState::Done;
         }
@@ -574,10 +595,13 @@ impl Responder {
         if let Err(e) = mem.check_remote(rkey, va, len, Access::Read) {
             return self.fail_new(msn, Opcode::ReadRequest, access_nak(e));
         }
+        // Served once the completion point reaches it (`execute`): it reads what every
+        // earlier WRITE placed.
         if !self.new_response(
             msn,
             ResponseKind::Read { va, rkey, len },
             segments(len, mtu),
+            false,
         ) {
             self.stats.dropped += 1;
             return Verdict::Drop;
@@ -585,19 +609,26 @@ impl Responder {
         if let Err(v) = self.single_packet_slot(msn, Opcode::ReadRequest) {
             return v;
         }
-        if let Some(code) = self.done_single(msn, mem) {
-            return Verdict::Nak(code, 0);
+        if let Some((m, code)) = self.done_single(msn, mem) {
+            return Verdict::NakMsn(m, code);
         }
         Verdict::Accept
     }
 
-    /// CMP_SWP / FETCH_ADD: executed exactly once; the result is kept for resending.
+    /// CMP_SWP, FETCH_ADD, ATOMIC WRITE or FLUSH (one packet, `AtomicExt`'s fields): taken now,
+    /// carried out exactly once when the completion point reaches it (`execute`), after every
+    /// earlier message's data is placed: an atomic sees an earlier WRITE to its word, an
+    /// ATOMIC WRITE lands after the data it flags, a FLUSH covers what came before it. An
+    /// atomic's response slot is claimed now (the request is not taken without one); its
+    /// result is kept there for resending.
+    #[allow(clippy::too_many_arguments)]
     pub fn on_atomic(
         &mut self,
         msn: u32,
         va: u64,
         rkey: u32,
-        op: AtomicOp,
+        compare: u64,
+        swap_add: u64,
         opcode: Opcode,
         mem: &mut QpMem<'_, impl Memory>,
     ) -> Verdict {
@@ -615,22 +646,94 @@ impl Responder {
                 .err()
                 .unwrap_or(Verdict::Accept);
         }
-        if !self.resps.iter().any(|r| !r.used) {
+        let responds = matches!(opcode, Opcode::CmpSwap | Opcode::FetchAdd);
+        if responds && !self.resps.iter().any(|r| !r.used) {
             self.stats.dropped += 1;
             return Verdict::Drop;
         }
-        let orig = match mem.atomic(rkey, va, op) {
-            Ok(v) => v,
-            Err(e) => return self.fail_new(msn, opcode, access_nak(e)),
-        };
-        self.new_response(msn, ResponseKind::Atomic { orig }, 1);
         if let Err(v) = self.single_packet_slot(msn, opcode) {
             return v;
         }
-        if let Some(code) = self.done_single(msn, mem) {
-            return Verdict::Nak(code, 0);
+        if let Some(s) = self.slots.get_mut(idx) {
+            s.va = va;
+            s.rkey = rkey;
+            s.compare = compare;
+            s.swap_add = swap_add;
+        }
+        if responds {
+            // There is room (checked above).
+            self.new_response(msn, ResponseKind::Atomic { orig: 0 }, 1, false);
+        }
+        if let Some((m, code)) = self.done_single(msn, mem) {
+            return Verdict::NakMsn(m, code);
         }
         Verdict::Accept
+    }
+
+    /// Carries out what message `s` does once every earlier one is complete: a READ's or an
+    /// atomic's response becomes ready to send (the atomic executed), an ATOMIC WRITE stores,
+    /// a FLUSH flushes, a SEND_WITH_INV invalidates its rkey. The NAK code if that fails.
+    fn execute(&mut self, s: &Slot, mem: &mut QpMem<'_, impl Memory>) -> Result<(), NakCode> {
+        match s.opcode {
+            // (A successful invalidation has nothing more to do.)
+            Opcode::SendWithInv if !s.has_imm || mem.invalidate(s.imm).is_err() => {
+                self.stats.invalidate_errors += 1;
+                return Err(NakCode::InvalidRequest);
+            }
+            Opcode::ReadRequest => {
+                if let Some(r) = self.response(s.msn) {
+                    r.ready = true;
+                }
+            }
+            Opcode::CmpSwap | Opcode::FetchAdd => {
+                let op = if s.opcode == Opcode::CmpSwap {
+                    AtomicOp::CompareSwap {
+                        compare: s.compare,
+                        swap: s.swap_add,
+                    }
+                } else {
+                    AtomicOp::FetchAdd { add: s.swap_add }
+                };
+                match mem.atomic(s.rkey, s.va, op) {
+                    Ok(orig) => {
+                        if let Some(r) = self.response(s.msn) {
+                            r.kind = ResponseKind::Atomic { orig };
+                            r.ready = true;
+                        }
+                    }
+                    Err(e) => {
+                        self.abort_response(s.msn);
+                        return Err(access_nak(e));
+                    }
+                }
+            }
+            Opcode::AtomicWrite => {
+                // The bytes land in the order they travel (the value is them read as a
+                // big-endian number).
+                let value = u64::from_ne_bytes(s.swap_add.to_be_bytes());
+                let op = AtomicOp::Write { value };
+                mem.atomic(s.rkey, s.va, op).map_err(access_nak)?;
+            }
+            Opcode::Flush => {
+                let (kind, level) = (s.compare as u8, (s.compare >> 8) as u8);
+                if !matches!(kind, FLUSH_GLOBAL | FLUSH_PERSISTENT)
+                    || level > FLUSH_REGION
+                    || s.compare >> 16 != 0
+                {
+                    return Err(NakCode::InvalidRequest);
+                }
+                mem.flush(
+                    s.rkey,
+                    s.va,
+                    s.swap_add,
+                    kind == FLUSH_PERSISTENT,
+                    level == FLUSH_REGION,
+                )
+                .map_err(access_nak)?;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     fn fail_new(&mut self, msn: u32, opcode: Opcode, code: NakCode) -> Verdict {
@@ -638,11 +741,12 @@ impl Responder {
         self.fail(msn, code)
     }
 
-    /// Moves the completion point over complete messages, completing receive WQEs. A
-    /// SEND_WITH_INV invalidates its rkey here, in message order (after every earlier
-    /// message's accesses, which may have used that rkey); if the rkey names nothing the
-    /// receiver may invalidate, the message fails (an invalid request): returns its NAK code.
-    fn advance(&mut self, mem: &mut QpMem<'_, impl Memory>) -> Option<NakCode> {
+    /// Moves the completion point over complete messages, completing receive WQEs and
+    /// carrying out what each does in message order (`execute`: a SEND_WITH_INV's
+    /// invalidation after every earlier message's accesses, which may have used that rkey;
+    /// READ and atomic responses; ATOMIC WRITE; FLUSH). A message that fails there fails the
+    /// stream: returns its MSN and NAK code.
+    fn advance(&mut self, mem: &mut QpMem<'_, impl Memory>) -> Option<(u32, NakCode)> {
         loop {
             if matches!(self.error(), Some((m, _)) if m == self.completed) {
                 return None;
@@ -653,12 +757,11 @@ impl Responder {
                 return None;
             }
             let invalidated = s.opcode == Opcode::SendWithInv;
-            if invalidated && (!s.has_imm || mem.invalidate(s.imm).is_err()) {
-                self.stats.invalidate_errors += 1;
-                let Verdict::Nak(code, _) = self.fail(s.msn, NakCode::InvalidRequest) else {
+            if let Err(code) = self.execute(&s, mem) {
+                let Verdict::Nak(code, _) = self.fail(s.msn, code) else {
                     return None;
                 };
-                return Some(code);
+                return Some((s.msn, code));
             }
             if s.opcode.consumes_recv() {
                 // byte_len is the message length for both (as rxe reports it).
@@ -690,7 +793,7 @@ impl Responder {
     /// Next response packet to send: a lost or unsent segment of the oldest response.
     pub fn next_segment(&self) -> Option<ResponseSegment> {
         let mut best: Option<ResponseSegment> = None;
-        for r in self.resps.iter().filter(|r| r.used) {
+        for r in self.resps.iter().filter(|r| r.used && r.ready) {
             if let Some(seg) = r.segs.next_unsent(r.n_segs) {
                 let older = best.is_none_or(|b| seq_diff(r.msn, b.msn) < 0);
                 if older {
@@ -885,6 +988,31 @@ mod tests {
             self.0[r].copy_from_slice(&new.to_ne_bytes());
             Ok(old)
         }
+        /// Key 1 allows a global flush, not a persistent one; byte 62 counts flushes.
+        fn flush(
+            &mut self,
+            _qp: u32,
+            rkey: u32,
+            va: u64,
+            len: u64,
+            persistent: bool,
+            whole_region: bool,
+        ) -> Result<(), AccessError> {
+            if !whole_region {
+                self.range(
+                    rkey,
+                    va,
+                    usize::try_from(len).map_err(|_| AccessError::Bounds)?,
+                )?;
+            } else if rkey != 1 {
+                return Err(AccessError::Key);
+            }
+            if persistent {
+                return Err(AccessError::Permission);
+            }
+            self.0[62] += 1;
+            Ok(())
+        }
         /// Keys 7 and 8 are windows; the region's last byte records the last invalidated.
         fn invalidate(&mut self, _qp: u32, rkey: u32) -> Result<(), AccessError> {
             if !(7..=8).contains(&rkey) {
@@ -978,11 +1106,69 @@ mod tests {
         assert_eq!((c.wr_id, c.imm, c.invalidated), (20, Some(7), true));
         // An rkey the QP may not invalidate fails the message (an invalid request).
         let v = data(Opcode::SendWithInv, 2, 1, 0, 4, Some(9), &mut mem, &mut r);
-        assert_eq!(v, Verdict::Nak(NakCode::InvalidRequest, 0));
+        assert_eq!(v, Verdict::NakMsn(2, NakCode::InvalidRequest));
         assert_eq!(r.failed(), Some(NakCode::InvalidRequest));
         assert_eq!(r.stats.invalidate_errors, 1);
         assert_eq!(mem.mem.0[63], 7);
         assert!(r.pop_completion(StreamId(0), 0, false).is_none());
+    }
+
+    /// A message that fails when an earlier one's last packet moves the completion point to
+    /// it is NAKed by its own MSN: the earlier one succeeded.
+    #[test]
+    fn a_failure_reached_through_an_earlier_message_naks_the_failed_one() {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        r.post_recv(RecvWqe {
+            wr_id: 1,
+            local: SgList::single(Sge {
+                addr: 32,
+                len: 8,
+                lkey: 1,
+            }),
+        })
+        .unwrap();
+        let write = |off, r: &mut Responder, mem: &mut QpMem<'_, Flat>| {
+            r.on_data(
+                Opcode::RdmaWrite,
+                0,
+                0,
+                8,
+                1,
+                off,
+                8,
+                None,
+                false,
+                &[1; 4],
+                4,
+                100,
+                mem,
+            )
+        };
+        assert_eq!(write(0, &mut r, &mut mem), Verdict::Accept);
+        let v = r.on_data(
+            Opcode::SendWithInv,
+            1,
+            0,
+            0,
+            0,
+            0,
+            4,
+            Some(9),
+            false,
+            &[2; 4],
+            4,
+            100,
+            &mut mem,
+        );
+        assert_eq!(v, Verdict::Accept, "judged only at the completion point");
+        assert_eq!(
+            write(4, &mut r, &mut mem),
+            Verdict::NakMsn(1, NakCode::InvalidRequest)
+        );
+        assert_eq!(r.completed_msn(), 1, "the WRITE completed");
+        assert_eq!(r.failed(), Some(NakCode::InvalidRequest));
     }
 
     #[test]
@@ -1146,13 +1332,12 @@ mod tests {
         );
         let mut r = Responder::new();
         r.on_read_request(0, 0, 1, 10, 4, &mut mem);
-        let op = AtomicOp::FetchAdd { add: 3 };
         assert_eq!(
-            r.on_atomic(1, 8, 1, op, Opcode::FetchAdd, &mut mem),
+            r.on_atomic(1, 8, 1, 0, 3, Opcode::FetchAdd, &mut mem),
             Verdict::Accept
         );
         assert_eq!(
-            r.on_atomic(1, 8, 1, op, Opcode::FetchAdd, &mut mem),
+            r.on_atomic(1, 8, 1, 0, 3, Opcode::FetchAdd, &mut mem),
             Verdict::Accept
         );
         assert_eq!(
@@ -1177,5 +1362,105 @@ mod tests {
         r.on_outcome(1, 0, Outcome::Acked);
         assert!(r.next_segment().is_none());
         assert_eq!(r.completed_msn(), 2);
+    }
+
+    /// What a message does at the responder happens in message order, whatever order its
+    /// packets arrive in: with a WRITE's second half late, a FETCH_ADD on its word, a READ of
+    /// it, an ATOMIC WRITE and a FLUSH behind it all wait, then run in order.
+    #[test]
+    fn requests_behind_an_incomplete_write_run_in_message_order() {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        let write = |off: u32, bytes: [u8; 4], r: &mut Responder, mem: &mut QpMem<'_, Flat>| {
+            r.on_data(
+                Opcode::RdmaWrite,
+                0,
+                0,
+                16 + u64::from(off),
+                1,
+                off,
+                8,
+                None,
+                false,
+                &bytes,
+                4,
+                100,
+                mem,
+            )
+        };
+        // WRITE of 8 bytes at 16: 0x01010101, then the second half later.
+        assert_eq!(write(0, [1; 4], &mut r, &mut mem), Verdict::Accept);
+        let fa = r.on_atomic(1, 16, 1, 0, 1, Opcode::FetchAdd, &mut mem);
+        assert_eq!(fa, Verdict::Accept);
+        assert_eq!(r.on_read_request(2, 16, 1, 8, 4, &mut mem), Verdict::Accept);
+        let aw = r.on_atomic(3, 24, 1, 0, 0x7777, Opcode::AtomicWrite, &mut mem);
+        assert_eq!(aw, Verdict::Accept);
+        let range = u64::from(FLUSH_GLOBAL);
+        let fl = r.on_atomic(4, 16, 1, range, 16, Opcode::Flush, &mut mem);
+        assert_eq!(fl, Verdict::Accept);
+        assert_eq!(
+            mem.mem.0[16..32],
+            [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(mem.mem.0[62], 0, "no flush yet");
+        assert!(
+            r.next_segment().is_none(),
+            "no response before the WRITE is complete"
+        );
+        assert_eq!(r.completed_msn(), 0);
+
+        assert_eq!(write(4, [2; 4], &mut r, &mut mem), Verdict::Accept);
+        assert_eq!(r.completed_msn(), 5);
+        let written = u64::from_ne_bytes([1, 1, 1, 1, 2, 2, 2, 2]);
+        let word = |m: &QpMem<'_, Flat>, at: usize| {
+            u64::from_ne_bytes(m.mem.0[at..at + 8].try_into().unwrap())
+        };
+        assert_eq!(
+            word(&mem, 16),
+            written + 1,
+            "the FETCH_ADD ran after the WRITE"
+        );
+        assert_eq!(mem.mem.0[24..32], 0x7777u64.to_be_bytes());
+        assert_eq!(mem.mem.0[62], 1, "flushed once");
+        let mut segs = Vec::new();
+        while let Some(s) = r.next_segment() {
+            r.mark_sent(s.msn, s.seg);
+            segs.push((s.msn, s.seg, s.kind));
+        }
+        assert_eq!(segs.len(), 3);
+        assert_eq!(segs[0].2, ResponseKind::Atomic { orig: written });
+        assert_eq!(
+            (segs[1].0, segs[2].0),
+            (2, 2),
+            "then the READ's two segments"
+        );
+
+        // A FLUSH the region does not allow (persistent) fails at its turn: remote access.
+        let persistent = u64::from(FLUSH_PERSISTENT);
+        let v = r.on_atomic(5, 16, 1, persistent, 8, Opcode::Flush, &mut mem);
+        assert_eq!(v, Verdict::NakMsn(5, NakCode::RemoteAccess));
+        assert_eq!(r.failed(), Some(NakCode::RemoteAccess));
+    }
+
+    /// An ATOMIC WRITE or an atomic on a bad key fails when its turn comes, by its own MSN.
+    #[test]
+    fn a_failed_atomic_naks_its_own_message() {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        let v = r.on_atomic(0, 8, 5, 0, 1, Opcode::AtomicWrite, &mut mem);
+        assert_eq!(v, Verdict::NakMsn(0, NakCode::RemoteAccess));
+        let mut r = Responder::new();
+        let v = r.on_atomic(0, 8, 5, 0, 1, Opcode::CmpSwap, &mut mem);
+        assert_eq!(v, Verdict::NakMsn(0, NakCode::RemoteAccess));
+        assert!(
+            r.next_segment().is_none(),
+            "no response for a failed atomic"
+        );
+        assert!(
+            r.resps.iter().all(|x| !x.used),
+            "its response slot is free again"
+        );
     }
 }

@@ -22,7 +22,7 @@ pub use hello::{
 };
 pub use packet::{
     AtomicExt, BaseHeader, DataExt, DatagramExt, Ext, Header, NakCode, NakExt, Packet, PacketView,
-    ReadReqExt, SendExt, WriteExt,
+    ReadReqExt, SendExt, WriteExt, FLUSH_GLOBAL, FLUSH_PERSISTENT, FLUSH_RANGE, FLUSH_REGION,
 };
 
 /// The only version this implementation speaks.
@@ -61,6 +61,13 @@ pub enum Opcode {
     /// SEND data, and with the last packet the rkey the receiver invalidates (where a
     /// SEND_WITH_IMM has its immediate data).
     SendWithInv = 0x09,
+    /// ATOMIC WRITE request: 8 bytes (AtomicExt's `swap_add`, in order) stored at once at an
+    /// aligned address, in message order (after every earlier message's data).
+    AtomicWrite = 0x0a,
+    /// RDMA FLUSH request: what earlier messages placed in a range (AtomicExt: `va`, `rkey`,
+    /// `swap_add` the length, `compare` the placement type and selectivity level) made
+    /// visible, in message order.
+    Flush = 0x0b,
     /// Acknowledgement (paths and streams).
     Ack = 0x10,
     /// Negative acknowledgement of a message.
@@ -91,6 +98,8 @@ impl Opcode {
             0x07 => Opcode::FetchAdd,
             0x08 => Opcode::AtomicResponse,
             0x09 => Opcode::SendWithInv,
+            0x0a => Opcode::AtomicWrite,
+            0x0b => Opcode::Flush,
             0x10 => Opcode::Ack,
             0x11 => Opcode::Nak,
             0x12 => Opcode::Probe,

@@ -96,11 +96,23 @@ pub struct AtomicExt {
     pub va: u64,
     /// Remote key.
     pub rkey: u32,
-    /// Swap value (CMP_SWP) or addend (FETCH_ADD).
+    /// Swap value (CMP_SWP), addend (FETCH_ADD), the value (ATOMIC_WRITE) or the length
+    /// (FLUSH).
     pub swap_add: u64,
-    /// Compare value (CMP_SWP; 0 for FETCH_ADD).
+    /// Compare value (CMP_SWP; 0 for FETCH_ADD and ATOMIC_WRITE); FLUSH: its placement type
+    /// (bits 0-7, [`FLUSH_GLOBAL`] or [`FLUSH_PERSISTENT`]) and selectivity level (bits 8-15,
+    /// [`FLUSH_RANGE`] or [`FLUSH_REGION`]).
     pub compare: u64,
 }
+
+/// FLUSH placement type: visible to every observer (IBV_FLUSH_GLOBAL).
+pub const FLUSH_GLOBAL: u8 = 1;
+/// FLUSH placement type: persistent (IBV_FLUSH_PERSISTENT).
+pub const FLUSH_PERSISTENT: u8 = 2;
+/// FLUSH selectivity level: the range `[va, va + length)` (IBV_FLUSH_RANGE).
+pub const FLUSH_RANGE: u8 = 0;
+/// FLUSH selectivity level: the whole region `rkey` names (IBV_FLUSH_MR).
+pub const FLUSH_REGION: u8 = 1;
 
 /// DATAGRAM / DATAGRAM_WITH_IMM: an unreliable datagram to QP `dst_qp` from QP `src_qp` (base
 /// header), one packet (FIRST and LAST set), on no connection: `conn_id`, `path_id`, `psn`
@@ -449,7 +461,7 @@ impl Packet {
                     payload_len,
                 })
             }
-            Opcode::CmpSwap | Opcode::FetchAdd => {
+            Opcode::CmpSwap | Opcode::FetchAdd | Opcode::AtomicWrite | Opcode::Flush => {
                 let va = r.u64()?;
                 let rkey = r.u32()?;
                 r.reserved(4)?;
@@ -675,7 +687,10 @@ impl Header {
             Ext::ReadResponse(x) => {
                 op == Opcode::ReadResponse && data_ok(x.offset, x.total_len, x.payload_len)
             }
-            Ext::Atomic(_) => matches!(op, Opcode::CmpSwap | Opcode::FetchAdd),
+            Ext::Atomic(_) => matches!(
+                op,
+                Opcode::CmpSwap | Opcode::FetchAdd | Opcode::AtomicWrite | Opcode::Flush
+            ),
             Ext::AtomicResponse(_) => op == Opcode::AtomicResponse,
             Ext::Ack(_) => op == Opcode::Ack,
             Ext::Nak(_) => op == Opcode::Nak,

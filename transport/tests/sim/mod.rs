@@ -166,6 +166,8 @@ pub struct SimMemory {
     pub qp_pd: HashMap<u32, u32>,
     /// Local QPs that grant no remote access (`qp_access_flags` 0).
     pub qp_no_remote: std::collections::HashSet<u32>,
+    /// FLUSHes carried out.
+    pub flushes: u64,
 }
 
 impl SimMemory {
@@ -303,12 +305,42 @@ impl Memory for SimMemory {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Alignment);
         }
-        self.check_remote(qp, rkey, va, 8, Access::Atomic)?;
+        // An ATOMIC WRITE takes the remote write right, the others the remote atomic one.
+        let right = if matches!(op, AtomicOp::Write { .. }) {
+            Access::Write
+        } else {
+            Access::Atomic
+        };
+        self.check_remote(qp, rkey, va, 8, right)?;
         let (r, range) = self.range(rkey, va, 8)?;
         let old = u64::from_ne_bytes(r.data[range].try_into().unwrap());
         let new = op.apply(old);
         self.write(rkey, va, &new.to_ne_bytes())?;
         Ok(old)
+    }
+
+    /// A region that allows remote writes allows a global flush of its range (or of all of
+    /// it); nothing here is persistent memory. Counted in `flushes`.
+    fn flush(
+        &mut self,
+        qp: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        persistent: bool,
+        whole_region: bool,
+    ) -> Result<(), AccessError> {
+        let len = if whole_region {
+            0
+        } else {
+            u32::try_from(len).map_err(|_| AccessError::Bounds)?
+        };
+        self.check_remote(qp, rkey, va, len, Access::Write)?;
+        if persistent {
+            return Err(AccessError::Permission);
+        }
+        self.flushes += 1;
+        Ok(())
     }
 
     fn shared_recv(&mut self, _qp: u32) -> Option<RecvWqe> {
