@@ -101,7 +101,7 @@ b"\x01"
 b"\x01\x12" + bytes(29)
 hdr(version=0)
 hdr(version=2)
-hdr(opcode=0x0a)
+hdr(opcode=0x0c)
 hdr(opcode=0x0f)
 hdr(opcode=0x16)
 hdr(opcode=0xff)

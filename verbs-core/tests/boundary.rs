@@ -106,10 +106,15 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     } else {
         w.num_sge as usize <= MAX_SGE && w.inline_len == 0
     };
-    // The opcodes the device carries are 0..=9 (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV); the two
-    // local ones (LOCAL_INV, BIND_MW) carry no data.
-    let local = matches!(w.opcode, op::LOCAL_INV | op::BIND_MW);
-    let fatal = w.opcode > op::SEND_WITH_INV
+    // The opcodes the device carries are 0..=9 (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV), 14
+    // (IB_WR_FLUSH) and 15 (IB_WR_ATOMIC_WRITE); the two local ones (LOCAL_INV, BIND_MW), FLUSH
+    // and ATOMIC_WRITE carry no data.
+    let local = matches!(
+        w.opcode,
+        op::LOCAL_INV | op::BIND_MW | op::FLUSH | op::ATOMIC_WRITE
+    );
+    let known = w.opcode <= op::SEND_WITH_INV || matches!(w.opcode, op::FLUSH | op::ATOMIC_WRITE);
+    let fatal = !known
         || w.send_flags & !KNOWN_SEND_FLAGS != 0
         || w.reserved0 != 0
         || w.reserved1 != 0
@@ -154,7 +159,8 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
         assert_eq!(s.imm, with_imm.then_some(w.imm_data));
         let atomic = match w.opcode {
             op::ATOMIC_CMP_AND_SWP => Some((w.compare_add, w.swap)),
-            op::ATOMIC_FETCH_AND_ADD => Some((0, w.compare_add)),
+            op::ATOMIC_FETCH_AND_ADD | op::ATOMIC_WRITE => Some((0, w.compare_add)),
+            op::FLUSH => Some((w.swap, w.compare_add)),
             _ => None,
         };
         assert_eq!(s.atomic, atomic);
@@ -238,7 +244,7 @@ fn sges(n: usize) -> impl Strategy<Value = Vec<(u32, u32)>> {
 fn send_entry() -> impl Strategy<Value = [u8; SEND_WQE_SIZE]> {
     (
         prop::collection::vec(any::<u8>(), SEND_WQE_SIZE),
-        (near(7), send_flags(), near(limits::MAX_SGE + 1)),
+        (near(16), send_flags(), near(limits::MAX_SGE + 1)),
         (
             near(abi::MAX_INLINE as u32 + 1),
             mostly_zero(),

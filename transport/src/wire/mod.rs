@@ -68,6 +68,8 @@ pub enum Opcode {
     /// `swap_add` the length, `compare` the placement type and selectivity level) made
     /// visible, in message order.
     Flush = 0x0b,
+    // 0x0c is the first free value: selftests/tests/udp.sh sends it as an unknown opcode (move
+    // it on with a new opcode here).
     /// Acknowledgement (paths and streams).
     Ack = 0x10,
     /// Negative acknowledgement of a message.

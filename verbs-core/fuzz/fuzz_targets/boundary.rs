@@ -165,10 +165,14 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
         w.num_sge as usize <= MAX_SGE && w.inline_len == 0
     };
     // What the provider can never write: the ring is broken. The opcodes are 0..=9
-    // (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV); the two local ones (LOCAL_INV, BIND_MW) carry no
-    // data.
-    let local = matches!(w.opcode, op::LOCAL_INV | op::BIND_MW);
-    let fatal = w.opcode > op::SEND_WITH_INV
+    // (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV), 14 (IB_WR_FLUSH) and 15 (IB_WR_ATOMIC_WRITE);
+    // the two local ones (LOCAL_INV, BIND_MW), FLUSH and ATOMIC_WRITE carry no data.
+    let local = matches!(
+        w.opcode,
+        op::LOCAL_INV | op::BIND_MW | op::FLUSH | op::ATOMIC_WRITE
+    );
+    let known = w.opcode <= op::SEND_WITH_INV || matches!(w.opcode, op::FLUSH | op::ATOMIC_WRITE);
+    let fatal = !known
         || w.send_flags & !KNOWN_SEND_FLAGS != 0
         || w.reserved0 != 0
         || w.reserved1 != 0
@@ -227,7 +231,8 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
         );
         let atomic = match w.opcode {
             op::ATOMIC_CMP_AND_SWP => Some((w.compare_add, w.swap)),
-            op::ATOMIC_FETCH_AND_ADD => Some((0, w.compare_add)),
+            op::ATOMIC_FETCH_AND_ADD | op::ATOMIC_WRITE => Some((0, w.compare_add)),
+            op::FLUSH => Some((w.swap, w.compare_add)),
             _ => None,
         };
         assert_eq!(s.atomic, atomic, "atomic iff an atomic op");
