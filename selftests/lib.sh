@@ -172,12 +172,18 @@ perftest() {
 # Keeps the kernel's tc ingress/egress static keys on for the whole run (a clsact qdisc on the
 # root namespace's lo, never removed): tests that add and remove clsact (link cuts) then only
 # move a reference count. Flipping a static key patches kernel text, and under TCG that
-# sometimes dies in an int3 oops when another vCPU runs the code being patched.
+# sometimes dies in an int3 oops when another vCPU runs the code being patched. The same for
+# the key of software tc filters (tcf_sw_enabled_key, taken by the first such filter of any
+# block: a cut's drop filter flipped it, and a bench run died in tc_run on it): a filter on lo's
+# ingress that matches nothing (an Ethernet type no packet there has) holds it.
 # The same for the UDP encapsulation keys (v4 and v6: every metaroce or rxe device's tunnel socket
 # takes a reference, so each module load and unload flipped them) and the receive timestamp key
 # (ping): one idle socket of each family holds them for the whole guest run.
 pin_static_keys() {
 	tc qdisc show dev lo 2>/dev/null | grep -q clsact || tc qdisc add dev lo clsact 2>/dev/null || true
+	tc filter show dev lo ingress 2>/dev/null | grep -q . ||
+		tc filter add dev lo ingress protocol 0x88b5 prio 65535 matchall action pass 2>/dev/null ||
+		true
 	[ -e /run/metaroce-pinned-keys ] && return 0
 	# In a subshell: not a job of the caller's shell, whose bare `wait` would wait for it.
 	(python3 -c '
