@@ -167,10 +167,25 @@ impl VerbsOps for MetaRoceOps {
         Ok((srq, got))
     }
 
-    fn modify_srq(srq: &Arc<Srq>, attr: &SrqAttr, resize: bool, limit: bool) -> Result {
+    fn modify_srq(
+        srq: &Arc<Srq>,
+        attr: &SrqAttr,
+        resize: bool,
+        limit: bool,
+        udata: Option<&Udata<'_>>,
+    ) -> Result {
         if resize {
-            // Resizing would move the ring under the provider's mapping.
-            return Err(EOPNOTSUPP);
+            // A user SRQ only (kernel consumers have none): a new ring, described to the
+            // provider where its command says, then the posted WQEs move into it. A failed
+            // move leaves the SRQ as it was; the provider maps the new ring only on success.
+            let udata = udata.ok_or(EOPNOTSUPP)?;
+            if !(1..=limits::MAX_SRQ_WR).contains(&attr.max_wr) {
+                return Err(EINVAL);
+            }
+            let out = udata.modify_srq_ring_out()?;
+            let ring = UserRing::new(&udata.ucontext()?, attr.max_wr)?;
+            out.write(ring.info())?;
+            srq.resize(ring)?;
         }
         if limit {
             if attr.srq_limit > srq.capacity() {

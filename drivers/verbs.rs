@@ -646,6 +646,19 @@ impl Srq {
         self.ring.lock().num_entries()
     }
 
+    /// `ibv_modify_srq(IBV_SRQ_MAX_WR)`: the WQEs posted and not taken yet move to `ring`,
+    /// which the SRQ takes from then on (its old ring is unmapped when the provider drops its
+    /// mapping). EINVAL if they do not fit (the SRQ is unchanged).
+    pub(crate) fn resize(&self, ring: UserRing<RecvWqe>) -> Result {
+        let mut guard = self.ring.lock();
+        guard.move_posted_to(&ring)?;
+        let old = core::mem::replace(&mut *guard, ring);
+        drop(guard);
+        // Its mmap entry is removed outside the lock that softirq takes: that may free memory.
+        drop(old);
+        Ok(())
+    }
+
     /// Takes the next posted receive WQE, judged (`crate::verbs_core::wqe::judge_recv`). A
     /// producer index beyond the ring or a WQE the provider could not have written breaks the
     /// SRQ for good: the first time, `IB_EVENT_SRQ_ERR`.

@@ -185,6 +185,17 @@ struct metaroce_create_cq_resp {
 	struct metaroce_mmap_info ring;
 };
 
+/*
+ * ibv_modify_srq with IBV_SRQ_MAX_WR moves the SRQ to a new ring. The uverbs modify_srq has no
+ * response: the command's driver data names where the kernel writes the new ring's struct
+ * metaroce_mmap_info (as rxe's does). The WQEs posted and not taken yet move to the new ring, in
+ * order, from its slot 0; its producer index (set by the kernel) says where posting goes on.
+ * While the call runs the provider posts nothing to the SRQ.
+ */
+struct metaroce_modify_srq_cmd {
+	__aligned_u64 mmap_info_addr;
+};
+
 struct metaroce_create_srq_resp {
 	struct metaroce_mmap_info ring;
 	__u32 srq_num;

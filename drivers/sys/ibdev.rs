@@ -453,12 +453,13 @@ fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
     attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
     attr.max_fast_reg_page_list_len = 0;
     attr.max_mw = limits::MAX_MW;
-    // Memory windows of type 1 and 2B (`verbs_core::mw`); ATOMIC WRITE; RDMA FLUSH to
-    // global visibility (no persistent memory: no IB_DEVICE_FLUSH_PERSISTENT, so the core
-    // refuses MRs that ask for it).
+    // Memory windows of type 1 and 2B (`verbs_core::mw`); SRQ resize; ATOMIC WRITE; RDMA
+    // FLUSH to global visibility (no persistent memory: no IB_DEVICE_FLUSH_PERSISTENT, so the
+    // core refuses MRs that ask for it).
     attr.device_cap_flags = (bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN
         | bindings::ib_device_cap_flags_IB_DEVICE_MEM_WINDOW
         | bindings::ib_device_cap_flags_IB_DEVICE_MEM_WINDOW_TYPE_2B
+        | bindings::ib_device_cap_flags_IB_DEVICE_SRQ_RESIZE
         | bindings::ib_device_cap_flags_IB_DEVICE_ATOMIC_WRITE
         | bindings::ib_device_cap_flags_IB_DEVICE_FLUSH_GLOBAL) as u64;
     // `rdma link delete` may remove the device, as it may any soft device's.

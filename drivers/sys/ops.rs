@@ -207,8 +207,15 @@ pub(crate) trait VerbsOps: 'static {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 
-    /// `modify_srq` of the attributes named: the size (`resize`) or the limit.
-    fn modify_srq(_srq: &Self::Srq, _attr: &SrqAttr, _resize: bool, _limit: bool) -> Result {
+    /// `modify_srq` of the attributes named: the size (`resize`) or the limit; `udata` is the
+    /// user's command (None for a kernel consumer).
+    fn modify_srq(
+        _srq: &Self::Srq,
+        _attr: &SrqAttr,
+        _resize: bool,
+        _limit: bool,
+        _udata: Option<&Udata<'_>>,
+    ) -> Result {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 
@@ -664,10 +671,10 @@ unsafe extern "C" fn modify_srq<T: VerbsOps>(
     ibsrq: *mut bindings::ib_srq,
     attr: *mut bindings::ib_srq_attr,
     mask: bindings::ib_srq_attr_mask,
-    _udata: *mut bindings::ib_udata,
+    udata: *mut bindings::ib_udata,
 ) -> c_int {
-    // SAFETY: per the contract.
-    let (srq, attr) = unsafe { (srq_of::<T>(ibsrq), &*attr) };
+    // SAFETY: per the contract; a non-null udata is the uverbs call's, live for it.
+    let (srq, attr, udata) = unsafe { (srq_of::<T>(ibsrq), &*attr, Udata::from_raw(udata)) };
     let Some(srq) = srq else {
         return EINVAL.to_errno();
     };
@@ -678,7 +685,7 @@ unsafe extern "C" fn modify_srq<T: VerbsOps>(
     };
     let resize = mask & bindings::ib_srq_attr_mask_IB_SRQ_MAX_WR != 0;
     let limit = mask & bindings::ib_srq_attr_mask_IB_SRQ_LIMIT != 0;
-    to_errno(T::modify_srq(srq, &a, resize, limit))
+    to_errno(T::modify_srq(srq, &a, resize, limit, udata.as_ref()))
 }
 
 /// # Safety

@@ -228,6 +228,31 @@ impl<T: RingEntry> UserRing<T> {
         Ok(())
     }
 
+    /// Consumer side (SRQ resize): moves the entries userspace posted that are not taken yet
+    /// into `to`, a new ring no one used, in order from its slot 0, and sets `to`'s producer
+    /// index after them (where userspace goes on posting). Err(EINVAL) if they do not fit
+    /// or userspace's producer index claims more than this ring holds (nothing moved then).
+    pub(crate) fn move_posted_to(&self, to: &UserRing<T>) -> Result {
+        let consumer = self.own.load(Ordering::Relaxed);
+        let producer = self.index(PRODUCER).load(Ordering::Acquire);
+        let posted = queue::available(consumer, producer, self.num_entries).map_err(|_| EINVAL)?;
+        if posted > to.num_entries {
+            return Err(EINVAL);
+        }
+        for i in 0..posted {
+            // SAFETY: valid slots of both rings (`i < posted <= to.num_entries`): one volatile
+            // whole-entry copy out of this one (userspace may be rewriting it: a garbage entry
+            // is judged when taken), one into `to`, which userspace has not mapped yet.
+            unsafe {
+                let entry = self.slot(consumer.wrapping_add(i)).read_volatile();
+                to.slot(i).write_volatile(entry);
+            }
+        }
+        // `to`'s consumer index stays 0; userspace owns its producer index from now on.
+        to.index(PRODUCER).store(posted, Ordering::Release);
+        Ok(())
+    }
+
     /// Producer side (CQ): appends `entry`, or Err(ENOSPC) if userspace has not made room.
     pub(crate) fn push(&self, entry: &T) -> Result {
         let producer = self.own.load(Ordering::Relaxed);

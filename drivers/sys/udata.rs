@@ -12,7 +12,28 @@ use core::{
     mem::{offset_of, size_of},
     ptr::NonNull,
 };
-use kernel::{prelude::*, transmute::AsBytes};
+use kernel::{
+    prelude::*,
+    transmute::AsBytes,
+    uaccess::{UserPtr, UserSlice},
+};
+
+/// A user address a command named for a ring's description (`struct metaroce_mmap_info`),
+/// written through the kernel's user-copy checks.
+pub(crate) struct RingInfoOut {
+    addr: usize,
+}
+
+impl RingInfoOut {
+    /// Writes `ring`'s description there (EFAULT if the caller's memory is not writable).
+    pub(crate) fn write(&self, ring: RingInfo) -> Result {
+        let info: bindings::metaroce_mmap_info = ring.into();
+        let len = size_of::<bindings::metaroce_mmap_info>();
+        UserSlice::new(UserPtr::from_addr(self.addr), len)
+            .writer()
+            .write(&info)
+    }
+}
 
 /// The driver udata of the current uverbs call.
 pub(crate) struct Udata<'call> {
@@ -136,6 +157,26 @@ impl<'call> Udata<'call> {
         })
     }
 
+    /// Where a `modify_srq` that resizes wants the new ring's description written
+    /// (`struct metaroce_modify_srq_cmd`): EINVAL without one, EOPNOTSUPP for a longer command
+    /// than this driver knows (its extra bytes not zero).
+    pub(crate) fn modify_srq_ring_out(&self) -> Result<RingInfoOut> {
+        let mut cmd = [0u8; size_of::<bindings::metaroce_modify_srq_cmd>()];
+        if self.read_head(&mut cmd)? < cmd.len() {
+            return Err(EINVAL);
+        }
+        if !self.cleared_from(cmd.len()) {
+            return Err(EOPNOTSUPP);
+        }
+        let addr = u64::from_ne_bytes(cmd);
+        if addr == 0 {
+            return Err(EINVAL);
+        }
+        Ok(RingInfoOut {
+            addr: usize::try_from(addr).map_err(|_| EINVAL)?,
+        })
+    }
+
     /// Answers a `create_qp` with its rings (no RQ with an SRQ) and inline room.
     pub(crate) fn respond_qp(&self, sq: RingInfo, rq: Option<RingInfo>, max_inline: u32) -> Result {
         self.respond(&bindings::metaroce_create_qp_resp {
@@ -228,6 +269,8 @@ unsafe impl AsBytes for bindings::metaroce_alloc_ucontext_resp {}
 unsafe impl AsBytes for bindings::metaroce_create_cq_resp {}
 // SAFETY: as above.
 unsafe impl AsBytes for bindings::metaroce_create_srq_resp {}
+// SAFETY: as above.
+unsafe impl AsBytes for bindings::metaroce_mmap_info {}
 // SAFETY: as above.
 unsafe impl AsBytes for bindings::metaroce_create_qp_resp {}
 // SAFETY: as above.

@@ -475,8 +475,44 @@ static ssize_t fake_uverbs_write(const void *buf, size_t count)
 	case IB_USER_VERBS_CMD_DEREG_MR:
 	case IB_USER_VERBS_CMD_REQ_NOTIFY_CQ:
 	case IB_USER_VERBS_CMD_MODIFY_QP:
-	case IB_USER_VERBS_CMD_MODIFY_SRQ:
 		return count;
+	case IB_USER_VERBS_CMD_MODIFY_SRQ: {
+		/* As the module: a resize makes a ring of the next power of two at or above max_wr,
+		 * moves the WQEs posted and not taken into it in order (EINVAL if they do not fit)
+		 * and writes its description where the command's driver part says. */
+		const struct ib_uverbs_modify_srq *cmd = (const void *)(hdr + 1);
+		const struct metaroce_modify_srq_cmd *drv = (const void *)(cmd + 1);
+		struct fake_ring old;
+		struct metaroce_ring_hdr *oh, *nh;
+		struct metaroce_mmap_info mi;
+		__u32 n = 1, c, pending, i;
+
+		if (!(cmd->attr_mask & IBV_SRQ_MAX_WR))
+			return count;
+		if (count < sizeof(*hdr) + sizeof(*cmd) + sizeof(*drv) || !drv->mmap_info_addr ||
+		    cmd->srq_handle >= fake_nsrq) {
+			errno = EINVAL;
+			return -1;
+		}
+		old = fake_srqs[cmd->srq_handle];
+		oh = ring_hdr(&old);
+		c = oh->consumer;
+		pending = oh->producer - c;
+		while (n < cmd->max_wr)
+			n <<= 1;
+		if (pending > n) {
+			errno = EINVAL;
+			return -1;
+		}
+		mi = fake_ring_alloc(&fake_srqs[cmd->srq_handle], n, sizeof(struct metaroce_recv_wqe));
+		nh = ring_hdr(&fake_srqs[cmd->srq_handle]);
+		for (i = 0; i < pending; i++)
+			memcpy(ring_entry(&fake_srqs[cmd->srq_handle], nh->producer + i),
+			       ring_entry(&old, c + i), sizeof(struct metaroce_recv_wqe));
+		nh->producer += pending;
+		memcpy((void *)(uintptr_t)drv->mmap_info_addr, &mi, sizeof(mi));
+		return count;
+	}
 	case IB_USER_VERBS_CMD_CREATE_CQ: {
 		const struct ib_uverbs_create_cq *cmd = (const void *)(hdr + 1);
 		struct ib_uverbs_create_cq_resp core = { .cq_handle = fake_ncq, .cqe = cmd->cqe };
@@ -1360,7 +1396,22 @@ static void check_data_path(struct ibv_context *ctx)
 		for (i = 0; i < 3; i++)
 			CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
 		CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == ENOMEM && rbad == &rwr); /* full */
-		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR) == EOPNOTSUPP);
+		/* Resize: the four posted move to a ring of 16 in order, mapped in place of the
+		 * old one; posting goes on behind them; a ring they do not fit is EINVAL. */
+		sattr.max_wr = 2;
+		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR) == EINVAL);
+		i = fake_mmaps;
+		sattr.max_wr = 9;
+		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR) == 0 && fake_mmaps == i + 1);
+		CHECK(fake_srqs[0].n == 16 && kernel_producer(&fake_srqs[0]) == FAKE_RING_START + 4);
+		memcpy(&rwqe, ring_entry(&fake_srqs[0], FAKE_RING_START + 3), sizeof(rwqe));
+		CHECK(rwqe.wr_id == 88 && rwqe.sge[0].lkey == 0x1000);
+		rwr.wr_id = 89;
+		for (i = 0; i < 12; i++)
+			CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
+		CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == ENOMEM); /* 16 posted */
+		memcpy(&rwqe, ring_entry(&fake_srqs[0], FAKE_RING_START + 4), sizeof(rwqe));
+		CHECK(rwqe.wr_id == 89 && kernel_producer(&fake_srqs[0]) == FAKE_RING_START + 16);
 		CHECK(ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT) == 0);
 
 		/* A QP receiving through the SRQ has no RQ ring: post_recv is refused. */

@@ -600,7 +600,9 @@ struct Srq {
     max_sge: u32,
     srq_num: u32,
     ring: Mutex<RecvRing>,
-    _map: Mapping,
+    /// The mapping `ring` points into; a resize replaces both (under `ring`'s lock, taken
+    /// first).
+    map: Mutex<Mapping>,
 }
 
 const _: () = assert!(offset_of!(Pd, ibv_pd) == 0);
@@ -1752,7 +1754,7 @@ unsafe extern "C" fn create_srq(
                     ptr::addr_of_mut!((*p).max_sge).write(max_sge);
                     ptr::addr_of_mut!((*p).srq_num).write(drv.srq_num);
                     ptr::addr_of_mut!((*p).ring).write(Mutex::new(ring));
-                    ptr::addr_of_mut!((*p)._map).write(map);
+                    ptr::addr_of_mut!((*p).map).write(Mutex::new(map));
                     (*attr).attr.max_sge = max_sge;
                 }
                 // SAFETY: every field is initialised now.
@@ -1776,21 +1778,46 @@ unsafe extern "C" fn modify_srq(
     attr_mask: c_int,
 ) -> c_int {
     guard(PANIC_ERRNO, || {
-        // Resizing would need the new ring's mmap info, which the ABI has no response for.
-        if attr_mask as u32 & sys::ibv_srq_attr_mask_IBV_SRQ_MAX_WR != 0 {
-            return sys::EOPNOTSUPP as c_int;
-        }
+        let srq = outer::<_, Srq>(ibsrq);
+        // SAFETY: ibsrq came from create_srq: a live Srq.
+        let (ring, map) = unsafe { (&(*srq).ring, &(*srq).map) };
+        // Posts wait while the SRQ may move to a new ring (`metaroce_modify_srq_cmd`).
+        let mut ring = lock(ring);
+        // SAFETY: plain integers; all-zero is valid.
+        let mut info: sys::metaroce_mmap_info = unsafe { core::mem::zeroed() };
         // SAFETY: an all-zero request is valid.
-        let mut cmd: sys::ibv_modify_srq = unsafe { core::mem::zeroed() };
-        // SAFETY: arguments as libibverbs passed them.
-        unsafe {
+        let mut cmd: sys::metaroce_cmd_modify_srq = unsafe { core::mem::zeroed() };
+        cmd.drv_payload.mmap_info_addr = ptr::addr_of_mut!(info) as u64;
+        // SAFETY: arguments as libibverbs passed them; `info` outlives the call.
+        let ret = unsafe {
             sys::ibv_cmd_modify_srq(
                 ibsrq,
                 attr,
                 attr_mask,
-                &mut cmd,
-                size_of::<sys::ibv_modify_srq>(),
+                ptr::addr_of_mut!(cmd.ibv_cmd),
+                size_of::<sys::metaroce_cmd_modify_srq>(),
             )
+        };
+        if ret != 0 || attr_mask as u32 & sys::ibv_srq_attr_mask_IBV_SRQ_MAX_WR == 0 {
+            return ret;
+        }
+        // The kernel took the new ring: posting goes on there, from its producer index. A
+        // failure to map it leaves an SRQ that takes no more receives (as a CQ's resize).
+        // SAFETY: ibsrq is live.
+        let cmd_fd = unsafe { (*(*ibsrq).context).cmd_fd };
+        let mapped = map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &info, "SRQ").and_then(|(m, r)| {
+            Producer::new(r)
+                .map(|r| (m, r))
+                .map_err(|_| abi::ABI_MISMATCH_ERRNO)
+        });
+        match mapped {
+            Ok((m, r)) => {
+                *ring = r;
+                // The old mapping goes only now that nothing points into it.
+                *lock(map) = m;
+                0
+            }
+            Err(errno) => errno,
         }
     })
 }

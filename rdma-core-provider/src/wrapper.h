@@ -48,6 +48,15 @@ _Static_assert(sizeof(struct metaroce_cmd_resize_cq_resp) ==
 			       sizeof(struct metaroce_create_cq_resp),
 	       "implicit padding in metaroce_cmd_resize_cq_resp");
 
+/* ibv_cmd_modify_srq()'s command: the core's, then ours (where the new ring is described). */
+struct metaroce_cmd_modify_srq {
+	struct ibv_modify_srq ibv_cmd;
+	struct metaroce_modify_srq_cmd drv_payload;
+};
+_Static_assert(sizeof(struct metaroce_cmd_modify_srq) ==
+		       sizeof(struct ibv_modify_srq) + sizeof(struct metaroce_modify_srq_cmd),
+	       "implicit padding in metaroce_cmd_modify_srq");
+
 /* ibv_cmd_create_cq_ex()'s: the extended core response, then ours (the same driver part). */
 struct metaroce_cmd_create_cq_ex_resp {
 	struct ib_uverbs_ex_create_cq_resp ibv_resp;

@@ -572,6 +572,63 @@ def srq_objects():
     srq.close()
 
 
+def srq_resize():
+    """ibv_modify_srq(IBV_SRQ_MAX_WR): receives posted and not taken move to the new ring in
+    order; a size they do not fit is EINVAL; posting goes on behind them; a QP on the SRQ takes
+    them all, in posting order, across the resize."""
+    pd = PD(ctx)
+    cq = CQ(ctx, 64)
+    mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
+    assert srq.query().max_wr == 4, srq.query().max_wr
+    for i in range(3):
+        srq.post_recv(RecvWR(wr_id=100 + i, num_sge=1, sg=[SGE(mr.buf + 64 * i, 64, mr.lkey)]))
+    try:
+        srq.modify(SrqAttr(max_wr=2), e.IBV_SRQ_MAX_WR)
+        raise AssertionError("a resize below the receives posted succeeded")
+    except PyverbsRDMAError as ex:
+        assert ex.error_code == errno.EINVAL, ex.error_code
+    srq.modify(SrqAttr(max_wr=20), e.IBV_SRQ_MAX_WR)
+    got = srq.query().max_wr
+    assert got >= 20, got
+    for i in range(3, 24):
+        srq.post_recv(RecvWR(wr_id=100 + i, num_sge=1, sg=[SGE(mr.buf + 64 * (i % 32), 64,
+                                                                mr.lkey)]))
+    cap = QPCap(max_send_wr=32, max_recv_wr=0, max_send_sge=1, max_recv_sge=0)
+    gid = ctx.query_gid(1, 1)
+    recv = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, srq=srq))
+    send = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+    for qp, peer in ((recv, send), (send, recv)):
+        attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+        attr.pkey_index = 0
+        attr.port_num = 1
+        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
+        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                  | e.IBV_QP_ACCESS_FLAGS)
+        attr, mask = rtr_attrs(gid, 1, peer.qp_num)
+        qp.modify(attr, mask)
+        to_rts(qp, 0, 1)
+    for i in range(24):
+        wr = SendWR(wr_id=i, opcode=e.IBV_WR_SEND, num_sge=1, sg=[SGE(mr.buf + 2048, 8, mr.lkey)])
+        wr.send_flags = e.IBV_SEND_SIGNALED
+        send.post_send(wr)
+    recvs, sends = [], 0
+    for _ in range(4000):
+        n, wcs = cq.poll(num_entries=16)
+        for w in wcs[:n]:
+            assert w.status == e.IBV_WC_SUCCESS, (w.wr_id, w.status)
+            if w.opcode & e.IBV_WC_RECV:
+                recvs.append(w.wr_id)
+            else:
+                sends += 1
+        if len(recvs) == 24 and sends == 24:
+            break
+        time.sleep(0.005)
+    assert recvs == [100 + i for i in range(24)], recvs
+    for o in (recv, send, srq, mr, cq, pd):
+        o.close()
+
+
 def close_all():
     state["qp"].close()
     state["cq"].close()
@@ -599,6 +656,8 @@ check("memory windows: type 2 bound by a work request takes a WRITE at its addre
 check("ATOMIC WRITE lands its 8 bytes in order, FLUSH of a range and of an MR complete in order, "
       "a persistent FLUSH is a remote access error (ibv_wr_* API)", atomic_write_and_flush)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
+check("ibv_modify_srq(IBV_SRQ_MAX_WR): receives posted move to the new ring in order, "
+      "too small is EINVAL, a QP on the SRQ takes all 24 in order across the resize", srq_resize)
 check("destroy QP, CQ, MR, PD", close_all)
 ctx.close()
 sys.exit(1 if failures else 0)
