@@ -2000,12 +2000,7 @@ impl Memory for Mem<'_> {
         if va % 8 != 0 {
             return Err(AccessError::Alignment);
         }
-        // An ATOMIC WRITE is a write (as rxe judges it); the others take the atomic right.
-        let right = if matches!(op, AtomicOp::Write { .. }) {
-            access::REMOTE_WRITE
-        } else {
-            access::REMOTE_ATOMIC
-        };
+        let right = remote_right(op.access());
         self.remote_mr(qp, rkey, (va, 8, right), |mr, va, right| {
             mr.atomic(va, right, |old| op.apply(old))
         })

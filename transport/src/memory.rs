@@ -167,6 +167,15 @@ impl AtomicOp {
             AtomicOp::Write { value } => value,
         }
     }
+
+    /// The remote right it takes: an ATOMIC WRITE is a write (as rxe judges it), the others
+    /// atomics.
+    pub fn access(self) -> Access {
+        match self {
+            AtomicOp::Write { .. } => Access::Write,
+            AtomicOp::CompareSwap { .. } | AtomicOp::FetchAdd { .. } => Access::Atomic,
+        }
+    }
 }
 
 /// Memory access the core calls into. All methods must be safe against any key or address:
@@ -214,8 +223,8 @@ pub trait Memory {
         va: u64,
         out: &mut [u8],
     ) -> Result<(), AccessError>;
-    /// Executes an atomic and returns the original value. An ATOMIC WRITE
-    /// ([`AtomicOp::Write`]) takes the remote write right, the others the remote atomic one.
+    /// Executes an atomic and returns the original value; the region must grant
+    /// [`AtomicOp::access`].
     fn atomic(&mut self, qp: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
     /// An RDMA FLUSH for QP `qp`: makes what earlier messages placed in `[va, va + len)` under
     /// `rkey` (with `whole_region`, all of the region `rkey` names) visible to every observer,

@@ -305,13 +305,7 @@ impl Memory for SimMemory {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Alignment);
         }
-        // An ATOMIC WRITE takes the remote write right, the others the remote atomic one.
-        let right = if matches!(op, AtomicOp::Write { .. }) {
-            Access::Write
-        } else {
-            Access::Atomic
-        };
-        self.check_remote(qp, rkey, va, 8, right)?;
+        self.check_remote(qp, rkey, va, 8, op.access())?;
         let (r, range) = self.range(rkey, va, 8)?;
         let old = u64::from_ne_bytes(r.data[range].try_into().unwrap());
         let new = op.apply(old);
