@@ -53,13 +53,23 @@ bw_start() {
 	BW_WATCH=$!
 }
 bw_wait() {
-	local rc=0
-	wait $BW_CLI || rc=1
+	local rc=0 cli=0
+	wait $BW_CLI || cli=1
 	wait $BW_SRV || rc=1
 	kill $BW_WATCH 2>/dev/null
 	wait $BW_WATCH 2>/dev/null
 	BW_LINE=$(grep -E '^ +[0-9]+ +[0-9]+ ' "$TAP_DIR/bw.log" | tail -n 1)
-	[ -n "$BW_LINE" ] || rc=1
+	# perftest calibrates its clock only to print the report, after every transfer completed
+	# (lib.sh): a client that failed there alone moved its data and has no figure (BW_UNCAL).
+	BW_UNCAL=0
+	if [ "$cli" != 0 ] && [ -z "$BW_LINE" ] && perftest_uncalibrated "$TAP_DIR/bw.log" &&
+		! grep -qiE 'fail|error' "$TAP_DIR/bw.log"; then
+		BW_UNCAL=1
+		cli=0
+		echo "# perftest's clock calibration failed after the transfer: no figure from it"
+	fi
+	[ "$cli" = 0 ] || rc=1
+	[ -n "$BW_LINE" ] || [ "$BW_UNCAL" = 1 ] || rc=1
 	if [ -s "$TAP_DIR/bw-stuck.log" ]; then
 		sed 's/^/# stuck after 30 s: /' "$TAP_DIR/bw-stuck.log"
 	fi
@@ -82,6 +92,17 @@ bw_wait() {
 }
 # The average Gb/s of $BW_LINE in Mbit/s.
 bw_mbit() { echo "$BW_LINE" | awk '{ printf "%.1f", $4 * 1000 }'; }
+# bw_measure TOOL ARGS...: bw_start and bw_wait for a run whose figure is wanted: one whose
+# figure perftest could not give (BW_UNCAL) is run again, twice at most, as lib.sh's perftest.
+bw_measure() {
+	local try
+	for try in 1 2 3; do
+		bw_start "$@"
+		bw_wait || return 1
+		[ "$BW_UNCAL" = 1 ] || return 0
+	done
+	return 1
+}
 
 # pp_start ARGS...: ibv_rc_pingpong (data checked with -c by the caller's ARGS) h1 -> h2 in
 # the background; pp_wait: both ends succeeded.
@@ -185,8 +206,7 @@ s0=$(fab_spine_bytes)
 $IP netns exec h1 timeout 30 tcpdump -nn -q -i eth0 -s 64 -w "$TAP_DIR/data.pcap" \
 	udp dst port 4793 and greater 1000 2>/dev/null &
 dump=$!
-bw_start ib_write_bw -s 65536 -D 3
-bw_wait && rc=0 || rc=1
+bw_measure ib_write_bw -s 65536 -D 3 && rc=0 || rc=1
 clean=$(bw_mbit)
 _tap $rc "ib_write_bw over the fabric, spines at $MP_RATE: $clean Mbit/s"
 sleep 0.5
@@ -296,14 +316,15 @@ echo "# ($SECONDS s)"
 # --- One lossy spine (5%, data direction) among clean ones.
 FAB_RATE="$MP_RATE" fab_spine_netem "$lightest" loss 5%
 retx0=$(ctr retransmits)
-bw_start ib_write_bw -s 65536 -D 3
-bw_wait && rc=0 || rc=1
+bw_measure ib_write_bw -s 65536 -D 3 && rc=0 || rc=1
 lossy=$(bw_mbit)
 _tap $rc "ib_write_bw with 5% loss on spine$lightest: $lossy Mbit/s (clean $clean)"
 want=$(awk -v c="$clean" -v s="$share_light" 'BEGIN { printf "%.1f", 0.8 * c * (1 - s) }')
 echo "# spine$lightest carries ${share_light} of the traffic; retransmits $(($(ctr retransmits) - retx0))"
+# Without a clean figure there is nothing to compare with: that fails too.
+lossy_share() { ge "${clean:-0}" 0.1 && ge "$lossy" "$want"; }
 check "a 5% lossy spine costs about its share ($lossy Mbit/s, clean $clean, want >= $want)" \
-	ge "$lossy" "$want"
+	lossy_share
 fab_spine_rate ""
 
 echo "# ($SECONDS s)"
@@ -322,8 +343,7 @@ reorder_run() { # what
 	nomem=$(ctr rx_nomem "$CNT2")
 	tx=$(ctr tx_packets)
 	rx=$(ctr rx_packets "$CNT2")
-	bw_start ib_write_bw -s 65536 -D 2 -t 2
-	bw_wait && rc=0 || rc=1
+	bw_measure ib_write_bw -s 65536 -D 2 -t 2 && rc=0 || rc=1
 	# perftest in duration mode exits 0 with a 0 when nothing completed in its window: a
 	# transfer that moved nothing (a stuck connection) fails here, not in the checks below,
 	# which a connection that sends nothing would pass.
@@ -361,8 +381,7 @@ plane_bw() { # P: ib_write_bw over the device's P planes, Mbit/s
 	fab_grow_planes mroce "$1"
 	wait_for 10 sh -c "[ \$(grep -c ' up\$' /sys/class/infiniband/mroce1/planes) = $1 ] &&
 		[ \$(grep -c ' up\$' /sys/class/infiniband/mroce2/planes) = $1 ]"
-	bw_start ib_write_bw -s 65536 -D 2
-	bw_wait && rc=0 || rc=1
+	bw_measure ib_write_bw -s 65536 -D 2 && rc=0 || rc=1
 	_tap $rc "ib_write_bw over $1 plane(s) at $PLANE_RATE each: $(bw_mbit) Mbit/s"
 }
 FAB_H2_ADDR=$(fab_plane_addr 2 1)
@@ -373,16 +392,21 @@ for p in 4 8; do
 	agg=$(bw_mbit)
 	want=$(awk -v o="$one" -v p="$p" 'BEGIN { printf "%.1f", 0.8 * o * p }')
 	check "$p planes scale to >= 80% of $p x one plane ($agg Mbit/s, one plane $one, want >= $want)" \
-		ge "$agg" "$want"
+		sh -c "awk -v o='${one:-0}' 'BEGIN { exit !(o >= 0.1) }' && awk -v a='${agg:-0}' -v w='$want' 'BEGIN { exit !(a >= w) }'"
 done
 echo "# planes: $(tr '\n' ';' </sys/class/infiniband/mroce1/planes)"
 # A whole plane cut mid-run: plane 2's router drops every datagram (routing and the netdevs
 # stay up, so only the transport can notice), then its link goes down on h1 (the device sees
 # it) during a pingpong with data checked.
+rxb0=$(ctr rx_bytes "$CNT2")
 bw_start ib_write_bw -s 65536 -D 4
 sleep 2.5
 fab_blackhole plane2 h1
 bw_wait && rc=0 || rc=1
+# Without perftest's figure (BW_UNCAL), what mroce2 received over the 4 s run says the same.
+if [ "$BW_UNCAL" = 1 ]; then
+	BW_LINE="0 0 0 $(awk -v b="$(($(ctr rx_bytes "$CNT2") - rxb0))" 'BEGIN { print b * 8 / 4 / 1e9 }')"
+fi
 ge "$(bw_mbit)" 0.1 || rc=1
 _tap $rc "ib_write_bw over 8 planes completes while the plane of p2 is blackholed mid-run: $(bw_mbit) Mbit/s (moves data: >= 0.1)"
 rx0=$(ctr rx_packets "$CNT2")
