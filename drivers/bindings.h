@@ -19,6 +19,7 @@
 #include <net/ipv6.h>
 #include <net/route.h>
 #include <net/ip6_route.h>
+#include <net/addrconf.h>
 #include <net/udp_tunnel.h>
 #include <rdma/ib_umem.h>
 #include <rdma/uverbs_ioctl.h>

@@ -77,6 +77,7 @@ use kernel::{
 
 mod addrcell;
 mod datagrams;
+mod mcast;
 mod peers;
 mod planes;
 mod ud;

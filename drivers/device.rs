@@ -126,6 +126,11 @@ impl RxHandler for DeviceRx {
                 .receive_datagram(self.plane, pkt.src, pkt.dst, pkt.payload);
             return;
         }
+        // A connection's packets go from one device to another, never to a group.
+        if pkt.dst.is_multicast() {
+            self.counters.inc(Counter::RxMalformed);
+            return;
+        }
         self.engine.receive(
             NodeAddr::from_ip(pkt.src),
             pkt.ecn_ce,

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Networking wrappers for drivers/sys/udp.rs; see glue_net.h. */
+#include <linux/igmp.h>
+#include <linux/inetdevice.h>
 #include <linux/netdevice.h>
 #include <net/dst.h>
 #include <net/sock.h>
@@ -93,4 +95,21 @@ void metaroce_glue_local_bh_enable(void)
 bool metaroce_glue_skb_more(const struct sk_buff *skb)
 {
 	return skb->next;
+}
+
+/*
+ * Joins (join) or leaves the IPv4 multicast group addr on dev, as rdma_cm's cma_igmp_send
+ * does: __in_dev_get_rtnl and ip_mc_dec_group are static inlines. RTNL held.
+ */
+int metaroce_glue_ip_mc_group(struct net_device *dev, __be32 addr, bool join)
+{
+	struct in_device *in_dev = __in_dev_get_rtnl(dev);
+
+	if (!in_dev)
+		return -ENODEV;
+	if (join)
+		ip_mc_inc_group(in_dev, addr);
+	else
+		ip_mc_dec_group(in_dev, addr);
+	return 0;
 }

@@ -29,5 +29,6 @@ void metaroce_glue_kfree_skb(struct sk_buff *skb);
 void metaroce_glue_local_bh_disable(void);
 void metaroce_glue_local_bh_enable(void);
 bool metaroce_glue_skb_more(const struct sk_buff *skb);
+int metaroce_glue_ip_mc_group(struct net_device *dev, __be32 addr, bool join);
 
 #endif /* METAROCE_GLUE_NET_H */

@@ -36,6 +36,19 @@ impl IpAddr {
             IpAddr::V6(*g)
         }
     }
+
+    /// The GID that names this address (IPv4 as an IPv4-mapped address).
+    pub(crate) fn gid(self) -> [u8; 16] {
+        match self.to_v6() {
+            IpAddr::V6(g) => g,
+            IpAddr::V4(_) => [0; 16],
+        }
+    }
+
+    /// Whether this is a multicast address (IPv4 224.0.0.0/4, IPv6 ff00::/8).
+    pub(crate) fn is_multicast(self) -> bool {
+        crate::verbs_core::mcast::is_multicast(&self.gid())
+    }
 }
 
 /// A node's address as the data path keys peers by it: 16 bytes, an IPv4 address as its

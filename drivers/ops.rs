@@ -404,6 +404,9 @@ impl VerbsOps for MetaRoceOps {
         match qp {
             QpObject::User(qp) => {
                 if let Some(engine) = dev.engine {
+                    if qp.qp_type == QpType::Ud {
+                        engine.detach_mcast_everywhere(qp.qpn);
+                    }
                     engine.detach(&qp);
                 }
                 // Dropped outside the table's lock (and after it, with `qp`, in process
@@ -418,6 +421,24 @@ impl VerbsOps for MetaRoceOps {
                     let _ = engine.set_gsi(qp.port, None);
                 }
             }
+        }
+    }
+
+    fn attach_mcast(dev: &DeviceCtx<'_>, qp: &QpObject, gid: &[u8; 16]) -> Result {
+        match (qp, dev.engine) {
+            (QpObject::User(qp), Some(engine)) if qp.qp_type == QpType::Ud => {
+                engine.attach_mcast(qp.qpn, gid)
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    fn detach_mcast(dev: &DeviceCtx<'_>, qp: &QpObject, gid: &[u8; 16]) -> Result {
+        match (qp, dev.engine) {
+            (QpObject::User(qp), Some(engine)) if qp.qp_type == QpType::Ud => {
+                engine.detach_mcast(qp.qpn, gid)
+            }
+            _ => Err(EINVAL),
         }
     }
 

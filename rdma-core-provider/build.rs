@@ -179,7 +179,7 @@ fn bindgen(wrapper: &Path, include: &Path, uapi: &Path, manifest: &Path, output:
          ibv_cmd_(alloc|dealloc)_(pd|mw)|ibv_cmd_(reg|rereg|dereg)_mr|ibv_cmd_(create|destroy|resize)_cq|\
          ibv_cmd_req_notify_cq|ibv_cmd_(create|query|modify|destroy)_qp|\
          ibv_cmd_(create|query|modify|destroy)_srq|ibv_cmd_modify_qp_ex|ibv_cmd_create_cq_ex|\
-         ibv_cmd_create_qp_ex|metaroce_dv_.*|\
+         ibv_cmd_create_qp_ex|ibv_cmd_(attach|detach)_mcast|metaroce_dv_.*|\
          calloc|free|__errno_location|mmap|munmap|write",
     ]);
     cmd.args([

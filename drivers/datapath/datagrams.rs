@@ -20,16 +20,28 @@ use crate::{
     net::{IpAddr, RxBuf},
     sys::work,
     transport::wire::{BaseHeader, DatagramExt, Ext, Flags, Header, Opcode, Packet},
+    verbs_core::mcast::{Group, MULTICAST_QPN},
 };
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
-    new_mutex, new_spinlock_irq,
+    new_mutex, new_spinlock, new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex, SpinLockIrq},
+    sync::{Arc, Mutex, SpinLock, SpinLockIrq},
 };
 
 /// Received datagrams waiting for the receive thread (connection management is light).
 const DG_ENTRIES: usize = 256;
+
+/// Where a datagram came from and went to, as its receiver sees it.
+#[derive(Clone, Copy)]
+pub(super) struct DgFrom {
+    /// The plane it arrived on.
+    pub(super) plane: u8,
+    pub(super) src: IpAddr,
+    pub(super) dst: IpAddr,
+    /// Its length in bytes: headers and payload (UDP's payload).
+    pub(super) len: usize,
+}
 
 /// A received datagram.
 pub(super) struct DgItem {
@@ -52,6 +64,14 @@ pub(super) struct Datagrams {
     pub(super) scratch: Mutex<KVec<u8>>,
     /// Sends were posted since the receive thread last looked.
     tx_pending: AtomicBool,
+    /// The multicast groups (`mcast.rs`): `mcast::MAX_GROUPS` slots from the first attach on,
+    /// none before. Read by the receive thread, changed by attach and detach.
+    #[pin]
+    pub(super) groups: SpinLock<KVVec<Group>>,
+    /// Held across an attach or a detach and the IP join or leave it makes, so that those
+    /// follow the table's changes in order.
+    #[pin]
+    pub(super) joins: Mutex<()>,
 }
 
 impl Datagrams {
@@ -64,6 +84,8 @@ impl Datagrams {
             rxq <- new_spinlock_irq!(rxq, "metaroce_dg_rxq"),
             scratch <- new_mutex!(scratch, "metaroce_dg_scratch"),
             tx_pending: AtomicBool::new(false),
+            groups <- new_spinlock!(KVVec::new(), "metaroce_mcast_groups"),
+            joins <- new_mutex!((), "metaroce_mcast_joins"),
         }))
     }
 }
@@ -141,8 +163,21 @@ impl Engine {
         let (b, Ext::Datagram(d)) = (view.header.base, view.header.ext) else {
             return Err(());
         };
+        // A multicast datagram names QP MULTICAST_QPN, and only it may (IBA 9.8.1).
+        if item.dst.is_multicast() != (b.dst_qp == MULTICAST_QPN) {
+            return Err(());
+        }
+        let from = DgFrom {
+            plane: item.plane,
+            src: item.src,
+            dst: item.dst,
+            len: data.len(),
+        };
+        if b.dst_qp == MULTICAST_QPN {
+            return self.mcast_deliver(&from, &b, &d, view.payload);
+        }
         if b.dst_qp != GSI_QPN {
-            return self.ud_deliver(item, &b, &d, view.payload);
+            return self.ud_deliver(b.dst_qp, &from, &b, &d, view.payload);
         }
         let qp = self
             .datagrams

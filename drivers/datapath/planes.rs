@@ -22,7 +22,10 @@ use crate::{
     counters::Counter,
     device::DeviceRx,
     net::{IpAddr, NodeAddr, RxHandler},
-    sys::{netdev::NetDev, udp::PlaneSocket},
+    sys::{
+        netdev::{NetDev, Rtnl},
+        udp::{PlaneDev, PlaneSocket},
+    },
     transport::wire::{
         BaseHeader, Ext, Flags, HelloEntry, HelloHeader, Opcode, Packet, PlaneAddr,
         DEFAULT_PEER_PATHS, HELLO_HEADER_LEN,
@@ -312,6 +315,7 @@ impl Engine {
 
     /// Sends a datagram on `plane` to `dst`. Its socket counts what it sends and what fails
     /// (`tx_packets`, `tx_errors`); a plane that does not exist counts in `tx_errors` here.
+    /// The source address the route chose, if the datagram was handed to the IP stack.
     pub(super) fn send_on(
         &self,
         plane: usize,
@@ -319,8 +323,14 @@ impl Engine {
         src_port: u16,
         ecn: bool,
         data: &[u8],
-    ) {
-        self.send_segments_on(plane, dst, src_port, ecn, data, data.len(), 1);
+    ) -> Option<IpAddr> {
+        match self.planes.lock().get(plane) {
+            Some(Some(lp)) => lp.socket.send(dst, src_port, ecn, data).ok(),
+            _ => {
+                self.counters.inc(Counter::TxErrors);
+                None
+            }
+        }
     }
 
     /// Sends `data`, `count` datagrams of `seg` bytes (the last may be shorter), on `plane`
@@ -542,6 +552,17 @@ impl Engine {
             self.send_hello(peer, conn.path_count(), false, h.conn_id, now);
         }
         restarted
+    }
+
+    /// The netdev of every plane there is, while `rtnl` is held.
+    pub(super) fn plane_devs<'r>(&self, rtnl: &'r Rtnl) -> [Option<PlaneDev<'r>>; MAX_PLANES] {
+        let planes = self.planes.lock();
+        core::array::from_fn(|i| {
+            planes
+                .get(i)
+                .and_then(Option::as_ref)
+                .and_then(|lp| lp.socket.dev(rtnl))
+        })
     }
 
     /// Closes every plane's socket (device going away).

@@ -20,7 +20,7 @@
 //!   datagram completes with `IBV_WC_LOC_LEN_ERR`. A WQE the provider cannot have written
 //!   breaks the QP (`IB_EVENT_QP_FATAL`), as on RC.
 
-use super::{datagrams::DgItem, Engine, MAX_DATAGRAM};
+use super::{datagrams::DgFrom, Engine, MAX_DATAGRAM};
 use crate::{
     counters::Counter,
     gsi,
@@ -197,24 +197,64 @@ impl Engine {
         let plane = (port as usize).wrapping_sub(1);
         if let Some(data) = buf.get(..end) {
             // Lost on the way is lost: UD.
-            self.send_on(plane, &dst, ud_sport(qp.qpn), false, data);
+            let src = self.send_on(plane, &dst, ud_sport(qp.qpn), false, data);
             self.counters.inc(Counter::DatagramsSent);
+            if let (Some(src), true) = (src, dst.is_multicast()) {
+                self.mcast_loopback(plane, src, dst, &header, data, hl);
+            }
         }
         Ok(())
     }
 
-    /// A DATAGRAM for QP `b.dst_qp`, not the GSI QP: placed if it is a UD QP that takes it.
+    /// A multicast datagram this device sent on `plane` from `src` to the group `dst`
+    /// (`data`, its payload from byte `hl` on) is placed in this device's QPs attached to the
+    /// group, as the IP stack's multicast loopback would: it loops nothing back for a tunnel
+    /// socket (a tunnel transmit counts as a nested device transmit, for which `sk_mc_loop`
+    /// says no). Counted as a received datagram (or a dropped one, if no member took it).
+    fn mcast_loopback(
+        &self,
+        plane: usize,
+        src: IpAddr,
+        dst: IpAddr,
+        header: &Header,
+        data: &[u8],
+        hl: usize,
+    ) {
+        let (Ext::Datagram(d), Some(payload), Ok(plane)) =
+            (header.ext, data.get(hl..), u8::try_from(plane))
+        else {
+            return;
+        };
+        if !self.has_mcast_members(&dst.gid()) {
+            return;
+        }
+        let from = DgFrom {
+            plane,
+            src,
+            dst,
+            len: data.len(),
+        };
+        let counter = match self.mcast_deliver(&from, &header.base, &d, payload) {
+            Ok(()) => Counter::DatagramsRcvd,
+            Err(()) => Counter::DatagramsDropped,
+        };
+        self.counters.inc(counter);
+    }
+
+    /// A DATAGRAM for QP `qpn` (`b.dst_qp`, or a member of the multicast group it was sent
+    /// to), not the GSI QP: placed if it is a UD QP that takes it.
     pub(super) fn ud_deliver(
         &self,
-        item: &DgItem,
+        qpn: u32,
+        from: &DgFrom,
         b: &BaseHeader,
         d: &DatagramExt,
         payload: &[u8],
     ) -> core::result::Result<(), ()> {
-        let (grh, _) = gsi::make_grh(&item.src, &item.dst, item.buf.bytes().len());
+        let (grh, _) = gsi::make_grh(&from.src, &from.dst, from.len);
         let solicited = b.flags.has(Flags::SOLICITED);
         self.verbs
-            .with_qp(b.dst_qp, |qp| {
+            .with_qp(qpn, |qp| {
                 if qp.qp_type != QpType::Ud {
                     return Err(());
                 }
@@ -224,7 +264,7 @@ impl Engine {
                     if !taking
                         || inner.attrs.qkey != d.qkey
                         || (inner.attrs.port_num as usize).wrapping_sub(1)
-                            != usize::from(item.plane)
+                            != usize::from(from.plane)
                     {
                         return Err(());
                     }

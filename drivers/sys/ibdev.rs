@@ -422,7 +422,7 @@ unsafe extern "C" fn dealloc_pd(
 // What the device reports, from `crate::device`'s constants and the rules' limits.
 use super::udata::Udata;
 use crate::device::{FW_VERSION, MAX_PATHS, MAX_PD, MAX_PLANES, WIRE_OVERHEAD, WIRE_VERSION};
-use crate::verbs_core::{caps::limits, ib::mtu};
+use crate::verbs_core::{caps::limits, ib::mtu, mcast};
 
 /// `query_device`: what this device can do. Verbs that are not implemented yet report 0.
 fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
@@ -453,6 +453,10 @@ fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
     attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
     attr.max_fast_reg_page_list_len = 0;
     attr.max_mw = limits::MAX_MW;
+    // Multicast for UD QPs (`verbs_core::mcast`).
+    attr.max_mcast_grp = mcast::MAX_GROUPS as u32;
+    attr.max_mcast_qp_attach = mcast::MAX_ATTACH as u32;
+    attr.max_total_mcast_qp_attach = (mcast::MAX_GROUPS * mcast::MAX_ATTACH) as u32;
     // Memory windows of type 1 and 2B (`verbs_core::mw`); SRQ resize; ATOMIC WRITE; RDMA
     // FLUSH to global visibility (no persistent memory: no IB_DEVICE_FLUSH_PERSISTENT, so the
     // core refuses MRs that ask for it).

@@ -114,3 +114,23 @@ impl Drop for HeldNetDev {
         unsafe { bindings::metaroce_glue_dev_put(self.0.as_ptr()) }
     }
 }
+
+/// RTNL, held while this lives.
+pub(crate) struct Rtnl;
+
+impl Rtnl {
+    /// Takes RTNL. Process context, by a thread that does not hold it: a sysfs store, or a
+    /// verb that only userspace reaches (uverbs calls the driver without RTNL).
+    pub(crate) fn lock() -> Self {
+        // SAFETY: per the caller's contract above (the lock sleeps, and is not recursive).
+        unsafe { bindings::rtnl_lock() };
+        Rtnl
+    }
+}
+
+impl Drop for Rtnl {
+    fn drop(&mut self) {
+        // SAFETY: taken in `lock`.
+        unsafe { bindings::rtnl_unlock() };
+    }
+}

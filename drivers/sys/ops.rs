@@ -283,6 +283,17 @@ pub(crate) trait VerbsOps: 'static {
 
     fn destroy_qp(dev: &DeviceCtx<'_>, qp: Self::Qp);
 
+    /// `ibv_attach_mcast` of `qp` to the multicast group `gid` (uverbs has checked that the
+    /// QP is UD). Called without RTNL.
+    fn attach_mcast(_dev: &DeviceCtx<'_>, _qp: &Self::Qp, _gid: &[u8; 16]) -> Result {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// `ibv_detach_mcast`, as [`Self::attach_mcast`].
+    fn detach_mcast(_dev: &DeviceCtx<'_>, _qp: &Self::Qp, _gid: &[u8; 16]) -> Result {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
     /// A user QP's doorbell (an empty `POST_SEND`: its WQEs are in its ring).
     fn doorbell(dev: &DeviceCtx<'_>, qp: &Self::Qp) -> Result;
 
@@ -461,6 +472,10 @@ pub(super) fn fill<T: VerbsOps + 'static>(ops: &mut bindings::ib_device_ops) {
         ops.alloc_mw = Some(alloc_mw::<T>);
         ops.dealloc_mw = Some(dealloc_mw::<T>);
         ops.size_ib_mw = size_of::<MetaMw<T>>();
+    }
+    if T::HAS_ATTACH_MCAST {
+        ops.attach_mcast = Some(attach_mcast::<T>);
+        ops.detach_mcast = Some(detach_mcast::<T>);
     }
     ops.create_qp = Some(create_qp::<T>);
     ops.modify_qp = Some(modify_qp::<T>);
@@ -1083,6 +1098,38 @@ unsafe extern "C" fn destroy_qp<T: VerbsOps>(
         T::destroy_qp(&dev, qp);
     }
     0
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core for a QP we created, with a live GID.
+unsafe extern "C" fn attach_mcast<T: VerbsOps>(
+    ibqp: *mut bindings::ib_qp,
+    gid: *mut bindings::ib_gid,
+    _lid: u16,
+) -> c_int {
+    // SAFETY: per the contract; `raw` is the GID's bytes, every pattern valid.
+    let (dev, qp, gid) = unsafe { (ctx((*ibqp).device), qp_of::<T>(ibqp), (*gid).raw) };
+    match qp {
+        Some(qp) => to_errno(T::attach_mcast(&dev, qp, &gid)),
+        None => EINVAL.to_errno(),
+    }
+}
+
+/// # Safety
+///
+/// As [`attach_mcast`].
+unsafe extern "C" fn detach_mcast<T: VerbsOps>(
+    ibqp: *mut bindings::ib_qp,
+    gid: *mut bindings::ib_gid,
+    _lid: u16,
+) -> c_int {
+    // SAFETY: per the contract, as in `attach_mcast`.
+    let (dev, qp, gid) = unsafe { (ctx((*ibqp).device), qp_of::<T>(ibqp), (*gid).raw) };
+    match qp {
+        Some(qp) => to_errno(T::detach_mcast(&dev, qp, &gid)),
+        None => EINVAL.to_errno(),
+    }
 }
 
 /// The doorbell (uverbs `POST_SEND` with no work requests: user QPs post into the SQ ring), or

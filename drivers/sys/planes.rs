@@ -15,7 +15,7 @@
 
 use super::{
     bindings, ibdev,
-    netdev::{HeldNetDev, NetDev},
+    netdev::{HeldNetDev, NetDev, Rtnl},
     KernelStatic, DRIVER_ID,
 };
 use crate::device::MAX_PLANES;
@@ -84,25 +84,6 @@ pub(super) fn init() {
         attrs[3] = ptr::addr_of_mut!(max_peers.attr);
         let group = &mut *GROUP.get();
         group.__bindgen_anon_2.attrs = attrs.as_mut_ptr();
-    }
-}
-
-/// RTNL, held while this lives.
-struct Rtnl;
-
-impl Rtnl {
-    fn lock() -> Self {
-        // SAFETY: process context (sysfs store); not held by this thread (store handlers are
-        // not called under RTNL).
-        unsafe { bindings::rtnl_lock() };
-        Rtnl
-    }
-}
-
-impl Drop for Rtnl {
-    fn drop(&mut self) {
-        // SAFETY: taken in `lock`.
-        unsafe { bindings::rtnl_unlock() };
     }
 }
 

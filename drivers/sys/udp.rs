@@ -23,12 +23,13 @@
 
 use super::{
     bindings,
-    netdev::NetDev,
+    netdev::{NetDev, Rtnl},
     skb::{Dst, Dst6, Route4, Skb},
 };
 use crate::counters::{Counter, Counters};
 use crate::net::{parse_ip_header, IpAddr, RxDrop, RxHandler, RxPacket, ECN_ECT0};
 use core::{
+    marker::PhantomData,
     mem::size_of,
     ptr,
     sync::atomic::{AtomicPtr, Ordering},
@@ -154,14 +155,15 @@ impl PlaneSocket {
     /// the route lookup's error (`ENETUNREACH`, `EHOSTUNREACH`, ...; counted as `tx_no_route`),
     /// `EMSGSIZE` if the datagram exceeds the route's MTU, `ENOMEM`. Every error counts in
     /// `tx_errors`. Success counts `tx_packets` and `tx_bytes`; it means the packet was handed
-    /// to the IP stack, which may still drop it (queue full, neighbour unresolved).
+    /// to the IP stack, which may still drop it (queue full, neighbour unresolved); it returns
+    /// the source address the route chose.
     pub(crate) fn send(
         &self,
         dst: &IpAddr,
         src_port: u16,
         ecn_capable: bool,
         payload: &[u8],
-    ) -> Result {
+    ) -> Result<IpAddr> {
         self.send_segments(dst, src_port, ecn_capable, payload, payload.len())
     }
 
@@ -177,7 +179,7 @@ impl PlaneSocket {
         ecn_capable: bool,
         payload: &[u8],
         seg: usize,
-    ) -> Result {
+    ) -> Result<IpAddr> {
         let tos = if ecn_capable { ECN_ECT0 } else { 0 };
         let seg = seg_len(seg, payload.len());
         let segs = segments(payload.len(), seg);
@@ -189,7 +191,7 @@ impl PlaneSocket {
             IpAddr::V6(addr) => self.send6(addr, src_port, tos, payload, seg),
         };
         match result {
-            Ok(()) => {
+            Ok(_) => {
                 self.counters.add(Counter::TxPackets, segs as u64);
                 self.counters.add(Counter::TxBytes, payload.len() as u64);
             }
@@ -198,7 +200,14 @@ impl PlaneSocket {
         result
     }
 
-    fn send4(&self, daddr: [u8; 4], src_port: u16, tos: u8, payload: &[u8], seg: usize) -> Result {
+    fn send4(
+        &self,
+        daddr: [u8; 4],
+        src_port: u16,
+        tos: u8,
+        payload: &[u8],
+        seg: usize,
+    ) -> Result<IpAddr> {
         let _rcu = rcu::read_lock();
         let sk = self.sk4.load(Ordering::Acquire);
         if sk.is_null() {
@@ -244,7 +253,7 @@ impl PlaneSocket {
                 0,
             )
         };
-        Ok(())
+        Ok(IpAddr::V4(fl4.saddr.to_ne_bytes()))
     }
 
     fn send6(
@@ -254,7 +263,7 @@ impl PlaneSocket {
         tclass: u8,
         payload: &[u8],
         seg: usize,
-    ) -> Result {
+    ) -> Result<IpAddr> {
         let _rcu = rcu::read_lock();
         let sk = self.sk6.load(Ordering::Acquire);
         if sk.is_null() {
@@ -303,7 +312,8 @@ impl PlaneSocket {
                 0,
             )
         };
-        Ok(())
+        // SAFETY: the lookup filled in the source address; every bit pattern is valid.
+        Ok(IpAddr::V6(unsafe { fl6.saddr.in6_u.u6_addr8 }))
     }
 
     /// An skb holding `payload`, with room in front for the link layer of `dst`'s device, an
@@ -343,6 +353,19 @@ impl PlaneSocket {
         // asks for a global address, none wanted toward any destination in particular.
         let addr = unsafe { bindings::inet_select_addr(ndev, 0, 0) };
         (addr != 0).then(|| addr.to_ne_bytes())
+    }
+
+    /// This plane's netdev while `rtnl` is held, for [`PlaneDev::set_multicast`]; None once
+    /// closed.
+    pub(crate) fn dev<'r>(&self, _rtnl: &'r Rtnl) -> Option<PlaneDev<'r>> {
+        if self.sk4.load(Ordering::Acquire).is_null() {
+            return None;
+        }
+        Some(PlaneDev {
+            net: self.net,
+            ifindex: self.ifindex,
+            _rtnl: PhantomData,
+        })
     }
 
     /// Closes the sockets: afterwards nothing is received and [`Self::send`] fails with
@@ -391,6 +414,58 @@ impl Drop for BhDisabled {
     fn drop(&mut self) {
         // SAFETY: paired with the disable in `new`, on the same CPU (no migration meanwhile).
         unsafe { bindings::metaroce_glue_local_bh_enable() };
+    }
+}
+
+/// The netdev of an open plane, named while RTNL is held (`'r`). A plane's socket closes when
+/// its netdev unregisters, under RTNL, before the netdev's namespace can go
+/// (`ibdev::remove_device_of`, `planes::netdev_event`): so while the RTNL hold in which the
+/// socket was seen open lasts, its netdev stays registered and its namespace alive, even if
+/// the socket is closed meanwhile (device teardown closes it without RTNL).
+#[derive(Clone, Copy)]
+pub(crate) struct PlaneDev<'r> {
+    net: *mut bindings::net,
+    ifindex: c_int,
+    _rtnl: PhantomData<&'r Rtnl>,
+}
+
+impl PlaneDev<'_> {
+    /// Joins (`join`) or leaves the IP multicast group `group` on the netdev, as a socket's
+    /// `IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP` would: the host then accepts the group's packets
+    /// on it (and reports the membership with IGMP or MLD). Joins are counted by the stack, so
+    /// each join is undone by one leave. `ENODEV` if the netdev has no IPv4 (IPv6)
+    /// configuration, or the stack's error.
+    ///
+    /// Process context (sleeps).
+    pub(crate) fn set_multicast(&self, group: &IpAddr, join: bool) -> Result {
+        // SAFETY: RTNL is held for `'r` and the netdev registered in `net` (type invariant),
+        // which keeps `net` alive; the lookup needs RTNL, and the netdev it returns stays
+        // registered while we hold it.
+        let ndev = unsafe { bindings::__dev_get_by_index(self.net, self.ifindex) };
+        if ndev.is_null() {
+            return Err(ENODEV);
+        }
+        let ret = match group {
+            // SAFETY: `ndev` is registered and RTNL held (above), as the call requires.
+            IpAddr::V4(a) => unsafe {
+                bindings::metaroce_glue_ip_mc_group(ndev, u32::from_ne_bytes(*a), join)
+            },
+            IpAddr::V6(a) => {
+                let addr = bindings::in6_addr {
+                    in6_u: bindings::in6_addr__bindgen_ty_1 { u6_addr8: *a },
+                };
+                // SAFETY: `ndev` is registered (above); `addr` is live for the call, which
+                // copies it. The calls take the device's own multicast lock.
+                unsafe {
+                    if join {
+                        bindings::ipv6_dev_mc_inc(ndev, &addr)
+                    } else {
+                        bindings::ipv6_dev_mc_dec(ndev, &addr)
+                    }
+                }
+            }
+        };
+        kernel::error::to_result(ret)
     }
 }
 

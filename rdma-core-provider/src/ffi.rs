@@ -144,6 +144,8 @@ static CONTEXT_OPS: sys::verbs_context_ops = sys::verbs_context_ops {
     query_srq: Some(query_srq),
     destroy_srq: Some(destroy_srq),
     post_srq_recv: Some(post_srq_recv),
+    attach_mcast: Some(attach_mcast),
+    detach_mcast: Some(detach_mcast),
     // SAFETY: verbs_context_ops holds only `Option<extern "C" fn>` fields, for which all-zero
     // bytes are `None`.
     ..unsafe { core::mem::zeroed() }
@@ -1041,6 +1043,31 @@ unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
             drop(unsafe { Box::from_raw(mw) });
         }
         ret
+    })
+}
+
+/// `ibv_attach_mcast`: the kernel keeps the groups (the provider has nothing to do for a
+/// datagram to a group but address it, as any other).
+unsafe extern "C" fn attach_mcast(
+    qp: *mut sys::ibv_qp,
+    gid: *const sys::ibv_gid,
+    lid: u16,
+) -> c_int {
+    // SAFETY: the caller's live QP of ours and GID.
+    guard(PANIC_ERRNO, || unsafe {
+        sys::ibv_cmd_attach_mcast(qp, gid, lid)
+    })
+}
+
+/// `ibv_detach_mcast`.
+unsafe extern "C" fn detach_mcast(
+    qp: *mut sys::ibv_qp,
+    gid: *const sys::ibv_gid,
+    lid: u16,
+) -> c_int {
+    // SAFETY: as in `attach_mcast`.
+    guard(PANIC_ERRNO, || unsafe {
+        sys::ibv_cmd_detach_mcast(qp, gid, lid)
     })
 }
 

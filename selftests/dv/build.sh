@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 #
 # Build the direct verbs' guest test programs on the host; the guest has no compiler:
-# metaroce_dv_test (the direct verbs against the real module) and metaroce_hostile_test (a
-# malicious application writing into its QPs' rings, selftests/tests/hostile.sh).
+# metaroce_dv_test (the direct verbs against the real module), metaroce_hostile_test (a
+# malicious application writing into its QPs' rings, selftests/tests/hostile.sh) and
+# metaroce_mcast_test (multicast for UD QPs through the plain verbs, selftests/tests/ud.sh).
 # The host's gcc compiles each against the prepared rdma-core tree's headers and the staged
 # <infiniband/metaroce_dv.h>, and links it against that tree's libibverbs.so.1 and the staged
 # libmetaroce.so.1 (rdma-core-provider/build.sh, run first), with no RPATH: in the guest both
@@ -25,7 +26,7 @@ OUT="${CARGO_TARGET_DIR:-$REPO/target}/metaroce-dv"
 mkdir -p "$OUT"
 
 bins=()
-for prog in metaroce_dv_test metaroce_hostile_test; do
+for prog in metaroce_dv_test metaroce_hostile_test metaroce_mcast_test; do
 	BIN="$OUT/$prog"
 	# rdma-core's headers as system headers: the warnings are for our code only.
 	"${CC:-gcc}" -std=gnu11 -O2 -g -Wall -Wextra -Werror -isystem "$RC_BUILD/include" \

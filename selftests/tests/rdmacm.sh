@@ -128,6 +128,33 @@ qperf_cm() {
 	printf '%s\n' "$out" | grep -E '^ *(bw|latency) *=' | sed "s/^ */# $t: /"
 }
 
+# mckey_check TYPE: rdma_cm's multicast (mckey, UD QPs attached to an IPv4 group): the
+# receiver in ns2 joins the group, which the host then has joined on veth2 (what rdma_cm and
+# the device's attach do, so that the stack accepts the group's datagrams); the sender in ns1
+# joins too and sends 20 datagrams to the group; the receiver must get all 20 (no loss on a
+# veth) and both leave: the group is gone from veth2 afterwards.
+MC_GROUP=230.77.0.9
+# `ip maddr` prints "inet  GROUP", and "users N" after it when more than one joined.
+mc_joined() { $IP -n ns2 maddr show dev veth2 | grep -Eq "inet +$MC_GROUP( |\$)"; }
+mckey_check() {
+	local type="$1" rc=0 srv
+	$IP netns exec ns2 timeout "$SRV_TIMEOUT" mckey -m $MC_GROUP -b "$NS2_ADDR" -C 20 \
+		>"$TAP_DIR/mckey-recv.log" 2>&1 &
+	srv=$!
+	# The receiver waits 3 s after its join before it polls, the sender 3 s before it sends.
+	wait_for 15 mc_joined || { echo "# mckey: veth2 has not joined $MC_GROUP after 15 s"; rc=1; }
+	$IP netns exec ns1 timeout "$CLI_TIMEOUT" mckey -m $MC_GROUP -b "$NS1_ADDR" -s -C 20 \
+		>"$TAP_DIR/mckey-send.log" 2>&1 || rc=1
+	wait $srv || rc=1
+	grep -q 'data transfers complete' "$TAP_DIR/mckey-recv.log" || rc=1
+	if [ "$rc" != 0 ]; then
+		tail -n 8 "$TAP_DIR/mckey-send.log" | sed 's/^/# sender: /'
+		tail -n 8 "$TAP_DIR/mckey-recv.log" | sed 's/^/# receiver: /'
+	fi
+	_tap $rc "$type: mckey, 20 datagrams to the multicast group $MC_GROUP, each received in the other namespace"
+	check "$type: the group left with its last member (not joined on veth2)" wait_for 5 sh -c "! $IP -n ns2 maddr show dev veth2 | grep -Eq 'inet +$MC_GROUP( |\$)'"
+}
+
 # The checks, for one device type: its devices ${PREFIX}1 in ns1 and ${PREFIX}2 in ns2.
 rdmacm_checks() {
 	local type="$1" prefix="$2" failed_before
@@ -147,6 +174,11 @@ rdmacm_checks() {
 	cm_check "$type: rdma_server / rdma_client (librdmacm example)" 'rdma_client: end 0' \
 		rdma_server -s "$NS2_ADDR" -- \
 		rdma_client -s "$NS2_ADDR"
+
+	cm_check "$type: udaddy, UD QPs through rdma_cm, 10 datagrams each way" 'return status 0' \
+		udaddy -- \
+		udaddy -s "$NS2_ADDR"
+	mckey_check "$type"
 
 	cm_perftest "$type" "$prefix" "ib_write_bw -R, 4 KiB x 200" ib_write_bw -s 4096 -n 200
 	cm_perftest "$type" "$prefix" "ib_send_bw -R, 4 KiB x 200" ib_send_bw -s 4096 -n 200

@@ -12,6 +12,7 @@
 //! - [`caps`]: the device's limits and the queue capacities a create asks for.
 //! - [`mr`]: what an `ibv_rereg_mr` may change of a memory region.
 //! - [`mw`]: memory windows: binding, invalidating, and remote access through one.
+//! - [`mcast`]: multicast groups and the UD QPs attached to them.
 //! - [`abi`]: the shared-ring entries of `uapi/metaroce-abi.h`, as plain data.
 //! - [`wqe`]: send and receive WQEs copied out of a ring, judged (fatal, refused, usable) and
 //!   decoded.
@@ -30,6 +31,7 @@ extern crate std;
 pub mod abi;
 pub mod caps;
 pub mod ib;
+pub mod mcast;
 pub mod mr;
 pub mod mw;
 pub mod qp;
