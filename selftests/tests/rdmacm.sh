@@ -58,6 +58,17 @@ cm_run() {
 	echo "# $what: server: ${scmd[*]}"
 	tail -n 6 "$TAP_DIR/cm-server.log" | sed 's/^/# server: /'
 	[ -z "$ids" ] || printf '%s\n' "$ids" | sed 's/^/# cm_id when the client failed: /'
+	# Both devices' QPs, connections and error counters as the failure left them (for a
+	# metaroce pair; rxe's files differ).
+	local d c
+	for d in ${PREFIX_DEVS:-}; do
+		$RDMA resource show qp link "$d/1" 2>/dev/null | sed "s/^/# $d: /"
+		head -n 20 "/sys/class/infiniband/$d/peers" 2>/dev/null | sed "s/^/# $d: /"
+		for c in retransmits timeouts duplicates nak_sent_rnr nak_rcvd_rnr rnr_retries retry_exceeded ring_errors rx_no_connection datagrams_dropped; do
+			printf '%s %s ' $c "$(cat "/sys/class/infiniband/$d/ports/1/hw_counters/$c" 2>/dev/null)"
+		done | sed "s/^/# $d: /"
+		echo
+	done
 	echo "# (client exit $crc$([ "$crc" = 124 ] && echo ' timed out'), server exit $src$(
 		[ "$crc" != 0 ] && echo ', killed after the client failed'; [ "$src" = 124 ] && echo ' timed out'
 	), wanted /$re/ from the client)"
@@ -212,6 +223,7 @@ for pair in $RDMACM_TYPES; do
 	[ "$type" = rxe ] && module=rdma_rxe
 	check "$type: modprobe $module" modprobe "$module"
 	setup_pair "$type" "$prefix"
+	PREFIX_DEVS="${prefix}1 ${prefix}2"
 	rdmacm_checks "$type" "$prefix"
 	teardown_pair
 	check "$type: rmmod $module" rmmod "$module"
