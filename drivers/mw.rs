@@ -5,8 +5,9 @@
 //! rules are `verbs_core::mw`'s; here they meet the device's tables.
 //!
 //! A window holds its MR by key (`verbs::Mw`), and an access through it finds the MR in the MR
-//! table as any access does, under that table's lock: a window never keeps an MR's pages, and
-//! one whose MR was deregistered (or moved to another PD) reaches nothing.
+//! table as any access does, under that table's lock: a window never keeps an MR's pages. An
+//! MR with a window bound to it cannot be deregistered (`EBUSY`, `ops::mr_in_use`); one whose
+//! bind raced with its deregistration, or whose MR moved to another PD, reaches nothing.
 
 use crate::verbs::{Mr, MrError, Verbs};
 use crate::verbs_core::{

@@ -18,6 +18,7 @@ use crate::verbs::{
     QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
 };
 use crate::verbs_core::{
+    caps,
     ib::{self, access, QpType},
     mr::{judge_rereg, MrShape, Rereg, ReregError},
     mw::{mw_type, MwState},
@@ -136,13 +137,10 @@ impl VerbsOps for MetaRoceOps {
         // Kernel consumers' SRQs are not supported.
         let udata = udata.ok_or(EOPNOTSUPP)?;
         let uctx = udata.ucontext()?;
-        if srq_type != ib::srq_type::BASIC
-            || attr.max_wr < 1
-            || attr.max_wr > limits::MAX_SRQ_WR
-            || attr.max_sge > limits::MAX_SGE
-        {
+        if srq_type != ib::srq_type::BASIC || attr.max_sge > limits::MAX_SGE {
             return Err(EINVAL);
         }
+        caps::srq_wr(attr.max_wr).map_err(|_| EINVAL)?;
         let ring = UserRing::new(&uctx, attr.max_wr)?;
         let srqn = dev.verbs.srqs.lock().reserve(1)?;
         let srq = match Arc::pin_init(Srq::new(srqn, ring, events), GFP_KERNEL) {
@@ -179,9 +177,7 @@ impl VerbsOps for MetaRoceOps {
             // provider where its command says, then the posted WQEs move into it. A failed
             // move leaves the SRQ as it was; the provider maps the new ring only on success.
             let udata = udata.ok_or(EOPNOTSUPP)?;
-            if !(1..=limits::MAX_SRQ_WR).contains(&attr.max_wr) {
-                return Err(EINVAL);
-            }
+            caps::srq_wr(attr.max_wr).map_err(|_| EINVAL)?;
             let out = udata.modify_srq_ring_out()?;
             let ring = UserRing::new(&udata.ucontext()?, attr.max_wr)?;
             out.write(ring.info())?;
@@ -288,6 +284,19 @@ impl VerbsOps for MetaRoceOps {
             return Err(EOPNOTSUPP);
         }
         Ok((None, KERNEL_LKEY))
+    }
+
+    fn mr_in_use(dev: &DeviceCtx<'_>, key: u32) -> Result {
+        let bound = dev
+            .verbs
+            .mws
+            .lock()
+            .any(|w| w.state.binding.is_some_and(|b| b.mr_key == key));
+        if bound {
+            Err(EBUSY)
+        } else {
+            Ok(())
+        }
     }
 
     fn dereg_mr(dev: &DeviceCtx<'_>, mr: Option<Arc<Mr>>, key: u32) {

@@ -324,6 +324,13 @@ impl<T> Table<T> {
         }
     }
 
+    /// Whether any object in the table satisfies `f` (a scan of every slot: slow paths only).
+    pub(crate) fn any(&self, mut f: impl FnMut(&T) -> bool) -> bool {
+        self.slots
+            .iter()
+            .any(|s| matches!(s, Slot::Live(_, obj) if f(obj)))
+    }
+
     /// The number and object in slot `index`, if it holds one.
     pub(crate) fn at(&self, index: u32) -> Option<(u32, &Arc<T>)> {
         match self.slots.get(index as usize)? {

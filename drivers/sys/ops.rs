@@ -248,6 +248,12 @@ pub(crate) trait VerbsOps: 'static {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 
+    /// Whether the MR with `key` may be deregistered now: `EBUSY` while a memory window is
+    /// bound to it (the MR then stays, as the verbs say).
+    fn mr_in_use(_dev: &DeviceCtx<'_>, _key: u32) -> Result {
+        Ok(())
+    }
+
     /// `dereg_mr` of the MR with `key` (its object, None for a DMA MR).
     fn dereg_mr(dev: &DeviceCtx<'_>, mr: Option<Self::Mr>, key: u32);
 
@@ -864,14 +870,15 @@ unsafe extern "C" fn dereg_mr<T: VerbsOps>(
     ibmr: *mut bindings::ib_mr,
     _udata: *mut bindings::ib_udata,
 ) -> c_int {
-    // SAFETY: every MR we hand out is a leaked `KBox<MetaMr<T>>`; the core calls this once.
-    let (dev, mut meta) = unsafe {
-        (
-            ctx((*ibmr).device),
-            KBox::from_raw(ibmr.cast::<MetaMr<T>>()),
-        )
-    };
-    let key = meta.ibmr.lkey;
+    // SAFETY: the core's live MR of our device.
+    let (dev, key) = unsafe { (ctx((*ibmr).device), (*ibmr).lkey) };
+    // Refused: the MR stays whole, as the core's (it keeps its object on an error).
+    if let Err(e) = T::mr_in_use(&dev, key) {
+        return e.to_errno();
+    }
+    // SAFETY: every MR we hand out is a leaked `KBox<MetaMr<T>>`; the core calls this once
+    // more only after an error, and we took nothing then.
+    let mut meta = unsafe { KBox::from_raw(ibmr.cast::<MetaMr<T>>()) };
     T::dereg_mr(&dev, meta.mr.take(), key);
     0
 }

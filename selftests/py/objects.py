@@ -334,8 +334,9 @@ def memory_windows():
     """Memory windows between two QPs of this device connected to each other: a type 2
     window bound by a BIND_MW work request takes an RDMA WRITE through its new rkey (placed in
     the MR behind it, at the window's address), refuses one beyond it, and after a LOCAL_INV
-    refuses one inside it, as after the peer's SEND_WITH_INV of its rkey; a type 1 window bound with ibv_bind_mw is read through, and a
-    bind with rights the MR cannot back fails with MW_BIND_ERR."""
+    refuses one inside it, as after the peer's SEND_WITH_INV of its rkey; a type 1 window bound with ibv_bind_mw is read through, its MR
+    cannot be deregistered while it is bound (EBUSY), and a bind with rights the MR cannot
+    back fails with MW_BIND_ERR."""
     from pyverbs.mr import MW, MWBind, MWBindInfo
     from pyverbs.wr import SendWR as WR
 
@@ -457,6 +458,14 @@ def memory_windows():
     assert wc.status == e.IBV_WC_REM_ACCESS_ERR, wc.status
     a.close()
     b.close()
+    # The type 1 window is still bound to `target`: its deregistration is EBUSY and it stays
+    # (the window goes first at the end, then the MR).
+    try:
+        target.close()
+        raise AssertionError("ibv_dereg_mr of an MR with a window bound to it succeeded")
+    except PyverbsRDMAError as ex:
+        assert ex.error_code == errno.EBUSY, ex.error_code
+    assert target.read(8, 2048) == payload[:8]
     # Remote write through a window over an MR without local write: MW_BIND_ERR (a new pair:
     # an access error failed both QPs of the last).
     a, b = make_pair()
@@ -651,8 +660,8 @@ check("posted WQEs flush to the CQ on the error state (rings, CQE)", flush_on_er
 check("ibv_resize_cq: waiting completions move in order, later ones follow; too small is EINVAL",
       cq_resize)
 check("memory windows: type 2 bound by a work request takes a WRITE at its address, refuses "
-      "after LOCAL_INV and after the peer's SEND_WITH_INV (IBV_WC_WITH_INV); type 1 bound by ibv_bind_mw is read through, not beyond; a bind the MR "
-      "cannot back is MW_BIND_ERR", memory_windows)
+      "after LOCAL_INV and after the peer's SEND_WITH_INV (IBV_WC_WITH_INV); type 1 bound by ibv_bind_mw is read through, not beyond; its MR's "
+      "dereg is EBUSY while it is bound; a bind the MR cannot back is MW_BIND_ERR", memory_windows)
 check("ATOMIC WRITE lands its 8 bytes in order, FLUSH of a range and of an MR complete in order, "
       "a persistent FLUSH is a remote access error (ibv_wr_* API)", atomic_write_and_flush)
 check("SRQ create/query/post, QP on an SRQ", srq_objects)

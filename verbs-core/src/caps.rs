@@ -80,6 +80,16 @@ impl Caps {
     }
 }
 
+/// The receives an SRQ is created or resized to hold, `max_wr` as asked: 1 to
+/// [`limits::MAX_SRQ_WR`] (the ring rounds it up to a power of two).
+pub fn srq_wr(max_wr: u32) -> Result<u32, BeyondLimits> {
+    if (1..=limits::MAX_SRQ_WR).contains(&max_wr) {
+        Ok(max_wr)
+    } else {
+        Err(BeyondLimits)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +141,13 @@ mod tests {
             Caps::check(&most, false).unwrap().max_send_wr,
             limits::MAX_QP_WR
         );
+    }
+
+    #[test]
+    fn srq_sizes() {
+        assert_eq!(srq_wr(0), Err(BeyondLimits));
+        assert_eq!(srq_wr(1), Ok(1));
+        assert_eq!(srq_wr(limits::MAX_SRQ_WR), Ok(limits::MAX_SRQ_WR));
+        assert_eq!(srq_wr(limits::MAX_SRQ_WR + 1), Err(BeyondLimits));
     }
 }
