@@ -61,7 +61,7 @@ use crate::{
     },
     verbs::{self, Cqe, Qp, QpAttrs, QpState, SendWqe, Verbs},
     verbs_core::{
-        ib::{access, wc_opcode, wc_status, WC_WITH_IMM, WC_WITH_INV},
+        ib::{access, wc_opcode, wc_status, QpType, WC_WITH_IMM, WC_WITH_INV},
         mw::MwError,
         wqe::{self as vwqe, judge_recv, judge_send, Judged, Payload, SendOp, SendWork},
     },
@@ -883,17 +883,22 @@ impl Engine {
             if dest.is_none() || dest.is_group() {
                 return Err(EINVAL);
             }
+            // A UC QP has no retry counts, RNR timer or timeout (the verbs take none for it):
+            // its stream retries as an RC QP with 7, 7 (no limit), 0.64 ms and the
+            // connection's stall timeout would.
+            let uc = qp.qp_type == QpType::Uc;
             let cfg = StreamConfig {
                 local_qp: qp.qpn,
                 remote_qp: a.dest_qp_num,
-                retry_cnt: a.retry_cnt.min(7),
-                rnr_retry: a.rnr_retry.min(7),
-                rnr_timer_us: rnr_timer_us(a.min_rnr_timer),
+                retry_cnt: if uc { 7 } else { a.retry_cnt.min(7) },
+                rnr_retry: if uc { 7 } else { a.rnr_retry.min(7) },
+                rnr_timer_us: rnr_timer_us(if uc { 12 } else { a.min_rnr_timer }),
                 send_msn: a.sq_psn,
                 recv_msn: a.rq_psn,
-                ack_timeout: ack_timeout_ns(a.timeout),
+                ack_timeout: if uc { 0 } else { ack_timeout_ns(a.timeout) },
                 srq: qp.srq.is_some(),
                 planes: qp.planes(),
+                unreliable: uc,
             };
             (dest, cfg)
         };
@@ -1408,6 +1413,9 @@ impl Engine {
                 }
             };
             let work = match judge_send(&wqe, qp.sq_sig_all, inner.inline.is_some()) {
+                // A UC QP has no READ, atomics, SEND with invalidate, ATOMIC WRITE or FLUSH
+                // (the provider refuses them at post).
+                Judged::Usable(w) if qp.qp_type == QpType::Uc && !w.op.on_uc() => None,
                 Judged::Usable(w) => Some(w),
                 Judged::Refused => None,
                 Judged::Fatal => {

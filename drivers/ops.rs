@@ -511,7 +511,7 @@ fn create_user_qp(
 ) -> Result<QpMade<QpObject>> {
     let uctx = udata.ucontext()?;
     let qp_type = match QpType::from_ib(init.qp_type) {
-        Some(t @ (QpType::Rc | QpType::Ud)) => t,
+        Some(t @ (QpType::Rc | QpType::Uc | QpType::Ud)) => t,
         _ => return Err(EOPNOTSUPP),
     };
     if init.create_flags != 0 {
@@ -529,9 +529,9 @@ fn create_user_qp(
         None
     };
     let (sq_info, rq_info) = (sq.info(), rq.as_ref().map(|r| r.info()));
-    // RC resends: its inline payloads are kept while the transport holds their WQEs. A UD
-    // datagram is built from the WQE's copy at once.
-    let inline = if cap.max_inline_data > 0 && qp_type == QpType::Rc {
+    // RC (and UC, which rides the same streams) resends: its inline payloads are kept while
+    // the transport holds their WQEs. A UD datagram is built from the WQE's copy at once.
+    let inline = if cap.max_inline_data > 0 && matches!(qp_type, QpType::Rc | QpType::Uc) {
         Some(InlineStore::new()?)
     } else {
         None
@@ -628,10 +628,10 @@ fn modify_user_qp(
     let change = qp.prepare(attr, mask)?;
     // A UD QP rides no connection: nothing to attach.
     match (prev, change.state, engine) {
-        (QpState::Init, QpState::Rtr, Some(engine)) if qp.qp_type == QpType::Rc => {
+        (QpState::Init, QpState::Rtr, Some(engine)) if qp.qp_type != QpType::Ud => {
             engine.attach(qp, &change.attrs)?
         }
-        (QpState::Rtr, QpState::Rts, Some(engine)) if qp.qp_type == QpType::Rc => {
+        (QpState::Rtr, QpState::Rts, Some(engine)) if qp.qp_type != QpType::Ud => {
             engine.start_sending(qp, &change.attrs)?
         }
         _ => {}

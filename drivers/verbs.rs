@@ -726,12 +726,13 @@ pub(crate) struct QpInner {
     pub(crate) binding: Option<crate::datapath::Binding>,
 }
 
-/// A user queue pair: RC (an ordered stream of messages on the connection to its peer) or UD
-/// (datagrams to any QP, no connection: `datapath/ud.rs`).
+/// A user queue pair: RC or UC (an ordered stream of messages on the connection to its peer; a
+/// UC stream drops a message that fails instead of failing) or UD (datagrams to any QP, no
+/// connection: `datapath/ud.rs`).
 #[pin_data]
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
-    /// `QpType::Rc` or `QpType::Ud`.
+    /// `QpType::Rc`, `QpType::Uc` (the same streams, `StreamConfig::unreliable`) or `QpType::Ud`.
     pub(crate) qp_type: QpType,
     pub(crate) pd: usize,
     pub(crate) send_cq: Arc<Cq>,

@@ -10,6 +10,7 @@ has a timeout. The client prints 'ok - ...' / 'not ok - ...' lines (tests/errors
 into TAP).
 """
 import argparse
+import errno
 import ctypes
 import json
 import mmap
@@ -63,8 +64,8 @@ class Side:
         self.eps = {}
 
     def create(self, name, size=MR_SIZE, access=ALL_REMOTE, mr_other_pd=False,
-               qp_access=None):
-        ep = Endpoint(self, size, access, mr_other_pd, qp_access)
+               qp_access=None, uc=False):
+        ep = Endpoint(self, size, access, mr_other_pd, qp_access, uc)
         old = self.eps.pop(name, None)
         if old:
             old.close()
@@ -73,15 +74,17 @@ class Side:
 
 
 class Endpoint:
-    """An RC QP with its own send and receive CQs and one MR."""
+    """An RC (or UC) QP with its own send and receive CQs and one MR."""
 
-    def __init__(self, side, size, access, mr_other_pd=False, qp_access=None):
+    def __init__(self, side, size, access, mr_other_pd=False, qp_access=None, uc=False):
         self.side = side
+        self.uc = uc
         self.scq = CQ(side.ctx, 64)
         self.rcq = CQ(side.ctx, 64)
         cap = QPCap(max_send_wr=32, max_recv_wr=32, max_send_sge=1, max_recv_sge=1,
                     max_inline_data=INLINE)
-        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.scq, rcq=self.rcq, cap=cap)
+        init = QPInitAttr(qp_type=e.IBV_QPT_UC if uc else e.IBV_QPT_RC, scq=self.scq,
+                          rcq=self.rcq, cap=cap)
         self.qp = QP(side.pd, init)
         self.mr = MR(side.other_pd if mr_other_pd else side.pd, size, access)
         self.size = size
@@ -119,8 +122,16 @@ class Endpoint:
         attr.max_dest_rd_atomic = 4
         attr.min_rnr_timer = min_rnr_timer
         attr.ah_attr = ah
-        self.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
-                       | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+        mask = (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+                | e.IBV_QP_RQ_PSN)
+        if self.uc:
+            # UC takes no RNR timer, reads, timeouts or retry counts.
+            self.qp.modify(attr, mask)
+            attr = QPAttr(qp_state=e.IBV_QPS_RTS)
+            attr.sq_psn = self.psn
+            self.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_SQ_PSN)
+            return
+        self.qp.modify(attr, mask | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
         attr = QPAttr(qp_state=e.IBV_QPS_RTS)
         attr.timeout = timeout
         attr.retry_cnt = retry_cnt
@@ -214,7 +225,8 @@ def handle(side, op, req):
     """Returns (answer, something to do after answering or None)."""
     if op == "create":
         ep = side.create(req["name"], req.get("size", MR_SIZE), req.get("access", ALL_REMOTE),
-                         req.get("mr_other_pd", False), req.get("qp_access"))
+                         req.get("mr_other_pd", False), req.get("qp_access"),
+                         req.get("uc", False))
         return ep.info(), None
     ep = side.eps[req["name"]]
     if op == "connect":
@@ -329,11 +341,13 @@ class Client:
         self.n = 0
 
     def pair(self, name, server_access=ALL_REMOTE, server_attrs=None, point_at=None,
-             server_create=None, **client_attrs):
-        """A connected QP pair: our endpoint and the server's info (qpn, rkey, addr, size).
-        point_at overrides where our QP sends to (qpn, gid); server_create adds arguments to
-        the server's endpoint (mr_other_pd, qp_access)."""
-        ep = self.side.create(name)
+             server_create=None, uc=False, **client_attrs):
+        """A connected QP pair (RC, or UC with uc): our endpoint and the server's info (qpn,
+        rkey, addr, size). point_at overrides where our QP sends to (qpn, gid); server_create
+        adds arguments to the server's endpoint (mr_other_pd, qp_access)."""
+        ep = self.side.create(name, uc=uc)
+        if uc:
+            server_create = dict(server_create or {}, uc=True)
         remote = self.peer("create", name=name, access=server_access, **(server_create or {}))
         self.peer("connect", name=name, remote=ep.info(), attrs=server_attrs or {})
         ep.connect(dict(remote, **(point_at or {})), **client_attrs)
@@ -407,6 +421,43 @@ class Client:
             finally:
                 self.drop(name)
         return run
+
+    def uc(self):
+        """A UC pair: the responder drops what fails and goes on, the requester never hears
+        of it. A WRITE with a stale rkey and a WRITE_WITH_IMM with one complete successfully
+        at the requester; the second completes the responder's receive with REM_ACCESS_ERR;
+        a SEND after them lands byte-exact in the next receive; both QPs stay in RTS; an RDMA
+        READ, which UC does not have, is refused at post (EINVAL)."""
+        name = "uc"
+        ep, remote = self.pair(name, uc=True)
+        try:
+            payload = os.urandom(64)
+            ep.mr.write(payload, 64)
+            self.peer("fill", name=name, data=bytes(128).hex(), offset=0)
+            self.peer("post_recv", name=name, wr_id=1, length=64, offset=64)
+            self.peer("post_recv", name=name, wr_id=2, length=64, offset=64)
+            stale = remote["rkey"] ^ 0x80
+            for opcode in (e.IBV_WR_RDMA_WRITE, e.IBV_WR_RDMA_WRITE_WITH_IMM):
+                wr = self.post(ep, opcode, 64, stale, remote["addr"], imm=7)
+                self.expect(ep, wr, e.IBV_WC_SUCCESS)
+            wr = self.post(ep, e.IBV_WR_SEND, 64)
+            self.expect(ep, wr, e.IBV_WC_SUCCESS)
+            wcs = self.peer("poll_recv", name=name, n=2, timeout=10)["wcs"]
+            got = [(w["wr_id"], status_name(w["status"])) for w in wcs]
+            assert got == [(1, "IBV_WC_REM_ACCESS_ERR"), (2, "IBV_WC_SUCCESS")], got
+            assert wcs[1]["byte_len"] == 64, wcs[1]
+            data = bytes.fromhex(self.peer("read", name=name, length=128, offset=0)["data"])
+            assert data[:64] == bytes(64), "the stale rkey's WRITE was placed"
+            assert data[64:] == payload, f"SEND data differs at byte {first_diff(data[64:], payload)}"
+            st = (QP_STATE.get(ep.state()), QP_STATE.get(self.peer("state", name=name)["state"]))
+            assert st == ("IBV_QPS_RTS", "IBV_QPS_RTS"), st
+            try:
+                self.post(ep, e.IBV_WR_RDMA_READ, 8, remote["rkey"], remote["addr"])
+                raise AssertionError("an RDMA READ was posted on a UC QP")
+            except PyverbsRDMAError as ex:
+                assert ex.error_code == errno.EINVAL, ex.error_code
+        finally:
+            self.drop(name)
 
     def rereg(self):
         """ibv_rereg_mr of the responder's MR, keys kept: new rights (a WRITE refused before
@@ -827,6 +878,9 @@ class Client:
         check("ibv_rereg_mr, keys kept: new rights (a refused WRITE is placed after), new"
               " memory (WRITEs land in the new buffer, byte-exact), another PD (REM_ACCESS_ERR)",
               self.rereg)
+        check("UC: WRITE and WRITE_WITH_IMM with a stale rkey dropped by the responder (its"
+              " receive REM_ACCESS_ERR), the requester succeeds, a SEND after them byte-exact,"
+              " both QPs in RTS, RDMA READ refused at post", self.uc)
         self.peer("quit")
         print("# client: done", flush=True)
 

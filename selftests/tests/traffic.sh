@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-2.0
 # Data between two namespaces with stock tools: ibv_rc_pingpong (data checked with -c, and
 # with completion events -e; over IPv4, IPv6 and IPv6 link-local GIDs; both ends on one
-# device), the perftest matrix, then the same under netem loss,
+# device), the perftest matrix, UC QPs (ibv_uc_pingpong, perftest -c UC), then the same under netem loss,
 # reordering, duplication and corruption on the data direction.
 source "$(dirname "$0")/../lib.sh"
 dmesg_mark
@@ -15,12 +15,12 @@ pingpong() { # what, extra args
 	local what="$1" sdev=mroce2 sns=ns2
 	shift
 	[ -z "${PP_SERVER:-}" ] || { sdev=mroce1; sns=ns1; }
-	$IP netns exec $sns timeout 60 ibv_rc_pingpong -d $sdev -g "${PP_GID:-1}" "$@" \
+	$IP netns exec $sns timeout 60 "${PP_TOOL:-ibv_rc_pingpong}" -d $sdev -g "${PP_GID:-1}" "$@" \
 		>"$TAP_DIR/pp-server.log" 2>&1 &
 	local srv=$!
 	sleep 1
 	check_output "$what" 'bytes in .* seconds' \
-		$IP netns exec ns1 timeout 60 ibv_rc_pingpong -d mroce1 -g "${PP_GID:-1}" "$@" \
+		$IP netns exec ns1 timeout 60 "${PP_TOOL:-ibv_rc_pingpong}" -d mroce1 -g "${PP_GID:-1}" "$@" \
 		"$([ -n "${PP_SERVER:-}" ] && echo 127.0.0.1 || echo $NS2_ADDR)"
 	wait $srv || { echo "# server:"; sed 's/^/# /' "$TAP_DIR/pp-server.log"; }
 }
@@ -57,6 +57,11 @@ perftest "ib_send_lat 2 bytes" ib_send_lat -s 2 -n 200
 perftest "ib_write_lat 64 bytes inline (-I 64)" ib_write_lat -s 64 -I 64 -n 200
 perftest "ib_send_bw 128 bytes inline (-I 128)" ib_send_bw -s 128 -I 128 -n 500
 perftest "ib_atomic_lat" ib_atomic_lat -n 100
+# UC QPs ride the same streams as RC (a failed message is dropped, not NAKed).
+PP_TOOL=ibv_uc_pingpong pingpong "ibv_uc_pingpong, 4 KiB x 500, data checked (-c)" -n 500 -s 4096 -c
+perftest "ib_write_bw -c UC 64 KiB" ib_write_bw -c UC -s 65536 -n 100
+perftest "ib_send_bw -c UC 4 KiB" ib_send_bw -c UC -s 4096 -n 200
+perftest "ib_write_lat -c UC 2 bytes" ib_write_lat -c UC -s 2 -n 200
 
 # qperf's RC tests run over rdma_cm (-cm1) in rdmacm.sh: without it, Debian's qperf 0.4.11 sets
 # no GRH in the address vector, which the RDMA core refuses on any RoCE port (rxe's too).
@@ -75,6 +80,8 @@ check_output "rdma statistic shows the transport counters" 'retransmits [1-9]' \
 	$RDMA statistic show link mroce1/1
 perftest "ib_send_bw 64 KiB at 10% loss" ib_send_bw -s 65536 -n 50
 pingpong "ibv_rc_pingpong at 10% loss, data checked" -n 100 -s 4096 -c
+# UC would lose whole messages here; over MetaRoCE's streams it loses none.
+PP_TOOL=ibv_uc_pingpong pingpong "ibv_uc_pingpong at 10% loss, data checked: no message lost" -n 100 -s 4096 -c
 tc -n ns1 qdisc change dev veth1 root netem delay 1ms reorder 75% 50%
 perftest "ib_write_bw 64 KiB, 25% reordered" ib_write_bw -s 65536 -n 100
 tc -n ns1 qdisc change dev veth1 root netem duplicate 1% corrupt 1%

@@ -148,6 +148,21 @@ impl SendOp {
         matches!(self, SendOp::BindMw | SendOp::LocalInv)
     }
 
+    /// Whether a UC QP may post it: SENDs and RDMA WRITEs (with immediate or not) and the
+    /// local operations; a UC QP has no READ, no atomics, no SEND with invalidate, no ATOMIC
+    /// WRITE and no FLUSH (the IBA's UC opcodes, rxe's `rxe_wr_opcode_info`).
+    pub fn on_uc(self) -> bool {
+        matches!(
+            self,
+            SendOp::Send
+                | SendOp::SendWithImm
+                | SendOp::RdmaWrite
+                | SendOp::RdmaWriteWithImm
+                | SendOp::BindMw
+                | SendOp::LocalInv
+        )
+    }
+
     /// Whether it has no local data at all: its operands are in the WQE.
     pub fn dataless(self) -> bool {
         matches!(
@@ -370,6 +385,23 @@ pub fn judge_recv(w: &RecvWqe) -> Judged<RecvWork> {
 mod tests {
     use super::*;
     use abi::Sge;
+
+    #[test]
+    fn uc_opcodes() {
+        let uc: [u32; 6] = [
+            op::SEND,
+            op::SEND_WITH_IMM,
+            op::RDMA_WRITE,
+            op::RDMA_WRITE_WITH_IMM,
+            op::BIND_MW,
+            op::LOCAL_INV,
+        ];
+        for o in 0..32 {
+            if let Some(s) = SendOp::from_ib(o) {
+                assert_eq!(s.on_uc(), uc.contains(&o), "opcode {o}");
+            }
+        }
+    }
 
     fn sge(len: u32) -> Sge {
         Sge {

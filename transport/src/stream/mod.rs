@@ -77,10 +77,14 @@ pub struct StreamConfig {
     /// restriction that leaves no usable path (every plane of it down, or its paths failed)
     /// is set aside until one is usable again: it steers traffic, it never fails a stream.
     pub planes: u32,
+    /// A UC QP's stream: its responder drops a message that fails instead of failing the
+    /// stream ([`responder::Responder::set_unreliable`]), so its requester never meets a NAK
+    /// but RNR.
+    pub unreliable: bool,
 }
 zero_valid!(struct StreamConfig {
     local_qp, remote_qp, retry_cnt, rnr_retry, rnr_timer_us, send_msn, recv_msn, ack_timeout, srq,
-    planes,
+    planes, unreliable,
 });
 
 impl StreamConfig {
@@ -98,6 +102,7 @@ impl StreamConfig {
             ack_timeout: 0,
             srq: false,
             planes: 0,
+            unreliable: false,
         }
     }
 }
@@ -407,6 +412,7 @@ impl Stream {
         self.error_reported = false;
         self.req.reset(self.cfg.send_msn);
         self.resp.reset(self.cfg.recv_msn);
+        self.resp.set_unreliable(self.cfg.unreliable);
         self.ack_dirty = false;
         self.sq_refused = false;
         self.sq_drain = false;

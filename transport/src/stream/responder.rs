@@ -42,6 +42,9 @@ enum SlotState {
     Done,
     /// Failed with this NAK code.
     Failed(NakCode),
+    /// Dropped (an unreliable stream's failure, for this reason): its packets are taken and
+    /// ignored; it completes in its turn without its data.
+    Dropped(NakCode),
 }
 
 // All-zero bytes are `Free` (what `reset` gives), the variant written 0, which carries nothing
@@ -197,9 +200,11 @@ pub struct ResponderStats {
     pub completed: u64,
     /// SEND_WITH_INV messages failed: their rkey named nothing this QP may invalidate.
     pub invalidate_errors: u64,
+    /// Messages an unreliable (UC) stream dropped.
+    pub dropped_messages: u64,
 }
 zero_valid!(struct ResponderStats {
-    placed_bytes, duplicates, dropped, rnr_naks, completed, invalidate_errors,
+    placed_bytes, duplicates, dropped, rnr_naks, completed, invalidate_errors, dropped_messages,
 });
 
 #[derive(Clone, Debug)]
@@ -219,11 +224,14 @@ pub struct Responder {
     error_set: bool,
     error_msn: u32,
     error_code: u8,
+    /// A UC QP's: a message that fails is dropped and the stream goes on (below).
+    unreliable: bool,
     /// Counters.
     pub stats: ResponderStats,
 }
 zero_valid!(struct Responder {
-    rq, rq_head, rq_tail, slots, completed, resps, error_set, error_msn, error_code, stats,
+    rq, rq_head, rq_tail, slots, completed, resps, error_set, error_msn, error_code,
+    unreliable, stats,
 });
 
 impl Default for Responder {
@@ -259,8 +267,23 @@ impl Responder {
             error_set: false,
             error_msn: 0,
             error_code: 0,
+            unreliable: false,
             stats: ResponderStats::default(),
         }
+    }
+
+    /// Makes this the responder of an unreliable connected (UC) QP, as the IBA's UC responder
+    /// treats errors (its classes D and E): a message that cannot be carried out (a bad rkey
+    /// or rights for a WRITE, a receive buffer too short or unusable for a SEND, a packet that
+    /// contradicts its message) is dropped, not NAKed; the stream goes on with the next one. A
+    /// dropped message that consumes a receive WQE still completes it, in order, with an error
+    /// status (the WQE is the requester's by RSN, so it cannot be kept for a later message),
+    /// where rxe drops silently unless the QP has an SRQ. A SEND that finds no receive WQE is
+    /// answered RNR as on RC (the requester retries without limit), where UC would drop it:
+    /// with messages placed out of order, only the requester's RSN can keep the receive
+    /// queue in order. Kept across [`Self::reset`].
+    pub fn set_unreliable(&mut self, unreliable: bool) {
+        self.unreliable = unreliable;
     }
 
     /// The completion point reported to the requester.
@@ -342,6 +365,15 @@ impl Responder {
     }
 
     fn fail(&mut self, msn: u32, code: NakCode) -> Verdict {
+        if self.unreliable {
+            if let Some(s) = self.slots.get_mut(slot_index(msn)) {
+                if s.msn == msn && s.state != SlotState::Free {
+                    s.state = SlotState::Dropped(code);
+                }
+            }
+            self.stats.dropped_messages += 1;
+            return Verdict::Accept;
+        }
         match self.error() {
             Some((m, _)) if seq_diff(m, msn) <= 0 => {}
             _ => {
@@ -395,6 +427,49 @@ impl Responder {
         rnr_timer_us: u32,
         mem: &mut QpMem<'_, impl Memory>,
     ) -> Verdict {
+        let dropped = self.stats.dropped_messages;
+        let v = self.place_data(
+            opcode,
+            msn,
+            rsn,
+            va,
+            rkey,
+            offset,
+            total_len,
+            imm,
+            solicited,
+            data,
+            mtu,
+            rnr_timer_us,
+            mem,
+        );
+        // A message an unreliable stream just dropped may be the one the completion point
+        // waits for: it completes (without its data) now, and those after it that are done.
+        if self.stats.dropped_messages != dropped {
+            if let Some((m, code)) = self.advance(mem) {
+                return Verdict::NakMsn(m, code);
+            }
+        }
+        v
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn place_data(
+        &mut self,
+        opcode: Opcode,
+        msn: u32,
+        rsn: u32,
+        va: u64,
+        rkey: u32,
+        offset: u32,
+        total_len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+        data: &[u8],
+        mtu: u32,
+        rnr_timer_us: u32,
+        mem: &mut QpMem<'_, impl Memory>,
+    ) -> Verdict {
         if let Err(v) = self.window_check(msn) {
             return v;
         }
@@ -409,22 +484,27 @@ impl Responder {
             .unwrap_or(false);
         if !existing {
             // First packet of this message to arrive: match it.
+            let mut refused = None;
             if consumes {
-                let Some(rq) = self.recv_wqe(rsn) else {
-                    if seq_diff(rsn, self.rq_tail) >= 0 {
+                match self.recv_wqe(rsn) {
+                    None if seq_diff(rsn, self.rq_tail) >= 0 => {
                         // No receive WQE posted yet.
                         self.stats.rnr_naks += 1;
                         return Verdict::Nak(NakCode::Rnr, rnr_timer_us);
                     }
-                    return self.fail(msn, NakCode::InvalidRequest);
-                };
-                if rq.state != RqState::Posted {
-                    return self.fail(msn, NakCode::InvalidRequest);
-                }
-                if is_send && total_len > rq.wqe.local.total() {
+                    None => refused = Some(NakCode::InvalidRequest),
+                    Some(rq) if rq.state != RqState::Posted => {
+                        refused = Some(NakCode::InvalidRequest);
+                    }
                     // Receive buffer too small (the requester sees an invalid request).
-                    return self.fail(msn, NakCode::InvalidRequest);
+                    Some(rq) if is_send && total_len > rq.wqe.local.total() => {
+                        refused = Some(NakCode::InvalidRequest);
+                    }
+                    Some(_) => {}
                 }
+            }
+            if let (Some(code), false) = (refused, self.unreliable) {
+                return self.fail(msn, code);
             }
             let Some(s) = self.slots.get_mut(idx) else {
                 return Verdict::Drop;
@@ -439,6 +519,11 @@ impl Responder {
                 rsn,
                 ..Slot::free()
             };
+            // An unreliable stream's refused message keeps its slot, dropped, so that it
+            // completes in its turn.
+            if let Some(code) = refused {
+                return self.fail(msn, code);
+            }
         }
         let Some(s) = self.slots.get_mut(idx) else {
             return Verdict::Drop;
@@ -449,6 +534,8 @@ impl Responder {
                 self.stats.duplicates += 1;
                 return Verdict::Accept;
             }
+            // The rest of a dropped message: taken, not placed.
+            SlotState::Dropped(_) => return Verdict::Accept,
             _ => {}
         }
         // Every packet must agree with the message and sit on an MTU boundary.
@@ -578,6 +665,9 @@ impl Responder {
         if let Err(v) = self.window_check(msn) {
             return v;
         }
+        if self.unreliable {
+            return self.drop_unsupported(msn, Opcode::ReadRequest, mem);
+        }
         let idx = slot_index(msn);
         if self
             .slots
@@ -634,6 +724,9 @@ impl Responder {
     ) -> Verdict {
         if let Err(v) = self.window_check(msn) {
             return v;
+        }
+        if self.unreliable {
+            return self.drop_unsupported(msn, opcode, mem);
         }
         let idx = slot_index(msn);
         if self
@@ -736,6 +829,24 @@ impl Responder {
         Ok(())
     }
 
+    /// A request UC has no operation for (READ, an atomic, ATOMIC WRITE, FLUSH) on an
+    /// unreliable stream: dropped, as any message that cannot be carried out there.
+    fn drop_unsupported(
+        &mut self,
+        msn: u32,
+        opcode: Opcode,
+        mem: &mut QpMem<'_, impl Memory>,
+    ) -> Verdict {
+        if let Err(v) = self.single_packet_slot(msn, opcode) {
+            return v;
+        }
+        self.fail(msn, NakCode::InvalidRequest);
+        if let Some((m, code)) = self.advance(mem) {
+            return Verdict::NakMsn(m, code);
+        }
+        Verdict::Accept
+    }
+
     fn fail_new(&mut self, msn: u32, opcode: Opcode, code: NakCode) -> Verdict {
         let _ = self.single_packet_slot(msn, opcode);
         self.fail(msn, code)
@@ -752,17 +863,34 @@ impl Responder {
                 return None;
             }
             let idx = slot_index(self.completed);
-            let s = self.slots.get(idx).copied()?;
-            if s.state != SlotState::Done || s.msn != self.completed {
+            let mut s = self.slots.get(idx).copied()?;
+            if s.msn != self.completed {
+                return None;
+            }
+            if s.state == SlotState::Done {
+                if let Err(code) = self.execute(&s, mem) {
+                    if !self.unreliable {
+                        let Verdict::Nak(code, _) = self.fail(s.msn, code) else {
+                            return None;
+                        };
+                        return Some((s.msn, code));
+                    }
+                    self.stats.dropped_messages += 1;
+                    s.state = SlotState::Dropped(code);
+                }
+            }
+            if let SlotState::Dropped(code) = s.state {
+                self.complete_dropped(&s, code);
+                if let Some(slot) = self.slots.get_mut(idx) {
+                    *slot = Slot::free();
+                }
+                self.completed = self.completed.wrapping_add(1);
+                continue;
+            }
+            if s.state != SlotState::Done {
                 return None;
             }
             let invalidated = s.opcode == Opcode::SendWithInv;
-            if let Err(code) = self.execute(&s, mem) {
-                let Verdict::Nak(code, _) = self.fail(s.msn, code) else {
-                    return None;
-                };
-                return Some((s.msn, code));
-            }
             if s.opcode.consumes_recv() {
                 // byte_len is the message length for both (as rxe reports it).
                 let opcode = if s.opcode == Opcode::RdmaWriteWithImm {
@@ -787,6 +915,40 @@ impl Responder {
             }
             self.stats.completed += 1;
             self.completed = self.completed.wrapping_add(1);
+        }
+    }
+
+    /// A dropped message (an unreliable stream's) reached the completion point: the receive
+    /// WQE it was to consume, if it names one still waiting, completes with the error's
+    /// status; a WRITE without immediate completes nothing.
+    fn complete_dropped(&mut self, s: &Slot, code: NakCode) {
+        if !s.opcode.consumes_recv()
+            || seq_diff(s.rsn, self.rq_head) < 0
+            || seq_diff(s.rsn, self.rq_tail) >= 0
+        {
+            return;
+        }
+        let status = match code {
+            NakCode::RemoteAccess => CqStatus::RemAccessErr,
+            NakCode::RemoteOperational => CqStatus::LocProtErr,
+            _ => CqStatus::RemInvReqErr,
+        };
+        let opcode = if s.opcode == Opcode::RdmaWriteWithImm {
+            CqOpcode::RecvRdmaWithImm
+        } else {
+            CqOpcode::Recv
+        };
+        if let Some(rq) = self.rq.get_mut(s.rsn as usize % RQ_DEPTH) {
+            if rq.state == RqState::Posted {
+                rq.state = RqState::Done {
+                    status,
+                    byte_len: 0,
+                    imm: None,
+                    opcode,
+                    solicited: false,
+                    invalidated: false,
+                };
+            }
         }
     }
 
@@ -1111,6 +1273,111 @@ mod tests {
         assert_eq!(r.stats.invalidate_errors, 1);
         assert_eq!(mem.mem.0[63], 7);
         assert!(r.pop_completion(StreamId(0), 0, false).is_none());
+    }
+
+    /// An unreliable (UC) stream drops what fails and goes on: a WRITE with a bad rkey
+    /// (nothing placed, no completion), a WRITE_WITH_IMM with one (its receive WQE completes
+    /// with a remote access error), a SEND longer than its buffer (an invalid request), the
+    /// rest of each taken and ignored; the SEND after them lands and completes in order. An
+    /// RC stream fails at the first.
+    #[test]
+    fn an_unreliable_stream_drops_failed_messages_and_goes_on() {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        r.set_unreliable(true);
+        r.reset(0);
+        for wr_id in [30, 31, 32] {
+            r.post_recv(RecvWqe {
+                wr_id,
+                local: SgList::single(Sge {
+                    addr: 32,
+                    len: 8,
+                    lkey: 1,
+                }),
+            })
+            .unwrap();
+        }
+        let pkt = |op,
+                   msn,
+                   rsn,
+                   rkey,
+                   off: u32,
+                   total: u32,
+                   imm,
+                   r: &mut Responder,
+                   mem: &mut QpMem<'_, Flat>| {
+            let len = total.saturating_sub(off).min(4) as usize;
+            let d = std::vec![0x77; len];
+            r.on_data(
+                op, msn, rsn, 0, rkey, off, total, imm, false, &d, 4, 100, mem,
+            )
+        };
+        // Message 0: a WRITE of 8 bytes with rkey 9 (no such key), both packets.
+        assert_eq!(
+            pkt(Opcode::RdmaWrite, 0, 0, 9, 0, 8, None, &mut r, &mut mem),
+            Verdict::Accept
+        );
+        // Dropped at its first packet: the completion point moves past it at once (the
+        // requester's completion waits for it).
+        assert_eq!(r.completed_msn(), 1);
+        assert_eq!(
+            pkt(Opcode::RdmaWrite, 0, 0, 9, 4, 8, None, &mut r, &mut mem),
+            Verdict::Accept
+        );
+        // Message 1: WRITE_WITH_IMM with rkey 9, consuming receive 0 (wr_id 30).
+        let imm = Some(5);
+        assert_eq!(
+            pkt(
+                Opcode::RdmaWriteWithImm,
+                1,
+                0,
+                9,
+                0,
+                4,
+                imm,
+                &mut r,
+                &mut mem
+            ),
+            Verdict::Accept
+        );
+        // Message 2: a SEND of 12 bytes into an 8-byte buffer (receive 1, wr_id 31).
+        for off in [0, 4, 8] {
+            assert_eq!(
+                pkt(Opcode::Send, 2, 1, 0, off, 12, None, &mut r, &mut mem),
+                Verdict::Accept
+            );
+        }
+        // Message 3: a SEND that fits (receive 2, wr_id 32).
+        assert_eq!(
+            pkt(Opcode::Send, 3, 2, 0, 0, 4, None, &mut r, &mut mem),
+            Verdict::Accept
+        );
+        // Message 4: a READ request, which UC has not: dropped too.
+        assert_eq!(r.on_read_request(4, 0, 1, 8, 4, &mut mem), Verdict::Accept);
+        assert_eq!(r.failed(), None);
+        assert_eq!(r.completed_msn(), 5);
+        assert_eq!(r.stats.dropped_messages, 4);
+        assert!(
+            mem.mem.0[..32].iter().all(|&b| b == 0),
+            "nothing written through the bad key"
+        );
+        assert_eq!(&mem.mem.0[32..36], &[0x77; 4]);
+        let c = r.pop_completion(StreamId(0), 0, false).unwrap();
+        assert_eq!((c.wr_id, c.status), (30, CqStatus::RemAccessErr));
+        let c = r.pop_completion(StreamId(0), 0, false).unwrap();
+        assert_eq!((c.wr_id, c.status), (31, CqStatus::RemInvReqErr));
+        let c = r.pop_completion(StreamId(0), 0, false).unwrap();
+        assert_eq!((c.wr_id, c.status, c.byte_len), (32, CqStatus::Success, 4));
+        assert!(r.pop_completion(StreamId(0), 0, false).is_none());
+
+        // The same first message on an RC stream fails it.
+        let mut r = Responder::new();
+        assert_eq!(
+            pkt(Opcode::RdmaWrite, 0, 0, 9, 0, 8, None, &mut r, &mut mem),
+            Verdict::Nak(NakCode::RemoteAccess, 0)
+        );
+        assert_eq!(r.failed(), Some(NakCode::RemoteAccess));
     }
 
     /// A message that fails when an earlier one's last packet moves the completion point to
