@@ -174,7 +174,10 @@ impl Engine {
             len: data.len(),
         };
         if b.dst_qp == MULTICAST_QPN {
-            return self.mcast_deliver(&from, &b, &d, view.payload);
+            return match self.mcast_deliver(&from, &b, &d, view.payload) {
+                Some(true) => Ok(()),
+                _ => Err(()),
+            };
         }
         if b.dst_qp != GSI_QPN {
             return self.ud_deliver(b.dst_qp, &from, &b, &d, view.payload);

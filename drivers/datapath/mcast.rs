@@ -125,20 +125,15 @@ impl Engine {
         let _ = self.set_ip_group(gid, false);
     }
 
-    /// Whether QPs of this device are attached to the group `gid`.
-    pub(super) fn has_mcast_members(&self, gid: &[u8; 16]) -> bool {
-        !mcast::members(&self.datagrams.groups.lock(), gid).is_empty()
-    }
-
-    /// A multicast DATAGRAM arrived: placed in every attached QP that takes it; an error if
-    /// none did.
+    /// A multicast DATAGRAM arrived: placed in every attached QP that takes it. None if no
+    /// QP of this device is attached to its group, else whether one took it.
     pub(super) fn mcast_deliver(
         &self,
         from: &DgFrom,
         b: &BaseHeader,
         d: &DatagramExt,
         payload: &[u8],
-    ) -> core::result::Result<(), ()> {
+    ) -> Option<bool> {
         let gid = from.dst.gid();
         let mut qps = [0u32; MAX_ATTACH];
         let n = {
@@ -149,14 +144,13 @@ impl Engine {
             }
             members.len().min(MAX_ATTACH)
         };
+        if n == 0 {
+            return None;
+        }
         let mut taken = false;
         for &qpn in qps.iter().take(n) {
             taken |= self.ud_deliver(qpn, from, b, d, payload).is_ok();
         }
-        if taken {
-            Ok(())
-        } else {
-            Err(())
-        }
+        Some(taken)
     }
 }

@@ -324,17 +324,11 @@ impl Engine {
         ecn: bool,
         data: &[u8],
     ) -> Option<IpAddr> {
-        match self.planes.lock().get(plane) {
-            Some(Some(lp)) => lp.socket.send(dst, src_port, ecn, data).ok(),
-            _ => {
-                self.counters.inc(Counter::TxErrors);
-                None
-            }
-        }
+        self.send_segments_on(plane, dst, src_port, ecn, data, data.len(), 1)
     }
 
     /// Sends `data`, `count` datagrams of `seg` bytes (the last may be shorter), on `plane`
-    /// to `dst`, as `send_on` sends one.
+    /// to `dst`, as `send_on` sends one; the source address as `send_on` returns it.
     #[allow(clippy::too_many_arguments)]
     fn send_segments_on(
         &self,
@@ -345,12 +339,13 @@ impl Engine {
         data: &[u8],
         seg: usize,
         count: usize,
-    ) {
+    ) -> Option<IpAddr> {
         match self.planes.lock().get(plane) {
-            Some(Some(lp)) => {
-                let _ = lp.socket.send_segments(dst, src_port, ecn, data, seg);
+            Some(Some(lp)) => lp.socket.send_segments(dst, src_port, ecn, data, seg).ok(),
+            _ => {
+                self.counters.add(Counter::TxErrors, count as u64);
+                None
             }
-            _ => self.counters.add(Counter::TxErrors, count as u64),
         }
     }
 

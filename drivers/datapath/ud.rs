@@ -225,18 +225,17 @@ impl Engine {
         else {
             return;
         };
-        if !self.has_mcast_members(&dst.gid()) {
-            return;
-        }
         let from = DgFrom {
             plane,
             src,
             dst,
             len: data.len(),
         };
+        // No member here: the stack would not have looped it back either.
         let counter = match self.mcast_deliver(&from, &header.base, &d, payload) {
-            Ok(()) => Counter::DatagramsRcvd,
-            Err(()) => Counter::DatagramsDropped,
+            None => return,
+            Some(true) => Counter::DatagramsRcvd,
+            Some(false) => Counter::DatagramsDropped,
         };
         self.counters.inc(counter);
     }

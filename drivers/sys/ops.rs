@@ -1107,6 +1107,25 @@ unsafe extern "C" fn destroy_qp<T: VerbsOps>(
     0
 }
 
+/// `op` (`attach_mcast` or `detach_mcast`) of the QP `ibqp` to the group `gid`.
+///
+/// # Safety
+///
+/// Called only by the RDMA core's `attach_mcast`/`detach_mcast` for a QP we created, with a
+/// live GID.
+unsafe fn mcast_op<T: VerbsOps>(
+    ibqp: *mut bindings::ib_qp,
+    gid: *mut bindings::ib_gid,
+    op: fn(&DeviceCtx<'_>, &T::Qp, &[u8; 16]) -> Result,
+) -> c_int {
+    // SAFETY: per the contract; `raw` is the GID's bytes, every pattern valid.
+    let (dev, qp, gid) = unsafe { (ctx((*ibqp).device), qp_of::<T>(ibqp), (*gid).raw) };
+    match qp {
+        Some(qp) => to_errno(op(&dev, qp, &gid)),
+        None => EINVAL.to_errno(),
+    }
+}
+
 /// # Safety
 ///
 /// Called only by the RDMA core for a QP we created, with a live GID.
@@ -1115,12 +1134,8 @@ unsafe extern "C" fn attach_mcast<T: VerbsOps>(
     gid: *mut bindings::ib_gid,
     _lid: u16,
 ) -> c_int {
-    // SAFETY: per the contract; `raw` is the GID's bytes, every pattern valid.
-    let (dev, qp, gid) = unsafe { (ctx((*ibqp).device), qp_of::<T>(ibqp), (*gid).raw) };
-    match qp {
-        Some(qp) => to_errno(T::attach_mcast(&dev, qp, &gid)),
-        None => EINVAL.to_errno(),
-    }
+    // SAFETY: the core's `attach_mcast`, per this function's contract.
+    unsafe { mcast_op::<T>(ibqp, gid, T::attach_mcast) }
 }
 
 /// # Safety
@@ -1131,12 +1146,8 @@ unsafe extern "C" fn detach_mcast<T: VerbsOps>(
     gid: *mut bindings::ib_gid,
     _lid: u16,
 ) -> c_int {
-    // SAFETY: per the contract, as in `attach_mcast`.
-    let (dev, qp, gid) = unsafe { (ctx((*ibqp).device), qp_of::<T>(ibqp), (*gid).raw) };
-    match qp {
-        Some(qp) => to_errno(T::detach_mcast(&dev, qp, &gid)),
-        None => EINVAL.to_errno(),
-    }
+    // SAFETY: the core's `detach_mcast`, per this function's contract.
+    unsafe { mcast_op::<T>(ibqp, gid, T::detach_mcast) }
 }
 
 /// The doorbell (uverbs `POST_SEND` with no work requests: user QPs post into the SQ ring), or
