@@ -15,6 +15,7 @@ PKGS=(
 	rdma-core ibverbs-utils ibverbs-providers libibverbs1 librdmacm1t64 rdmacm-utils perftest
 	python3 python3-pyverbs qperf iperf3
 	iproute2 kmod ethtool tcpdump iputils-ping procps util-linux strace linux-perf
+	nvme-cli fio nfs-kernel-server
 )
 IMAGE_SIZE=1536M
 

@@ -60,7 +60,7 @@ kmake kvm_guest.config >&2
 kmake olddefconfig >&2
 # merge_config reports options that did not stick; these must.
 for opt in RUST INFINIBAND INFINIBAND_USER_ACCESS RDMA_RXE NET_SCH_NETEM VETH NET_UDP_TUNNEL \
-	IP_ROUTE_MULTIPATH 9P_FS VIRTIO_BLK; do
+	IP_ROUTE_MULTIPATH 9P_FS VIRTIO_BLK NVME_RDMA NVME_TARGET_RDMA SUNRPC_XPRT_RDMA NFSD; do
 	grep -Eq "^CONFIG_${opt}=(y|m)" "$KDIR/.config" || die "CONFIG_$opt is not set in $KDIR/.config"
 done
 kmake rustavailable >&2
