@@ -49,7 +49,7 @@ use crate::{
         bhlock::{new_spinlock_bh, SpinLockBh, SpinLockBhGuard},
         netdev::NetDev,
         work::{self, CpuThreads, KthreadWork},
-        ZeroedSlice,
+        KernelMemory, ZeroedSlice, KERNEL_LKEY,
     },
     transport::{
         congestion::RateAllocator,
@@ -61,9 +61,12 @@ use crate::{
     },
     verbs::{self, Cqe, Qp, QpAttrs, QpState, SendWqe, Verbs},
     verbs_core::{
-        ib::{access, wc_opcode, wc_status, QpType, WC_WITH_IMM, WC_WITH_INV},
+        ib::{access, kernel_wc_flags, wc_opcode, wc_status, QpType, WC_WITH_IMM, WC_WITH_INV},
         mw::MwError,
-        wqe::{self as vwqe, judge_recv, judge_send, Judged, Payload, SendOp, SendWork},
+        wqe::{
+            self as vwqe, judge_kernel_send, judge_recv, judge_send, Judged, Payload, SendOp,
+            SendWork,
+        },
     },
 };
 use core::cell::Cell;
@@ -284,6 +287,18 @@ pub(crate) struct Engine {
     /// costs its connection's paths and a transmit buffer (about 170 KiB with 16 paths), and
     /// any local user may name any address in `modify_qp`, so their number is bounded.
     max_peers: AtomicU32,
+    /// Kernel QPs posted to where the data path's locks may not be taken (interrupts off):
+    /// their doorbells, rung by the receive thread (IRQ-safe: posting may happen anywhere).
+    #[pin]
+    kernel_doorbells: SpinLockIrq<KernelDoorbells>,
+}
+
+/// QP numbers whose doorbell the receive thread rings ([`Engine::kernel_doorbell`]).
+struct KernelDoorbells {
+    qpns: [u32; 64],
+    len: usize,
+    /// More than fit: every kernel QP's is rung.
+    overflow: bool,
 }
 
 /// `max_peers` of a new device.
@@ -575,6 +590,14 @@ impl Engine {
                 datagrams <- datagrams,
                 paths: AtomicU16::new(DEFAULT_PATHS),
                 max_peers: AtomicU32::new(DEFAULT_MAX_PEERS),
+                kernel_doorbells <- new_spinlock_irq!(
+                    KernelDoorbells {
+                        qpns: [0; 64],
+                        len: 0,
+                        overflow: false,
+                    },
+                    "metaroce_kdoorbells"
+                ),
             }),
             GFP_KERNEL,
         )?;
@@ -1149,6 +1172,61 @@ impl Engine {
         }
     }
 
+    /// A kernel consumer posted to `qp`: its doorbell now, or (where the data path's locks
+    /// may not be taken: a consumer posting with interrupts off) from the receive thread.
+    pub(crate) fn kernel_doorbell(self: &Arc<Self>, qp: &Arc<Qp>) {
+        if work::may_take_bh_locks() {
+            self.doorbell(qp);
+            return;
+        }
+        {
+            let mut d = self.kernel_doorbells.lock();
+            let len = d.len;
+            if d.qpns.iter().take(len).any(|&n| n == qp.qpn) {
+                return;
+            }
+            match d.qpns.get_mut(len) {
+                Some(slot) => {
+                    *slot = qp.qpn;
+                    d.len += 1;
+                }
+                None => d.overflow = true,
+            }
+        }
+        self.kick_rx();
+    }
+
+    /// The receive thread rings the doorbells [`Engine::kernel_doorbell`] left to it.
+    fn process_kernel_doorbells(self: &Arc<Self>) {
+        let (qpns, len, overflow) = {
+            let mut d = self.kernel_doorbells.lock();
+            let taken = (d.qpns, d.len, d.overflow);
+            d.len = 0;
+            d.overflow = false;
+            taken
+        };
+        let ring = |qp: Option<Arc<Qp>>| {
+            if let Some(qp) = qp.filter(|q| q.kernel.is_some()) {
+                self.doorbell(&qp);
+            }
+        };
+        for &qpn in qpns.iter().take(len) {
+            ring(self.verbs.qp(qpn));
+        }
+        if overflow {
+            let Ok(mut all) = KVec::with_capacity(verbs::limits::MAX_QP as usize, GFP_KERNEL)
+            else {
+                // Retried at the next post, or the next kick.
+                self.kernel_doorbells.lock().overflow = true;
+                return;
+            };
+            self.verbs.kernel_qps(&mut all);
+            for qp in all {
+                ring(Some(qp));
+            }
+        }
+    }
+
     /// Moves posted work of the queued QPs into the connection, sends what it has to send,
     /// delivers its completions (queueing their QPs for feeding: there is room now) and
     /// arms the timer.
@@ -1364,7 +1442,7 @@ impl Engine {
         let receiving = matches!(inner.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
         let sending = inner.state == QpState::Rts;
         let mut broken = false;
-        if let Some(rq) = inner.queues.rq.as_ref().filter(|_| receiving) {
+        if let Some(rq) = qp.queues.rq.as_ref().filter(|_| receiving) {
             loop {
                 let wqe = match rq.peek() {
                     Ok(Some(wqe)) => wqe,
@@ -1404,7 +1482,7 @@ impl Engine {
             store.release(req.completed);
         }
         while sending && !broken {
-            let wqe = match inner.queues.sq.peek() {
+            let wqe = match qp.queues.sq.peek() {
                 Ok(Some(wqe)) => wqe,
                 Ok(None) => break,
                 Err(_) => {
@@ -1412,7 +1490,13 @@ impl Engine {
                     break;
                 }
             };
-            let work = match judge_send(&wqe, qp.sq_sig_all, inner.inline.is_some()) {
+            // A kernel consumer's ring holds what the kernel wrote (REG_MR among it).
+            let judge = if qp.kernel.is_some() {
+                judge_kernel_send
+            } else {
+                judge_send
+            };
+            let work = match judge(&wqe, qp.sq_sig_all, inner.inline.is_some()) {
                 // A UC QP has no READ, atomics, SEND with invalidate, ATOMIC WRITE or FLUSH
                 // (the provider refuses them at post).
                 Judged::Usable(w) if qp.qp_type == QpType::Uc && !w.op.on_uc() => None,
@@ -1430,7 +1514,7 @@ impl Engine {
                     conn.want_send_drained(sid);
                     break;
                 }
-                inner.queues.sq.pop();
+                qp.queues.sq.pop();
                 if !Self::local_op(verbs, qp, &w) {
                     // Refused: completed in error, and the QP fails (what follows flushes).
                     inner.state = QpState::Err;
@@ -1457,18 +1541,18 @@ impl Engine {
                 (None, _) | (Some(_), Stash::Invalid) => None,
             };
             let Some(twqe) = twqe else {
-                inner.queues.sq.pop();
+                qp.queues.sq.pop();
                 let cqe = Cqe::status_only(
                     wqe.wr_id,
                     wc_status::LOC_QP_OP_ERR,
                     wc_opcode::for_send(wqe.opcode),
                     qp.qpn,
                 );
-                qp.send_cq.complete(&cqe, false);
+                qp.complete_send(&cqe);
                 continue;
             };
             match conn.post_send(now, sid, twqe) {
-                Ok(()) => inner.queues.sq.pop(),
+                Ok(()) => qp.queues.sq.pop(),
                 Err(_) => {
                     // Not taken: its payload is stashed again next time.
                     if let (Stash::Stored(_), Some(store)) = (stash, inner.inline.as_mut()) {
@@ -1491,28 +1575,35 @@ impl Engine {
     /// a CQE if it is signaled, or in error (`IB_WC_MW_BIND_ERR`, `IB_WC_LOC_QP_OP_ERR`, as
     /// rxe) always. Returns whether it succeeded.
     fn local_op(verbs: &Verbs, qp: &Qp, w: &SendWork) -> bool {
-        let (done, opcode, error) = match (w.op, w.bind) {
-            (SendOp::BindMw, Some(b)) => (
-                verbs.bind_mw(qp.pd, qp.qpn, &b),
+        let (done, opcode, error) = match (w.op, w.bind, w.reg) {
+            (SendOp::BindMw, Some(b), _) => (
+                verbs.bind_mw(qp.pd, qp.qpn, &b).is_ok(),
                 wc_opcode::BIND_MW,
                 wc_status::MW_BIND_ERR,
             ),
+            (SendOp::RegMr, _, Some(r)) => (
+                verbs.reg_fast(qp.pd, &r).is_ok(),
+                wc_opcode::REG_MR,
+                wc_status::LOC_QP_OP_ERR,
+            ),
+            // A local invalidate: of a window, or of a kernel consumer's fast registration.
+            _ if w.rkey & verbs::MW_KEY_BIT == 0 => (
+                verbs.invalidate_fast(qp.pd, w.rkey).is_ok(),
+                wc_opcode::LOCAL_INV,
+                wc_status::LOC_QP_OP_ERR,
+            ),
             _ => (
-                verbs.invalidate_mw(qp.pd, w.rkey),
+                verbs.invalidate_mw(qp.pd, w.rkey).is_ok(),
                 wc_opcode::LOCAL_INV,
                 wc_status::LOC_QP_OP_ERR,
             ),
         };
-        let status = if done.is_ok() {
-            wc_status::SUCCESS
-        } else {
-            error
-        };
-        if w.signaled || done.is_err() {
+        let status = if done { wc_status::SUCCESS } else { error };
+        if w.signaled || !done {
             let cqe = Cqe::status_only(w.wr_id, status, opcode, qp.qpn);
-            qp.send_cq.complete(&cqe, false);
+            qp.complete_send(&cqe);
         }
-        done.is_ok()
+        done
     }
 
     /// Processes the receive queue (softirq, or a receive thread).
@@ -1768,6 +1859,7 @@ impl Engine {
 
 impl KthreadWork for Engine {
     fn run(this: &Arc<Engine>) {
+        this.process_kernel_doorbells();
         this.process_datagrams();
         this.process_rx();
     }
@@ -1794,6 +1886,8 @@ struct QpRights {
     qpn: u32,
     pd: usize,
     access: u32,
+    /// A kernel consumer's QP: its SGEs under `local_dma_lkey` name kernel memory.
+    kmem: Option<KernelMemory>,
 }
 
 fn access_error(e: verbs::MrError) -> AccessError {
@@ -1822,10 +1916,28 @@ impl<'a> Mem<'a> {
                 qpn,
                 pd: qp.pd,
                 access: qp.access_flags(),
+                kmem: qp.kernel.map(|k| k.mem),
             })
             .ok_or(AccessError::Key)?;
         self.last = Some(r);
         Ok(r)
+    }
+
+    /// A kernel QP's SGE under `local_dma_lkey`: the kernel address `offset` bytes into it,
+    /// if `len` bytes fit there. Err(Key) for a user QP (no user MR has that key).
+    fn kernel_sge(
+        &mut self,
+        qpn: u32,
+        sge: &Sge,
+        offset: u32,
+        len: usize,
+    ) -> Result<(KernelMemory, u64), AccessError> {
+        let mem = self.rights(qpn)?.kmem.ok_or(AccessError::Key)?;
+        let end = u64::from(offset) + len as u64;
+        if end > u64::from(sge.len) {
+            return Err(AccessError::Bounds);
+        }
+        Ok((mem, sge.addr.wrapping_add(u64::from(offset))))
     }
 
     /// `f` applied to the MR `lkey` names, if it is in QP `qpn`'s protection domain (under
@@ -1900,6 +2012,10 @@ impl Memory for Mem<'_> {
                 })
                 .ok_or(AccessError::Key)?;
         }
+        if sge.lkey == KERNEL_LKEY {
+            let (mem, addr) = self.kernel_sge(qp, sge, offset, out.len())?;
+            return mem.read(addr, out).map_err(|_| AccessError::Bounds);
+        }
         let va = sge
             .addr
             .checked_add(u64::from(offset))
@@ -1914,6 +2030,10 @@ impl Memory for Mem<'_> {
         offset: u32,
         data: &[u8],
     ) -> Result<(), AccessError> {
+        if sge.lkey == KERNEL_LKEY {
+            let (mem, addr) = self.kernel_sge(qp, sge, offset, data.len())?;
+            return mem.write(addr, data).map_err(|_| AccessError::Bounds);
+        }
         let va = sge
             .addr
             .checked_add(u64::from(offset))
@@ -1963,9 +2083,16 @@ impl Memory for Mem<'_> {
         })
     }
 
-    /// A SEND_WITH_INV's rkey: a type 2 window of the QP's PD (`mw.rs`).
+    /// A SEND_WITH_INV's rkey: a type 2 window of the QP's PD (`mw.rs`), or a kernel
+    /// consumer's fast registration MR (`frwr.rs`).
     fn invalidate(&mut self, qp: u32, rkey: u32) -> Result<(), AccessError> {
         let pd = self.rights(qp)?.pd;
+        if rkey & verbs::MW_KEY_BIT == 0 {
+            return self
+                .verbs
+                .invalidate_fast(pd, rkey)
+                .map_err(|_| AccessError::Key);
+        }
         self.verbs
             .invalidate_mw(pd, rkey)
             .map_err(|_| AccessError::Key)
@@ -2136,7 +2263,7 @@ fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
         SendOp::AtomicWrite => WrOpcode::AtomicWrite,
         SendOp::Flush => WrOpcode::Flush,
         // Carried out by the feeder (`Engine::local_op`), never by the transport.
-        SendOp::BindMw | SendOp::LocalInv => return None,
+        SendOp::BindMw | SendOp::LocalInv | SendOp::RegMr => return None,
     };
     let mut t = stream::SendWqe::new(w.wr_id, opcode, local).remote(w.remote_addr, w.rkey);
     if let Some(imm) = w.imm {
@@ -2198,19 +2325,21 @@ fn deliver(qps: &[QpSlot], ev: Event) {
                 opcode: wc_opcode(c.opcode),
                 byte_len: c.byte_len,
                 imm_data: c.imm.unwrap_or(0),
-                wc_flags: match (c.imm, c.invalidated) {
-                    (Some(_), true) => WC_WITH_INV,
-                    (Some(_), false) => WC_WITH_IMM,
-                    (None, _) => 0,
+                // A kernel consumer's CQ takes the kernel's flags, a user's libibverbs'.
+                wc_flags: match (c.imm, c.invalidated, qp.kernel.is_some()) {
+                    (Some(_), true, false) => WC_WITH_INV,
+                    (Some(_), true, true) => kernel_wc_flags::WITH_INVALIDATE,
+                    (Some(_), false, _) => WC_WITH_IMM,
+                    (None, _, _) => 0,
                 },
                 qp_num: qp.qpn,
                 src_qp: c.src_qp,
                 ..Default::default()
             };
             if recv {
-                qp.recv_cq.complete(&cqe, c.solicited);
+                qp.complete_recv(&cqe, c.solicited);
             } else {
-                qp.send_cq.complete(&cqe, false);
+                qp.complete_send(&cqe);
             }
         }
         Event::StreamError { stream, .. } => {

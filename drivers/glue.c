@@ -4,7 +4,9 @@
  * single expression: the driver's logic belongs to the Rust side.
  */
 #include <linux/cpumask.h>
+#include <linux/hardirq.h>
 #include <linux/highmem.h>
+#include <linux/irqflags.h>
 #include <linux/sched.h>
 #include <linux/scatterlist.h>
 #include <linux/spinlock.h>
@@ -99,6 +101,13 @@ u64 metaroce_glue_ktime_get_ns(void)
 unsigned int metaroce_glue_smp_processor_id(void)
 {
 	return raw_smp_processor_id();
+}
+
+/* Whether the caller may take a spinlock that disables bottom halves: not in hard interrupt
+ * context and not with interrupts disabled (local_bh_enable() must not run then). */
+bool metaroce_glue_may_take_bh_locks(void)
+{
+	return !in_hardirq() && !irqs_disabled();
 }
 
 void metaroce_glue_set_current_interruptible(void)

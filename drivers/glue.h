@@ -27,6 +27,7 @@ void metaroce_glue_kunmap_local(void *addr);
 u64 metaroce_glue_mmap_get_offset(const struct rdma_user_mmap_entry *entry);
 u64 metaroce_glue_ktime_get_ns(void);
 unsigned int metaroce_glue_smp_processor_id(void);
+bool metaroce_glue_may_take_bh_locks(void);
 void metaroce_glue_set_current_interruptible(void);
 void metaroce_glue_set_current_running(void);
 void metaroce_glue_spin_lock_bh(spinlock_t *lock);

@@ -11,6 +11,7 @@ use kernel::prelude::*;
 mod counters;
 mod datapath;
 mod device;
+mod frwr;
 mod gsi;
 mod mw;
 mod net;

@@ -1,24 +1,26 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The device's verbs ops (rxe_verbs.c's role): creating, changing and destroying CQs, SRQs,
-//! MRs and QPs, the doorbell, and the kernel consumers' work requests on the GSI QP. Safe
+//! MRs and QPs, the doorbell, and the kernel consumers' work requests (on the GSI QP, and on
+//! their RC QPs, whose rings are in kernel memory only) and fast registration MRs. Safe
 //! code: `crate::sys::ops` turns the core's calls into these, and the rules that judge user
 //! input (`crate::verbs_core`) are host-tested.
 
 use crate::datapath::PathInfo;
+use crate::frwr::FastReg;
 use crate::gsi::{GsiQp, PostError, GSI_MAX_SGE, GSI_MAX_WR, GSI_QPN};
 use crate::sys::ops::{MrRequest, QpInit, QpMade, QpQuery, SrqAttr, VerbsOps};
 use crate::sys::udata::Udata;
 use crate::sys::{
-    ring::UserRing, CqNotifier, DeviceCtx, KernelRecvs, KernelSends, QpEvents, SrqEvents,
-    KERNEL_LKEY,
+    ring::UserRing, CqNotifier, DeviceCtx, KernelMemory, KernelRcRecvs, KernelRcSends, KernelRecvs,
+    KernelSends, QpEvents, SrqEvents, KERNEL_LKEY,
 };
 use crate::verbs::{
-    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelWc, Mr, Mw, MwObject, Qp,
-    QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
+    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelQp, KernelWc, Mr, MrMemory, Mw,
+    MwObject, Qp, QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
 };
 use crate::verbs_core::{
-    caps,
+    caps, frwr,
     ib::{self, access, QpType},
     mr::{judge_rereg, MrShape, Rereg, ReregError},
     mw::{mw_type, MwState},
@@ -30,7 +32,8 @@ use kernel::{prelude::*, sync::Arc};
 /// The driver of `sys::ops`.
 pub(crate) struct MetaRoceOps;
 
-/// What the core's `ib_qp` holds: a user RC QP, or the GSI QP of a port (the MAD layer's).
+/// What the core's `ib_qp` holds: a QP of the data path (a user's RC, UC or UD QP, or a
+/// kernel consumer's RC QP), or the GSI QP of a port (the MAD layer's).
 pub(crate) enum QpObject {
     User(Arc<Qp>),
     Gsi(Arc<GsiQp>),
@@ -255,10 +258,11 @@ impl VerbsOps for MetaRoceOps {
                 ReregError::Invalid => EINVAL,
                 ReregError::NotWritable => EACCES,
             })?;
-        let mem = if repin {
-            Arc::new(req.pin(shape.access)?, GFP_KERNEL)?
-        } else {
-            old.memory()
+        let mem = match (repin, old.memory()) {
+            (false, Some(mem)) => mem,
+            (true, _) => Arc::new(req.pin(shape.access)?, GFP_KERNEL)?,
+            // A kernel consumer's fast registration MR: not the user's to rereg.
+            (false, None) => return Err(EINVAL),
         };
         let mr = Arc::new(Mr::new(old.key, &shape, mem), GFP_KERNEL)?;
         // Whichever comes back (the replaced MR, or ours if the key had none) is dropped
@@ -303,6 +307,12 @@ impl VerbsOps for MetaRoceOps {
         // Dropped outside the table's lock: the last reference releases the pages, which may
         // sleep. The data path uses an MR only under that lock (`Verbs::with_mr`), so once it
         // is out of the table nothing copies to or from its pages.
+        // A fast registration MR's key is its last registration's (the consumer's `ib_mr`
+        // may carry a key byte it never registered).
+        let key = match mr.as_ref().map(|m| &m.mem) {
+            Some(MrMemory::Fast(f)) => f.key(),
+            _ => key,
+        };
         let removed = if mr.is_some() {
             dev.verbs.mrs.lock().remove(key)
         } else {
@@ -310,6 +320,52 @@ impl VerbsOps for MetaRoceOps {
         };
         drop(removed);
         drop(mr);
+    }
+
+    /// A fast registration MR: in the MR table from now on, unregistered until an
+    /// `IB_WR_REG_MR` (`frwr.rs`).
+    fn alloc_mr(
+        dev: &DeviceCtx<'_>,
+        pd: usize,
+        max_pages: u32,
+        mem: KernelMemory,
+    ) -> Result<(Arc<Mr>, u32)> {
+        if max_pages == 0 || max_pages > frwr::MAX_PAGES {
+            return Err(EINVAL);
+        }
+        let key = reserve_in(&dev.verbs.mrs, 1)?;
+        let made = FastReg::new(pd, key, max_pages, mem)
+            .and_then(|init| KBox::pin_init(init, GFP_KERNEL))
+            .and_then(|fast| Arc::new(Mr::fast(key, pd, fast), GFP_KERNEL).map_err(Into::into));
+        match made {
+            Ok(mr) => {
+                dev.verbs.mrs.lock().insert(key, mr.clone());
+                Ok((mr, key))
+            }
+            Err(e) => {
+                dev.verbs.mrs.lock().remove(key);
+                Err(e)
+            }
+        }
+    }
+
+    fn map_begin(mr: &Arc<Mr>) {
+        if let MrMemory::Fast(f) = &mr.mem {
+            f.map_begin();
+        }
+    }
+
+    fn map_page(mr: &Arc<Mr>, addr: u64) -> Result {
+        match &mr.mem {
+            MrMemory::Fast(f) => f.map_page(addr),
+            MrMemory::User(_) => Err(EINVAL),
+        }
+    }
+
+    fn map_end(mr: &Arc<Mr>, iova: u64, length: u64, page_size: u32) {
+        if let MrMemory::Fast(f) = &mr.mem {
+            f.map_end(iova, length, page_size);
+        }
     }
 
     /// An unbound window of a random key byte, in the key space above the MRs'
@@ -353,9 +409,12 @@ impl VerbsOps for MetaRoceOps {
         udata: Option<&Udata<'_>>,
         events: Arc<QpEvents>,
     ) -> Result<QpMade<QpObject>> {
-        match udata {
-            Some(udata) => create_user_qp(dev, init, udata, events),
-            None => create_gsi(dev, init),
+        match (udata, init.kernel) {
+            (Some(udata), _) => create_user_qp(dev, init, udata, events),
+            (None, Some(mem)) if init.qp_type == QpType::Rc.to_ib() => {
+                create_kernel_qp(dev, init, events, mem)
+            }
+            (None, _) => create_gsi(dev, init),
         }
     }
 
@@ -489,6 +548,74 @@ impl VerbsOps for MetaRoceOps {
         result
     }
 
+    /// Into the QP's send ring, then its doorbell.
+    fn post_send_kernel_rc(
+        dev: &DeviceCtx<'_>,
+        qp: &QpObject,
+        wrs: &mut KernelRcSends<'_>,
+    ) -> Result {
+        let QpObject::User(qp) = qp else {
+            return Err(EOPNOTSUPP);
+        };
+        if qp.kernel.is_none() {
+            return Err(EOPNOTSUPP);
+        }
+        let mut result = Ok(());
+        let mut posted = false;
+        {
+            let _serial = qp.post.lock();
+            for wr in wrs {
+                match wr
+                    .map_err(post_error)
+                    .and_then(|w| qp.queues.sq.produce(&w))
+                {
+                    Ok(()) => posted = true,
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if posted {
+            if let Some(engine) = dev.engine {
+                engine.kernel_doorbell(qp);
+            }
+        }
+        result
+    }
+
+    /// Into the QP's receive ring; the data path takes them as its messages arrive (and
+    /// flushes them at once in the error state).
+    fn post_recv_kernel_rc(
+        dev: &DeviceCtx<'_>,
+        qp: &QpObject,
+        wrs: &mut KernelRcRecvs<'_>,
+    ) -> Result {
+        let QpObject::User(qp) = qp else {
+            return Err(EOPNOTSUPP);
+        };
+        let (Some(rq), Some(_)) = (qp.queues.rq.as_ref(), qp.kernel) else {
+            return Err(EOPNOTSUPP);
+        };
+        let mut result = Ok(());
+        {
+            let _serial = qp.post.lock();
+            for wr in wrs {
+                if let Err(e) = wr.map_err(post_error).and_then(|w| rq.produce(&w)) {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        // A QP in the error state completes them at once, flushed (`ib_drain_rq` waits for
+        // that); the doorbell does it.
+        if let Some(engine) = dev.engine {
+            engine.kernel_doorbell(qp);
+        }
+        result
+    }
+
     fn post_recv_kernel(_dev: &DeviceCtx<'_>, qp: &QpObject, wrs: &mut KernelRecvs<'_>) -> Result {
         // User QPs post receives into their rings.
         let QpObject::Gsi(qp) = qp else {
@@ -548,6 +675,7 @@ fn create_user_qp(
         cap,
         queues: QpQueues { sq, rq },
         inline,
+        kernel: None,
     };
     let qp = match Arc::pin_init(Qp::new(parts, events), GFP_KERNEL) {
         Ok(qp) => qp,
@@ -560,6 +688,66 @@ fn create_user_qp(
         dev.verbs.qps.lock().remove(qpn);
         return Err(e);
     }
+    dev.verbs.qps.lock().insert(qpn, qp.clone());
+    Ok(QpMade {
+        qp: QpObject::User(qp),
+        qpn,
+        caps: cap,
+    })
+}
+
+/// A kernel consumer's RC QP: the same engine as a user's, its rings in kernel memory that
+/// `post_send`/`post_recv` fill.
+fn create_kernel_qp(
+    dev: &DeviceCtx<'_>,
+    init: &QpInit<'_, MetaRoceOps>,
+    events: Arc<QpEvents>,
+    mem: KernelMemory,
+) -> Result<QpMade<QpObject>> {
+    // No create flags (IB_QP_CREATE_*: integrity, block multicast loopback...) are offered.
+    if init.create_flags != 0 {
+        return Err(EINVAL);
+    }
+    let (Some(send_cq), Some(recv_cq)) = (init.send_cq, init.recv_cq) else {
+        return Err(EINVAL);
+    };
+    let srq = init.srq.cloned();
+    let cap = Caps::check(&init.caps, srq.is_some()).map_err(|_| EINVAL)?;
+    let sq = UserRing::new_kernel(cap.max_send_wr)?;
+    let rq = if srq.is_none() {
+        Some(UserRing::new_kernel(cap.max_recv_wr)?)
+    } else {
+        None
+    };
+    let inline = if cap.max_inline_data > 0 {
+        Some(InlineStore::new()?)
+    } else {
+        None
+    };
+    let qpn = reserve_in(&dev.verbs.qps, 1)?;
+    let parts = QpParts {
+        qpn,
+        qp_type: QpType::Rc,
+        pd: init.pd,
+        send_cq: send_cq.clone(),
+        recv_cq: recv_cq.clone(),
+        srq,
+        sq_sig_all: init.sig_all,
+        cap,
+        queues: QpQueues { sq, rq },
+        inline,
+        kernel: Some(KernelQp {
+            ibqp: init.handle,
+            mem,
+        }),
+    };
+    let qp = match Arc::pin_init(Qp::new(parts, events), GFP_KERNEL) {
+        Ok(qp) => qp,
+        Err(e) => {
+            dev.verbs.qps.lock().remove(qpn);
+            return Err(e);
+        }
+    };
     dev.verbs.qps.lock().insert(qpn, qp.clone());
     Ok(QpMade {
         qp: QpObject::User(qp),

@@ -6,11 +6,12 @@
 //!
 //! Names follow the InfiniBand spec: QP, WQE, CQE, PSN, rkey/lkey, SGE.
 
+use crate::frwr::FastReg;
 use crate::sys::{
     bhlock::{new_spinlock_bh, SpinLockBh},
     ring::{RingInfo, UserRing},
     umem::UserMemory,
-    CqNotifier, QpEvents, SrqEvents,
+    CqNotifier, KernelMemory, QpEvents, SrqEvents,
 };
 use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU8, Ordering};
 use kernel::{
@@ -36,17 +37,26 @@ use crate::verbs_core::{
 
 /// A memory region.
 pub(crate) struct Mr {
-    /// The key, both lkey and rkey.
+    /// The key, both lkey and rkey (a fast registration's is its [`FastReg`]'s: it changes).
     pub(crate) key: u32,
-    /// The address the application names the region by (`ibv_reg_mr_iova`'s iova).
+    /// The address the application names the region by (`ibv_reg_mr_iova`'s iova; a fast
+    /// registration's is its registration's).
     pub(crate) iova: u64,
     pub(crate) length: u64,
     /// `IB_ACCESS_*` flags.
     pub(crate) access: u32,
     /// The protection domain, by identity.
     pub(crate) pd: usize,
-    /// The pinned pages: shared with the MR a rereg that keeps the translation makes of it.
-    mem: Arc<UserMemory>,
+    pub(crate) mem: MrMemory,
+}
+
+/// What a region's bytes are.
+pub(crate) enum MrMemory {
+    /// A user MR's pinned pages: shared with the MR a rereg that keeps the translation makes
+    /// of it.
+    User(Arc<UserMemory>),
+    /// A kernel consumer's fast registration MR (`frwr.rs`).
+    Fast(Pin<KBox<FastReg>>),
 }
 
 /// Why a memory access was refused.
@@ -65,7 +75,27 @@ impl Mr {
             length: shape.length,
             access: shape.access,
             pd: shape.pd,
-            mem,
+            mem: MrMemory::User(mem),
+        }
+    }
+
+    /// A fast registration MR of `pd` (unregistered).
+    pub(crate) fn fast(key: u32, pd: usize, fast: Pin<KBox<FastReg>>) -> Self {
+        Mr {
+            key,
+            iova: 0,
+            length: 0,
+            access: 0,
+            pd,
+            mem: MrMemory::Fast(fast),
+        }
+    }
+
+    /// Whether `key` names it now.
+    pub(crate) fn has_key(&self, key: u32) -> bool {
+        match &self.mem {
+            MrMemory::User(_) => self.key == key,
+            MrMemory::Fast(f) => f.owns(key, None),
         }
     }
 
@@ -79,21 +109,27 @@ impl Mr {
         }
     }
 
-    /// Its pinned memory, to share with the MR a rereg makes of it.
-    pub(crate) fn memory(&self) -> Arc<UserMemory> {
-        self.mem.clone()
+    /// Its pinned memory, to share with the MR a rereg makes of it (a user MR's).
+    pub(crate) fn memory(&self) -> Option<Arc<UserMemory>> {
+        match &self.mem {
+            MrMemory::User(m) => Some(m.clone()),
+            MrMemory::Fast(_) => None,
+        }
     }
 
     /// Whether its memory was pinned writable.
     pub(crate) fn memory_writable(&self) -> bool {
-        self.mem.writable()
+        match &self.mem {
+            MrMemory::User(m) => m.writable(),
+            MrMemory::Fast(_) => false,
+        }
     }
 
-    /// The offset of `[va, va + len)` in the region, if it is inside.
-    fn offset(&self, va: u64, len: u64) -> Result<u64, MrError> {
+    /// The offset of `[va, va + len)` in a user region, if it is inside.
+    fn offset(&self, va: u64, len: u64, mem: &UserMemory) -> Result<u64, MrError> {
         let off = va.checked_sub(self.iova).ok_or(MrError::Bounds)?;
         let end = off.checked_add(len).ok_or(MrError::Bounds)?;
-        if end > self.length || end > self.mem.len() {
+        if end > self.length || end > mem.len() {
             return Err(MrError::Bounds);
         }
         Ok(off)
@@ -101,8 +137,13 @@ impl Mr {
 
     /// Checks that `[va, va + len)` is inside and `needed` is granted, touching nothing.
     pub(crate) fn check(&self, va: u64, len: u64, needed: u32) -> Result<(), MrError> {
-        self.allow(needed)?;
-        self.offset(va, len).map(|_| ())
+        match &self.mem {
+            MrMemory::User(m) => {
+                self.allow(needed)?;
+                self.offset(va, len, m).map(|_| ())
+            }
+            MrMemory::Fast(f) => f.check(va, len, needed),
+        }
     }
 
     fn allow(&self, needed: u32) -> Result<(), MrError> {
@@ -115,16 +156,26 @@ impl Mr {
 
     /// Writes `data` at `va` (local receive, or remote WRITE with `needed` the remote right).
     pub(crate) fn write(&self, va: u64, data: &[u8], needed: u32) -> Result<(), MrError> {
-        self.allow(needed)?;
-        let off = self.offset(va, data.len() as u64)?;
-        self.mem.write(off, data).map_err(|_| MrError::Bounds)
+        match &self.mem {
+            MrMemory::User(m) => {
+                self.allow(needed)?;
+                let off = self.offset(va, data.len() as u64, m)?;
+                m.write(off, data).map_err(|_| MrError::Bounds)
+            }
+            MrMemory::Fast(f) => f.write(va, data, needed),
+        }
     }
 
     /// Reads into `out` from `va`.
     pub(crate) fn read(&self, va: u64, out: &mut [u8], needed: u32) -> Result<(), MrError> {
-        self.allow(needed)?;
-        let off = self.offset(va, out.len() as u64)?;
-        self.mem.read(off, out).map_err(|_| MrError::Bounds)
+        match &self.mem {
+            MrMemory::User(m) => {
+                self.allow(needed)?;
+                let off = self.offset(va, out.len() as u64, m)?;
+                m.read(off, out).map_err(|_| MrError::Bounds)
+            }
+            MrMemory::Fast(f) => f.read(va, out, needed),
+        }
     }
 
     /// An atomic on the 8-byte word at `va` (with `needed` the right it takes: remote
@@ -135,9 +186,14 @@ impl Mr {
         needed: u32,
         op: impl Fn(u64) -> u64,
     ) -> Result<u64, MrError> {
-        self.allow(needed)?;
-        let off = self.offset(va, 8)?;
-        self.mem.atomic(off, op).map_err(|_| MrError::Bounds)
+        match &self.mem {
+            MrMemory::User(m) => {
+                self.allow(needed)?;
+                let off = self.offset(va, 8, m)?;
+                m.atomic(off, op).map_err(|_| MrError::Bounds)
+            }
+            MrMemory::Fast(f) => f.atomic(va, needed, op),
+        }
     }
 }
 
@@ -321,6 +377,18 @@ impl<T> Table<T> {
                 Ok(core::mem::replace(old, obj))
             }
             _ => Err(obj),
+        }
+    }
+
+    /// The objects satisfying `f`, a reference each, into `out` (as many as fit in its
+    /// capacity; a scan of every slot: slow paths only).
+    pub(crate) fn collect(&self, mut f: impl FnMut(&T) -> bool, out: &mut KVec<Arc<T>>) {
+        for s in self.slots.iter() {
+            if let Slot::Live(_, obj) = s {
+                if f(obj) && out.push_within_capacity(obj.clone()).is_err() {
+                    break;
+                }
+            }
         }
     }
 
@@ -719,7 +787,6 @@ pub(crate) struct QpQueues {
 pub(crate) struct QpInner {
     pub(crate) state: QpState,
     pub(crate) attrs: QpAttrs,
-    pub(crate) queues: QpQueues,
     /// Inline payloads of its send WQEs in the transport (None without `max_inline_data`).
     pub(crate) inline: Option<InlineStore>,
     /// Its stream on the connection to its peer, from RTS on.
@@ -754,6 +821,22 @@ pub(crate) struct Qp {
     #[pin]
     pub(crate) modify: Mutex<()>,
     pub(crate) events: Arc<QpEvents>,
+    /// Its rings. Taken from (peek, pop) only under `inner`; a kernel consumer's are produced
+    /// into under `post`.
+    pub(crate) queues: QpQueues,
+    /// A kernel consumer's QP: the core's `ib_qp` (which its work completions name) and the
+    /// capability to touch the memory its work requests name (`local_dma_lkey` SGEs).
+    pub(crate) kernel: Option<KernelQp>,
+    /// Serialises a kernel consumer's posts into its rings (they post from any context).
+    #[pin]
+    pub(crate) post: SpinLockIrq<()>,
+}
+
+/// What a kernel consumer's QP has beyond a user QP.
+#[derive(Clone, Copy)]
+pub(crate) struct KernelQp {
+    pub(crate) ibqp: usize,
+    pub(crate) mem: KernelMemory,
 }
 
 // The inline SGE's lkey (`INLINE_LKEY`, from the rules) stands for a payload kept in the
@@ -845,6 +928,7 @@ pub(crate) struct QpParts {
     pub(crate) cap: Caps,
     pub(crate) queues: QpQueues,
     pub(crate) inline: Option<InlineStore>,
+    pub(crate) kernel: Option<KernelQp>,
 }
 
 impl Qp {
@@ -864,7 +948,6 @@ impl Qp {
                 QpInner {
                     state: QpState::Reset,
                     attrs: QpAttrs::default(),
-                    queues: p.queues,
                     inline: p.inline,
                     binding: None,
                 },
@@ -872,7 +955,29 @@ impl Qp {
             ),
             modify <- new_mutex!((), "metaroce_qp_modify"),
             events,
+            kernel: p.kernel,
+            queues: p.queues,
+            post <- new_spinlock_irq!((), "metaroce_qp_post"),
         })
+    }
+
+    /// Adds a completion of its send queue (a kernel consumer's names its `ib_qp`).
+    pub(crate) fn complete_send(&self, cqe: &Cqe) {
+        self.send_cq.complete_wc(self.wc(cqe), false);
+    }
+
+    /// Adds a completion of its receive queue.
+    pub(crate) fn complete_recv(&self, cqe: &Cqe, solicited: bool) {
+        self.recv_cq.complete_wc(self.wc(cqe), solicited);
+    }
+
+    fn wc(&self, cqe: &Cqe) -> KernelWc {
+        KernelWc {
+            cqe: *cqe,
+            ibqp: self.kernel.map_or(0, |k| k.ibqp),
+            network_hdr_type: 0,
+            port_num: 1,
+        }
     }
 
     /// Judges a `modify_qp` (`crate::verbs_core::qp::prepare`: the transition, then each
@@ -942,7 +1047,7 @@ impl Qp {
     /// Completes receive WQE `wr_id` in error with `status` (no data was placed).
     pub(crate) fn recv_error(&self, wr_id: u64, status: u32) {
         let cqe = Cqe::status_only(wr_id, status, wc_opcode::RECV, self.qpn);
-        self.recv_cq.complete(&cqe, false);
+        self.complete_recv(&cqe, false);
     }
 
     /// In the error state: completes every outstanding WQE with `IB_WC_WR_FLUSH_ERR`. A ring
@@ -954,17 +1059,17 @@ impl Qp {
         if inner.state != QpState::Err {
             return;
         }
-        while let Ok(Some(wqe)) = inner.queues.sq.peek() {
-            inner.queues.sq.pop();
+        while let Ok(Some(wqe)) = self.queues.sq.peek() {
+            self.queues.sq.pop();
             let cqe = Cqe::status_only(
                 wqe.wr_id,
                 wc_status::WR_FLUSH_ERR,
                 wc_opcode::for_send(wqe.opcode),
                 self.qpn,
             );
-            self.send_cq.complete(&cqe, false);
+            self.complete_send(&cqe);
         }
-        if let Some(rq) = &inner.queues.rq {
+        if let Some(rq) = &self.queues.rq {
             while let Ok(Some(wqe)) = rq.peek() {
                 rq.pop();
                 self.recv_error(wqe.wr_id, wc_status::WR_FLUSH_ERR);
@@ -976,11 +1081,12 @@ impl Qp {
     /// verbs' RESET state empties the work queues). A ring userspace broke is left as it
     /// is: the next post finds it.
     pub(crate) fn discard(&self) {
-        let inner = self.inner.lock();
-        while let Ok(Some(_)) = inner.queues.sq.peek() {
-            inner.queues.sq.pop();
+        // The rings are taken from under the QP's lock only.
+        let _inner = self.inner.lock();
+        while let Ok(Some(_)) = self.queues.sq.peek() {
+            self.queues.sq.pop();
         }
-        if let Some(rq) = &inner.queues.rq {
+        if let Some(rq) = &self.queues.rq {
             while let Ok(Some(_)) = rq.peek() {
                 rq.pop();
             }
@@ -1027,6 +1133,20 @@ impl Verbs {
             .flatten()
     }
 
+    /// A reference to QP `qpn` (process context only: dropping the last one may sleep).
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
+        self.qps
+            .lock()
+            .with(qpn, |qp| (qp.qpn == qpn).then(|| qp.clone()))
+            .flatten()
+    }
+
+    /// References to the kernel consumers' QPs, as many as `out` has room for (process
+    /// context only).
+    pub(crate) fn kernel_qps(&self, out: &mut KVec<Arc<Qp>>) {
+        self.qps.lock().collect(|qp| qp.kernel.is_some(), out);
+    }
+
     /// The window `key` names as it is now (a copy, taken under the table's lock).
     pub(crate) fn mw(&self, key: u32) -> Option<MwState> {
         self.mw_at(key).filter(|s| s.rkey == key)
@@ -1068,7 +1188,7 @@ impl Verbs {
         self.mrs
             .lock()
             .with(key, |mr| {
-                (mr.key == key && pd.is_none_or(|pd| mr.pd == pd)).then(|| f(mr))
+                (mr.has_key(key) && pd.is_none_or(|pd| mr.pd == pd)).then(|| f(mr))
             })
             .flatten()
     }

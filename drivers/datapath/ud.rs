@@ -74,9 +74,9 @@ impl Engine {
                 if inner.state != QpState::Rts {
                     break;
                 }
-                match inner.queues.sq.peek() {
+                match qp.queues.sq.peek() {
                     Ok(Some(w)) => {
-                        inner.queues.sq.pop();
+                        qp.queues.sq.pop();
                         (w, inner.attrs.qkey, inner.attrs.port_num)
                     }
                     Ok(None) => break,
@@ -267,7 +267,7 @@ impl Engine {
                     {
                         return Err(());
                     }
-                    match take_recv(qp, &inner.queues) {
+                    match take_recv(qp, &qp.queues) {
                         Taken::Work(w) => w,
                         Taken::Refused(wr_id) => {
                             drop(inner);

@@ -451,7 +451,8 @@ fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
     attr.max_qp_init_rd_atom = limits::MAX_RD_ATOM;
     attr.max_res_rd_atom = limits::MAX_RD_ATOM * limits::MAX_QP;
     attr.atomic_cap = bindings::ib_atomic_cap_IB_ATOMIC_HCA;
-    attr.max_fast_reg_page_list_len = 0;
+    // Fast registration for kernel consumers (`verbs_core::frwr`).
+    attr.max_fast_reg_page_list_len = crate::verbs_core::frwr::MAX_PAGES;
     attr.max_mw = limits::MAX_MW;
     // Multicast for UD QPs (`verbs_core::mcast`).
     attr.max_mcast_grp = mcast::MAX_GROUPS as u32;
@@ -459,8 +460,10 @@ fn fill_device_attr(dev: &Device, attr: &mut bindings::ib_device_attr) {
     attr.max_total_mcast_qp_attach = (mcast::MAX_GROUPS * mcast::MAX_ATTACH) as u32;
     // Memory windows of type 1 and 2B (`verbs_core::mw`); SRQ resize; ATOMIC WRITE; RDMA
     // FLUSH to global visibility (no persistent memory: no IB_DEVICE_FLUSH_PERSISTENT, so the
-    // core refuses MRs that ask for it).
+    // core refuses MRs that ask for it); fast registration and local invalidate for kernel
+    // consumers (IB_DEVICE_MEM_MGT_EXTENSIONS: NVMe-oF, NFS over RDMA require it).
     attr.device_cap_flags = (bindings::ib_device_cap_flags_IB_DEVICE_RC_RNR_NAK_GEN
+        | bindings::ib_device_cap_flags_IB_DEVICE_MEM_MGT_EXTENSIONS
         | bindings::ib_device_cap_flags_IB_DEVICE_MEM_WINDOW
         | bindings::ib_device_cap_flags_IB_DEVICE_MEM_WINDOW_TYPE_2B
         | bindings::ib_device_cap_flags_IB_DEVICE_SRQ_RESIZE

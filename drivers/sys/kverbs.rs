@@ -12,7 +12,9 @@
 use super::bindings;
 use crate::{
     gsi::{GsiRecv, GsiSend, KernelSgl, PostError, GSI_MAX_SGE},
-    verbs::KernelWc,
+    verbs::{KernelWc, RecvWqe, SendWqe},
+    verbs_core::abi::{Sge, MAX_RECV_SGE, MAX_SEND_SGE},
+    verbs_core::ib::wr_opcode as op,
 };
 use core::{marker::PhantomData, mem::offset_of, mem::size_of, ptr};
 use kernel::{ffi::c_int, prelude::*};
@@ -227,6 +229,178 @@ pub(crate) struct WrChain<'a, W: KernelWr> {
 pub(crate) type KernelSends<'a> = WrChain<'a, bindings::ib_send_wr>;
 /// A chain of receive work requests.
 pub(crate) type KernelRecvs<'a> = WrChain<'a, bindings::ib_recv_wr>;
+/// A chain of send work requests on an RC QP, as the WQEs of its ring.
+pub(crate) type KernelRcSends<'a> = WrChain<'a, RcSendWr>;
+/// A chain of receive work requests on an RC QP, as the WQEs of its ring.
+pub(crate) type KernelRcRecvs<'a> = WrChain<'a, RcRecvWr>;
+
+/// A send work request on a kernel consumer's RC QP: an `ib_send_wr`, or the `wr` of the
+/// `ib_rdma_wr`, `ib_atomic_wr` or `ib_reg_wr` its opcode says it starts.
+#[repr(transparent)]
+pub(crate) struct RcSendWr(bindings::ib_send_wr);
+
+/// A receive work request on a kernel consumer's RC QP.
+#[repr(transparent)]
+pub(crate) struct RcRecvWr(bindings::ib_recv_wr);
+
+impl KernelWr for RcSendWr {
+    type Decoded = SendWqe;
+
+    fn next(&self) -> *const Self {
+        self.0.next.cast()
+    }
+
+    unsafe fn decode(&self) -> core::result::Result<SendWqe, PostError> {
+        // SAFETY: per the contract.
+        unsafe { rc_send(&self.0) }
+    }
+}
+
+impl KernelWr for RcRecvWr {
+    type Decoded = RecvWqe;
+
+    fn next(&self) -> *const Self {
+        self.0.next.cast()
+    }
+
+    unsafe fn decode(&self) -> core::result::Result<RecvWqe, PostError> {
+        let wr = &self.0;
+        let num = usize::try_from(wr.num_sge).map_err(|_| PostError::Invalid)?;
+        if num > MAX_RECV_SGE || (num > 0 && wr.sg_list.is_null()) {
+            return Err(PostError::Invalid);
+        }
+        let mut w = RecvWqe {
+            // SAFETY: `wr_id` and `wr_cqe` share the union; either is 64 bits we hand back.
+            wr_id: unsafe { wr.__bindgen_anon_1.wr_id },
+            num_sge: num as u32,
+            ..RecvWqe::default()
+        };
+        for (i, slot) in w.sge.iter_mut().take(num).enumerate() {
+            // SAFETY: per the contract the request's `sg_list` has `num_sge` entries.
+            let sge = unsafe { &*wr.sg_list.add(i) };
+            *slot = Sge {
+                addr: sge.addr,
+                length: sge.length,
+                lkey: sge.lkey,
+            };
+        }
+        Ok(w)
+    }
+}
+
+/// One RC send work request as the WQE the data path takes from the QP's ring (the layout
+/// of `uapi/metaroce-abi.h`; a REG_MR names its MR by the key's index, its rights where a
+/// SEND_WITH_IMM has its immediate). An inline send's data is copied into the WQE now: the
+/// consumer may reuse its buffer once the post returns.
+///
+/// # Safety
+///
+/// `wr` must be a live request posted to one of our kernel RC QPs, starting the work request
+/// type its opcode names.
+unsafe fn rc_send(wr: &bindings::ib_send_wr) -> core::result::Result<SendWqe, PostError> {
+    use bindings::*;
+    let flags = wr.send_flags as u32;
+    let kept = (ib_send_flags_IB_SEND_FENCE
+        | ib_send_flags_IB_SEND_SIGNALED
+        | ib_send_flags_IB_SEND_SOLICITED
+        | ib_send_flags_IB_SEND_INLINE) as u32;
+    let mut w = SendWqe {
+        // SAFETY: `wr_id` and `wr_cqe` share the union; either is 64 bits we hand back.
+        wr_id: unsafe { wr.__bindgen_anon_1.wr_id },
+        opcode: wr.opcode,
+        send_flags: flags & kept,
+        ..SendWqe::default()
+    };
+    let num = usize::try_from(wr.num_sge).map_err(|_| PostError::Invalid)?;
+    if num > MAX_SEND_SGE || (num > 0 && wr.sg_list.is_null()) {
+        return Err(PostError::Invalid);
+    }
+    match wr.opcode {
+        op::SEND => {}
+        // SAFETY: a SEND_WITH_IMM carries its immediate in this view of the union.
+        op::SEND_WITH_IMM => w.imm_data = unsafe { wr.ex.imm_data },
+        // SAFETY: a SEND_WITH_INV carries the rkey to invalidate in this view of the union.
+        op::SEND_WITH_INV => w.imm_data = unsafe { wr.ex.invalidate_rkey },
+        op::RDMA_WRITE | op::RDMA_WRITE_WITH_IMM | op::RDMA_READ => {
+            // SAFETY: per the contract an RDMA opcode starts an `ib_rdma_wr` (`wr` first).
+            let rdma = unsafe { &*ptr::from_ref(wr).cast::<ib_rdma_wr>() };
+            w.remote_addr = rdma.remote_addr;
+            w.rkey = rdma.rkey;
+            if wr.opcode == op::RDMA_WRITE_WITH_IMM {
+                // SAFETY: as above, the immediate's view of the union.
+                w.imm_data = unsafe { wr.ex.imm_data };
+            }
+        }
+        op::ATOMIC_CMP_AND_SWP | op::ATOMIC_FETCH_AND_ADD => {
+            // SAFETY: per the contract an atomic opcode starts an `ib_atomic_wr`.
+            let at = unsafe { &*ptr::from_ref(wr).cast::<ib_atomic_wr>() };
+            w.remote_addr = at.remote_addr;
+            w.rkey = at.rkey;
+            w.compare_add = at.compare_add;
+            w.swap = at.swap;
+        }
+        op::LOCAL_INV => {
+            // SAFETY: a LOCAL_INV names its key in the union.
+            w.imm_data = unsafe { wr.ex.invalidate_rkey };
+        }
+        op::REG_MR => {
+            // SAFETY: per the contract IB_WR_REG_MR starts an `ib_reg_wr`.
+            let reg = unsafe { &*ptr::from_ref(wr).cast::<ib_reg_wr>() };
+            if reg.mr.is_null() || num != 0 {
+                return Err(PostError::Invalid);
+            }
+            // SAFETY: a live MR of ours (the consumer registers it on our QP).
+            let (lkey, iova, length) = unsafe { ((*reg.mr).lkey, (*reg.mr).iova, (*reg.mr).length) };
+            // The key keeps the MR's index (`ib_update_fast_reg_key` changes its low byte);
+            // the data path finds the MR by it and checks its PD against the QP's.
+            if reg.key >> 8 != lkey >> 8 {
+                return Err(PostError::Invalid);
+            }
+            w.rkey = reg.key;
+            w.imm_data = reg.access as u32;
+            // The region as the MR names it now: the consumer may have renumbered it since it
+            // mapped it (xprtrdma puts the XID in the iova).
+            w.remote_addr = iova;
+            w.compare_add = length;
+            w.send_flags &= !(ib_send_flags_IB_SEND_INLINE as u32);
+            return Ok(w);
+        }
+        _ => return Err(PostError::Invalid),
+    }
+    if flags & ib_send_flags_IB_SEND_INLINE as u32 != 0 && num > 0 {
+        // The data, gathered into the WQE now.
+        let mut at = 0usize;
+        for i in 0..num {
+            // SAFETY: per the contract the request's `sg_list` has `num_sge` entries.
+            let sge = unsafe { &*wr.sg_list.add(i) };
+            let len = sge.length as usize;
+            let dst = w.data.get_mut(at..at + len).ok_or(PostError::Invalid)?;
+            if sge.lkey != KERNEL_LKEY {
+                return Err(PostError::Invalid);
+            }
+            // SAFETY: per the contract, the consumer's buffer until the post returns.
+            unsafe { KernelBuf::new(sge.addr, sge.length) }.read(dst);
+            at += len;
+        }
+        w.inline_len = at as u32;
+        return Ok(w);
+    }
+    w.send_flags &= !(ib_send_flags_IB_SEND_INLINE as u32);
+    w.num_sge = num as u32;
+    for i in 0..num {
+        // SAFETY: per the contract the request's `sg_list` has `num_sge` entries.
+        let sge = unsafe { &*wr.sg_list.add(i) };
+        w.set_sge(
+            i,
+            Sge {
+                addr: sge.addr,
+                length: sge.length,
+                lkey: sge.lkey,
+            },
+        );
+    }
+    Ok(w)
+}
 
 impl<W: KernelWr> WrChain<'_, W> {
     /// # Safety

@@ -20,12 +20,14 @@
 //! - [`stats`]: the hardware counter ops.
 //! - [`udata`]: a uverbs call's driver data, copied in and out through the core's helpers.
 //! - [`kverbs`]: for kernel consumers: address handles, work request chains, work completions.
+//! - [`kmem`]: the capability to touch kernel consumers' buffers and registered pages.
 
 pub(crate) mod abi;
 pub(crate) mod bhlock;
 pub(crate) mod bindings;
 mod events;
 pub(crate) mod ibdev;
+pub(crate) mod kmem;
 mod kverbs;
 pub(crate) mod netdev;
 pub(crate) mod ops;
@@ -43,7 +45,10 @@ use crate::transport::zero::ZeroValid;
 
 pub(crate) use events::{CqNotifier, QpEvents, SrqEvents};
 pub(crate) use ibdev::DeviceCtx;
-pub(crate) use kverbs::{KernelBuf, KernelRecvs, KernelSends, KERNEL_LKEY};
+pub(crate) use kmem::KernelMemory;
+pub(crate) use kverbs::{
+    KernelBuf, KernelRcRecvs, KernelRcSends, KernelRecvs, KernelSends, KERNEL_LKEY,
+};
 pub(crate) use registration::Registration;
 
 /// A C object the kernel reaches through a pointer we hand it (the link ops, the netdev

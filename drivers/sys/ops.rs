@@ -17,7 +17,8 @@ use super::{
     bindings,
     events::{AsyncEvents, CqNotifier, QpEvents, SrqEvents},
     ibdev::{ctx, DeviceCtx},
-    kverbs::{self, KernelRecvs, KernelSends},
+    kmem::KernelMemory,
+    kverbs::{self, KernelRcRecvs, KernelRcSends, KernelRecvs, KernelSends},
     to_errno,
     udata::Udata,
     umem::UserMemory,
@@ -65,6 +66,9 @@ pub(crate) struct QpInit<'a, T: VerbsOps + ?Sized> {
     pub(crate) pd: usize,
     /// The core's `ib_qp` (its identity), which kernel work completions name.
     pub(crate) handle: usize,
+    /// A kernel consumer's QP (no `udata`): the capability to touch the memory its work
+    /// requests name.
+    pub(crate) kernel: Option<KernelMemory>,
 }
 
 /// A created QP: the object, its number and the capacities it got.
@@ -321,6 +325,50 @@ pub(crate) trait VerbsOps: 'static {
     ) -> Result {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
+
+    /// A kernel consumer's send work requests on an RC QP, as the WQEs of its ring.
+    fn post_send_kernel_rc(
+        _dev: &DeviceCtx<'_>,
+        _qp: &Self::Qp,
+        _wrs: &mut KernelRcSends<'_>,
+    ) -> Result {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// A kernel consumer's receive work requests on an RC QP, as the WQEs of its ring.
+    fn post_recv_kernel_rc(
+        _dev: &DeviceCtx<'_>,
+        _qp: &Self::Qp,
+        _wrs: &mut KernelRcRecvs<'_>,
+    ) -> Result {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// `ib_alloc_mr` of a fast registration MR (`IB_MR_TYPE_MEM_REG`) for `max_pages` pages
+    /// in the PD `pd`: the MR and its key. `mem` lets it touch the pages it will map.
+    fn alloc_mr(
+        _dev: &DeviceCtx<'_>,
+        _pd: usize,
+        _max_pages: u32,
+        _mem: KernelMemory,
+    ) -> Result<(Self::Mr, u32)> {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// `ib_map_mr_sg` begins on `mr`: its staged page list is emptied.
+    fn map_begin(_mr: &Self::Mr) {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// One page (its kernel address) of the list `ib_map_mr_sg` stages; ENOMEM when full.
+    fn map_page(_mr: &Self::Mr, _addr: u64) -> Result {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
+    /// `ib_map_mr_sg` ends: the region it computed.
+    fn map_end(_mr: &Self::Mr, _iova: u64, _length: u64, _page_size: u32) {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 }
 
 // ---- the core's allocations ----
@@ -473,6 +521,10 @@ pub(super) fn fill<T: VerbsOps + 'static>(ops: &mut bindings::ib_device_ops) {
     }
     if T::HAS_GET_DMA_MR {
         ops.get_dma_mr = Some(get_dma_mr::<T>);
+    }
+    if T::HAS_ALLOC_MR {
+        ops.alloc_mr = Some(alloc_mr::<T>);
+        ops.map_mr_sg = Some(map_mr_sg::<T>);
     }
     if T::HAS_ALLOC_MW {
         ops.alloc_mw = Some(alloc_mw::<T>);
@@ -865,6 +917,84 @@ unsafe extern "C" fn get_dma_mr<T: VerbsOps>(
 
 /// # Safety
 ///
+/// Called only by the RDMA core (`ib_alloc_mr`) with a live kernel PD.
+unsafe extern "C" fn alloc_mr<T: VerbsOps>(
+    ibpd: *mut bindings::ib_pd,
+    mr_type: bindings::ib_mr_type,
+    max_num_sg: u32,
+) -> *mut bindings::ib_mr {
+    if mr_type != bindings::ib_mr_type_IB_MR_TYPE_MEM_REG {
+        return err_ptr(EINVAL);
+    }
+    // SAFETY: the PD is live with `device` set; `ib_alloc_mr` is a kernel consumer's call.
+    let (dev, user) = unsafe { (ctx((*ibpd).device), !(*ibpd).uobject.is_null()) };
+    if user {
+        return err_ptr(EINVAL);
+    }
+    let meta = KBox::new(
+        MetaMr::<T> {
+            ibmr: bindings::ib_mr::default(),
+            mr: None,
+        },
+        GFP_KERNEL,
+    );
+    let mut meta = match meta {
+        Ok(m) => m,
+        Err(e) => return err_ptr(e.into()),
+    };
+    match T::alloc_mr(&dev, ibpd as usize, max_num_sg, KernelMemory::new()) {
+        Ok((mr, key)) => {
+            meta.mr = Some(mr);
+            meta.ibmr.lkey = key;
+            meta.ibmr.rkey = key;
+            ptr::addr_of_mut!(KBox::leak(meta).ibmr)
+        }
+        Err(e) => err_ptr(e),
+    }
+}
+
+/// `ib_sg_to_pages`' callback: one page of the list being mapped.
+///
+/// # Safety
+///
+/// Called by `ib_sg_to_pages` from [`map_mr_sg`] with that call's MR.
+unsafe extern "C" fn set_page<T: VerbsOps>(ibmr: *mut bindings::ib_mr, addr: u64) -> c_int {
+    // SAFETY: per the contract, an MR we allocated (`MetaMr<T>`), held by the mapping call.
+    let meta = unsafe { &*ibmr.cast::<MetaMr<T>>() };
+    match meta.mr.as_ref() {
+        Some(mr) => to_errno(T::map_page(mr, addr)),
+        None => EINVAL.to_errno(),
+    }
+}
+
+/// # Safety
+///
+/// Called only by the RDMA core (`ib_map_mr_sg`) for an MR of ours from `alloc_mr`, with a
+/// live scatterlist of `sg_nents` entries DMA-mapped for our device, and `mr->page_size` set.
+unsafe extern "C" fn map_mr_sg<T: VerbsOps>(
+    ibmr: *mut bindings::ib_mr,
+    sg: *mut bindings::scatterlist,
+    sg_nents: c_int,
+    sg_offset: *mut u32,
+) -> c_int {
+    // SAFETY: per the contract, an MR we allocated; the consumer does not free it meanwhile.
+    let meta = unsafe { &*ibmr.cast::<MetaMr<T>>() };
+    let Some(mr) = meta.mr.as_ref() else {
+        return EINVAL.to_errno();
+    };
+    T::map_begin(mr);
+    // SAFETY: per the contract; `set_page` takes the pages into `mr`, and the core sets the
+    // MR's `iova` and `length`. The device does virtual DMA, so the pages' DMA addresses are
+    // kernel addresses.
+    let n = unsafe { bindings::ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, Some(set_page::<T>)) };
+    // SAFETY: as above; the core's fields of the MR, which `ib_sg_to_pages` set.
+    let (iova, length, page_size) = unsafe { ((*ibmr).iova, (*ibmr).length, (*ibmr).page_size) };
+    T::map_end(mr, iova, length, page_size);
+    n
+}
+
+/// # Safety
+///
 /// Called only by the RDMA core for an MR we registered.
 unsafe extern "C" fn dereg_mr<T: VerbsOps>(
     ibmr: *mut bindings::ib_mr,
@@ -974,6 +1104,7 @@ unsafe extern "C" fn create_qp<T: VerbsOps>(
         port: init.port_num,
         pd,
         handle: ibqp as usize,
+        kernel: udata.is_none().then(KernelMemory::new),
     };
     // SAFETY: the core's `ib_qp` being created, with `device`, `event_handler` and
     // `qp_context` set (`create_qp` in the core's verbs.c), in its zeroed allocation of our
@@ -1180,6 +1311,18 @@ unsafe extern "C" fn post_send<T: VerbsOps>(
     // `ib_ud_wr`s: neither is what `KernelSends` decodes.
     let ud =
         qp_type == bindings::ib_qp_type_IB_QPT_GSI || qp_type == bindings::ib_qp_type_IB_QPT_UD;
+    if T::HAS_POST_SEND_KERNEL_RC && !user && qp_type == bindings::ib_qp_type_IB_QPT_RC {
+        // SAFETY: per the contract, a live chain posted to one of our kernel RC QPs.
+        let mut wrs = unsafe { KernelRcSends::new(wr.cast()) };
+        return match T::post_send_kernel_rc(&dev, qp, &mut wrs) {
+            Ok(()) => 0,
+            Err(e) => {
+                // SAFETY: per the contract.
+                unsafe { *bad_wr = wrs.current().cast() };
+                e.to_errno()
+            }
+        };
+    }
     if !T::HAS_POST_SEND_KERNEL || user || !ud {
         // SAFETY: per the contract.
         unsafe { *bad_wr = wr };
@@ -1220,6 +1363,19 @@ unsafe extern "C" fn post_recv<T: VerbsOps>(
         // SAFETY: per the contract.
         unsafe { *bad_wr = wr };
         return EOPNOTSUPP.to_errno();
+    }
+    // SAFETY: per the contract.
+    if T::HAS_POST_RECV_KERNEL_RC && unsafe { (*ibqp).qp_type } == bindings::ib_qp_type_IB_QPT_RC {
+        // SAFETY: per the contract, a live chain posted to one of our kernel RC QPs.
+        let mut wrs = unsafe { KernelRcRecvs::new(wr.cast()) };
+        return match T::post_recv_kernel_rc(&dev, qp, &mut wrs) {
+            Ok(()) => 0,
+            Err(e) => {
+                // SAFETY: per the contract.
+                unsafe { *bad_wr = wrs.current().cast() };
+                e.to_errno()
+            }
+        };
     }
     // SAFETY: per the contract, a live chain posted to one of our kernel QPs.
     let mut wrs = unsafe { KernelRecvs::new(wr) };

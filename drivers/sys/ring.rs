@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Rings shared with userspace (SQ, RQ, SRQ, CQ; layout in `uapi/metaroce-abi.h`).
+//! Rings shared with userspace (SQ, RQ, SRQ, CQ; layout in `uapi/metaroce-abi.h`), and the
+//! same rings in kernel memory only, for a kernel consumer's QP (its SQ and RQ: the kernel's
+//! `post_send`/`post_recv` produce into them, and the data path takes them as a user QP's).
 //!
 //! The memory comes from `vmalloc_user` and is mapped by the provider through an
 //! `rdma_user_mmap_entry`. The entry owns the memory: dropping the [`UserRing`] removes the
@@ -50,10 +52,12 @@ struct MmapEntry {
     memory: *mut u8,
 }
 
-/// A ring of `T` entries shared with userspace.
+/// A ring of `T` entries shared with userspace (or, made by [`UserRing::new_kernel`], only
+/// the kernel's).
 pub(crate) struct UserRing<T> {
     memory: NonNull<u8>,
-    entry: NonNull<MmapEntry>,
+    /// None for a kernel ring (never mapped).
+    entry: Option<NonNull<MmapEntry>>,
     num_entries: u32,
     length: usize,
     /// The kernel's index (a ring is used from one side only: consumer or producer); the
@@ -92,15 +96,7 @@ impl<T: RingEntry> UserRing<T> {
     /// A ring of at least `min_entries` entries (rounded up to a power of two), mappable in
     /// `uctx`.
     pub(crate) fn new(uctx: &Ucontext<'_>, min_entries: u32) -> Result<Self> {
-        let num_entries = min_entries
-            .max(1)
-            .checked_next_power_of_two()
-            .ok_or(EINVAL)?;
-        let bytes = (num_entries as usize)
-            .checked_mul(size_of::<T>())
-            .and_then(|b| b.checked_add(HDR))
-            .ok_or(EINVAL)?;
-        let length = bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let (num_entries, length) = Self::size(min_entries)?;
         // SAFETY: plain allocation; zeroed, so both indices start at 0.
         let memory = NonNull::new(unsafe { bindings::vmalloc_user_noprof(length) }.cast::<u8>())
             .ok_or(ENOMEM)?;
@@ -138,7 +134,7 @@ impl<T: RingEntry> UserRing<T> {
         }
         Ok(UserRing {
             memory,
-            entry,
+            entry: Some(entry),
             num_entries,
             length,
             own: AtomicU32::new(0),
@@ -146,10 +142,43 @@ impl<T: RingEntry> UserRing<T> {
         })
     }
 
+    /// A ring of at least `min_entries` entries in kernel memory only: a kernel consumer's
+    /// send or receive queue, which [`UserRing::produce`] fills.
+    pub(crate) fn new_kernel(min_entries: u32) -> Result<Self> {
+        let (num_entries, length) = Self::size(min_entries)?;
+        // SAFETY: plain allocation; zeroed, so both indices start at 0.
+        let memory = NonNull::new(unsafe { bindings::vmalloc_user_noprof(length) }.cast::<u8>())
+            .ok_or(ENOMEM)?;
+        Ok(UserRing {
+            memory,
+            entry: None,
+            num_entries,
+            length,
+            own: AtomicU32::new(0),
+            _entries: core::marker::PhantomData,
+        })
+    }
+
+    /// Entries (a power of two) and bytes of a ring of at least `min_entries`.
+    fn size(min_entries: u32) -> Result<(u32, usize)> {
+        let num_entries = min_entries
+            .max(1)
+            .checked_next_power_of_two()
+            .ok_or(EINVAL)?;
+        let bytes = (num_entries as usize)
+            .checked_mul(size_of::<T>())
+            .and_then(|b| b.checked_add(HDR))
+            .ok_or(EINVAL)?;
+        Ok((num_entries, bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE))
+    }
+
+    /// Where the provider maps it (a kernel ring has no mapping: offset 0, never handed out).
     pub(crate) fn info(&self) -> RingInfo {
-        // SAFETY: the entry is inserted and alive while we are.
-        let offset =
-            unsafe { bindings::metaroce_glue_mmap_get_offset(&(*self.entry.as_ptr()).rdma) };
+        let offset = match self.entry {
+            // SAFETY: the entry is inserted and alive while we are.
+            Some(e) => unsafe { bindings::metaroce_glue_mmap_get_offset(&(*e.as_ptr()).rdma) },
+            None => 0,
+        };
         RingInfo {
             offset,
             length: self.length as u64,
@@ -253,6 +282,26 @@ impl<T: RingEntry> UserRing<T> {
         Ok(())
     }
 
+    /// Producer side of a kernel ring's consumer-side queue (a kernel QP's SQ or RQ, which
+    /// the data path consumes): appends `entry`, or Err(ENOMEM) if the queue is full. The
+    /// caller serialises producers (the QP's post lock).
+    pub(crate) fn produce(&self, entry: &T) -> Result {
+        if self.entry.is_some() {
+            // A user ring's producer is userspace.
+            return Err(EINVAL);
+        }
+        let producer = self.index(PRODUCER).load(Ordering::Relaxed);
+        let consumer = self.index(CONSUMER).load(Ordering::Acquire);
+        if !queue::has_room(producer, consumer, self.num_entries) {
+            return Err(ENOMEM);
+        }
+        // SAFETY: a valid slot the consumer is done with; no one else writes a kernel ring.
+        unsafe { self.slot(producer).write_volatile(*entry) };
+        self.index(PRODUCER)
+            .store(producer.wrapping_add(1), Ordering::Release);
+        Ok(())
+    }
+
     /// Producer side (CQ): appends `entry`, or Err(ENOSPC) if userspace has not made room.
     pub(crate) fn push(&self, entry: &T) -> Result {
         let producer = self.own.load(Ordering::Relaxed);
@@ -271,10 +320,14 @@ impl<T: RingEntry> UserRing<T> {
 
 impl<T> Drop for UserRing<T> {
     fn drop(&mut self) {
-        // SAFETY: inserted in `new`; after this the core frees the entry and the memory
-        // through `mmap_free` once no mapping is left.
-        unsafe {
-            bindings::rdma_user_mmap_entry_remove(ptr::addr_of_mut!((*self.entry.as_ptr()).rdma))
+        match self.entry {
+            // SAFETY: inserted in `new`; after this the core frees the entry and the memory
+            // through `mmap_free` once no mapping is left.
+            Some(e) => unsafe {
+                bindings::rdma_user_mmap_entry_remove(ptr::addr_of_mut!((*e.as_ptr()).rdma))
+            },
+            // SAFETY: allocated in `new_kernel`, never mapped, ours alone.
+            None => unsafe { bindings::vfree(self.memory.as_ptr().cast()) },
         }
     }
 }

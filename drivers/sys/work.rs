@@ -16,6 +16,13 @@ use kernel::{
     types::Opaque,
 };
 
+/// Whether the caller may take the data path's locks (they disable bottom halves): not in a
+/// hard interrupt and not with interrupts off, where a kernel consumer may post.
+pub(crate) fn may_take_bh_locks() -> bool {
+    // SAFETY: reads the CPU's context.
+    unsafe { bindings::metaroce_glue_may_take_bh_locks() }
+}
+
 /// Monotonic time in nanoseconds.
 pub(crate) fn now_ns() -> u64 {
     // SAFETY: reads the clock.

@@ -158,6 +158,8 @@ pub mod wr_opcode {
     pub const FLUSH: u32 = 14;
     /// `IB_WR_ATOMIC_WRITE`.
     pub const ATOMIC_WRITE: u32 = 15;
+    /// `IB_WR_REG_MR` (kernel consumers only: no user WQE carries it).
+    pub const REG_MR: u32 = 0x20;
 }
 
 /// `enum ib_send_flags`.
@@ -272,6 +274,8 @@ pub mod wc_opcode {
     pub const BIND_MW: u32 = 5;
     /// `IB_WC_LOCAL_INV`.
     pub const LOCAL_INV: u32 = 6;
+    /// `IB_WC_REG_MR`.
+    pub const REG_MR: u32 = 10;
     /// `IB_WC_FLUSH`.
     pub const FLUSH: u32 = 8;
     /// `IB_WC_ATOMIC_WRITE`.
@@ -291,6 +295,7 @@ pub mod wc_opcode {
             wr::ATOMIC_FETCH_AND_ADD => FETCH_ADD,
             wr::BIND_MW => BIND_MW,
             wr::LOCAL_INV => LOCAL_INV,
+            wr::REG_MR => REG_MR,
             wr::FLUSH => FLUSH,
             wr::ATOMIC_WRITE => ATOMIC_WRITE,
             _ => SEND,
@@ -305,6 +310,8 @@ pub mod kernel_wc_flags {
     pub const GRH: u32 = 1;
     /// `IB_WC_WITH_IMM`.
     pub const WITH_IMM: u32 = 1 << 1;
+    /// `IB_WC_WITH_INVALIDATE`: `ex.invalidate_rkey` is the rkey a SEND_WITH_INV invalidated.
+    pub const WITH_INVALIDATE: u32 = 1 << 2;
     /// `IB_WC_WITH_NETWORK_HDR_TYPE`: `network_hdr_type` is set.
     pub const WITH_NETWORK_HDR_TYPE: u32 = 1 << 6;
 }

@@ -11,6 +11,7 @@
 //!   attributes a modify sets, validated before anything is committed.
 //! - [`caps`]: the device's limits and the queue capacities a create asks for.
 //! - [`mr`]: what an `ibv_rereg_mr` may change of a memory region.
+//! - [`frwr`]: fast registration MRs of kernel consumers (`IB_WR_REG_MR`, invalidation).
 //! - [`mw`]: memory windows: binding, invalidating, and remote access through one.
 //! - [`mcast`]: multicast groups and the UD QPs attached to them.
 //! - [`abi`]: the shared-ring entries of `uapi/metaroce-abi.h`, as plain data.
@@ -30,6 +31,7 @@ extern crate std;
 
 pub mod abi;
 pub mod caps;
+pub mod frwr;
 pub mod ib;
 pub mod mcast;
 pub mod mr;

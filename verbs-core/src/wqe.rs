@@ -98,6 +98,8 @@ pub enum SendOp {
     /// RDMA FLUSH ([`SendWork::atomic`]: `(placement type | selectivity level << 8,
     /// length)`).
     Flush,
+    /// A fast registration of a kernel consumer's MR ([`SendWork::reg`]); sends nothing.
+    RegMr,
 }
 
 impl SendOp {
@@ -145,7 +147,7 @@ impl SendOp {
     /// Whether the device carries it out itself, sending nothing (it completes in order with
     /// the others once they have).
     pub fn is_local(self) -> bool {
-        matches!(self, SendOp::BindMw | SendOp::LocalInv)
+        matches!(self, SendOp::BindMw | SendOp::LocalInv | SendOp::RegMr)
     }
 
     /// Whether a UC QP may post it: SENDs and RDMA WRITEs (with immediate or not) and the
@@ -167,7 +169,7 @@ impl SendOp {
     pub fn dataless(self) -> bool {
         matches!(
             self,
-            SendOp::BindMw | SendOp::LocalInv | SendOp::AtomicWrite | SendOp::Flush
+            SendOp::BindMw | SendOp::LocalInv | SendOp::AtomicWrite | SendOp::Flush | SendOp::RegMr
         )
     }
 }
@@ -209,16 +211,35 @@ pub struct SendWork {
     pub fence: bool,
     /// BIND_MW: the bind (the WQE's fields as `uapi/metaroce-abi.h` lays them out for it).
     pub bind: Option<BindRequest>,
+    /// REG_MR: the registration.
+    pub reg: Option<RegRequest>,
 }
+
+/// An `IB_WR_REG_MR` as the kernel writes it into a kernel QP's send queue: the key in `rkey`,
+/// the rights in `imm_data`, the MR's iova and length (as they were at posting) in
+/// `remote_addr` and `compare_add`; the MR is the one the key's index names.
+pub type RegRequest = super::frwr::RegWr;
 
 /// The send flags a provider may set.
 const SEND_FLAGS: u32 = sf::FENCE | sf::SIGNALED | sf::SOLICITED | sf::INLINE | sf::IP_CSUM;
 
-/// Judges a send WQE of a QP (`sq_sig_all`: every WQE is signaled; `inline_ok`: the QP was
-/// created with inline support).
+/// Judges a send WQE of a user QP (`sq_sig_all`: every WQE is signaled; `inline_ok`: the QP
+/// was created with inline support).
 pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<SendWork> {
-    let Some(opcode) = SendOp::from_ib(w.opcode) else {
-        return Judged::Fatal;
+    judge(w, sq_sig_all, inline_ok, false)
+}
+
+/// Judges a send WQE of a kernel consumer's QP (the kernel wrote it: it may also be a
+/// REG_MR).
+pub fn judge_kernel_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<SendWork> {
+    judge(w, sq_sig_all, inline_ok, true)
+}
+
+fn judge(w: &SendWqe, sq_sig_all: bool, inline_ok: bool, kernel: bool) -> Judged<SendWork> {
+    let opcode = match SendOp::from_ib(w.opcode) {
+        Some(op) => op,
+        None if kernel && w.opcode == op::REG_MR => SendOp::RegMr,
+        None => return Judged::Fatal,
     };
     let inline = w.send_flags & sf::INLINE != 0;
     let sized = if inline {
@@ -276,6 +297,12 @@ pub fn judge_send(w: &SendWqe, sq_sig_all: bool, inline_ok: bool) -> Judged<Send
             addr: w.remote_addr,
             length: w.compare_add,
             access: (w.swap >> 32) as u32,
+        }),
+        reg: (opcode == SendOp::RegMr).then_some(RegRequest {
+            key: w.rkey,
+            access: w.imm_data,
+            iova: w.remote_addr,
+            length: w.compare_add,
         }),
     })
 }
@@ -493,6 +520,37 @@ mod tests {
     }
 
     #[test]
+    fn reg_mr_only_from_the_kernel() {
+        let mut w = SendWqe {
+            opcode: op::REG_MR,
+            rkey: 0x0004_2a07,
+            imm_data: super::super::ib::access::LOCAL_WRITE,
+            remote_addr: 0xffff_8880_0000_1000,
+            compare_add: 8192,
+            ..SendWqe::default()
+        };
+        // A user ring cannot hold one: the provider never writes it.
+        assert_eq!(judge_send(&w, false, false), Judged::Fatal);
+        let Judged::Usable(s) = judge_kernel_send(&w, false, false) else {
+            panic!("a kernel REG_MR is usable");
+        };
+        assert_eq!(s.op, SendOp::RegMr);
+        assert!(s.op.is_local());
+        assert_eq!(
+            s.reg,
+            Some(RegRequest {
+                key: 0x0004_2a07,
+                access: super::super::ib::access::LOCAL_WRITE,
+                iova: 0xffff_8880_0000_1000,
+                length: 8192,
+            })
+        );
+        // It carries no data.
+        w.num_sge = 1;
+        assert_eq!(judge_kernel_send(&w, false, false), Judged::Fatal);
+    }
+
+    #[test]
     fn a_plain_write_decodes() {
         let Judged::Usable(s) = judge_send(&write(2), false, false) else {
             panic!()
@@ -549,6 +607,7 @@ mod tests {
                 solicited: false,
                 fence: false,
                 bind: None,
+                reg: None,
             })
         );
     }
