@@ -1507,12 +1507,22 @@ impl Engine {
                     break;
                 }
             };
-            // A bind or a local invalidate: carried out once every WQE before it has
-            // completed, so that its completion follows theirs (it sends nothing).
+            // A bind, a registration or a local invalidate (it sends nothing): carried out
+            // once every WQE before it has completed, so that its completion follows theirs.
+            // An unsignaled, unfenced bind or registration that succeeds has no completion:
+            // it takes effect at once, as rxe's requester does (no earlier WQE can be using a
+            // window or an MR being bound or registered). A local invalidate always waits: an
+            // earlier WQE still in flight may be resent and read through the lkey it revokes.
             if let Some(w) = work.filter(|w| w.op.is_local()) {
                 if conn.send_outstanding(sid) != 0 {
-                    conn.want_send_drained(sid);
-                    break;
+                    let early = !w.signaled && !w.fence && w.op != SendOp::LocalInv;
+                    // One that fails changes nothing: it waits, and fails in order.
+                    if !(early && Self::apply_local(verbs, qp, &w)) {
+                        conn.want_send_drained(sid);
+                        break;
+                    }
+                    qp.queues.sq.pop();
+                    continue;
                 }
                 qp.queues.sq.pop();
                 if !Self::local_op(verbs, qp, &w) {
@@ -1571,32 +1581,15 @@ impl Engine {
         Fed::Done
     }
 
-    /// Carries out the bind or local invalidate `w` of `qp` (`mw.rs`) and completes it: with
-    /// a CQE if it is signaled, or in error (`IB_WC_MW_BIND_ERR`, `IB_WC_LOC_QP_OP_ERR`, as
-    /// rxe) always. Returns whether it succeeded.
+    /// Carries out the bind, registration or local invalidate `w` of `qp` (`mw.rs`, `frwr.rs`)
+    /// and completes it: with a CQE if it is signaled, or in error (`IB_WC_MW_BIND_ERR`,
+    /// `IB_WC_LOC_QP_OP_ERR`, as rxe) always. Returns whether it succeeded.
     fn local_op(verbs: &Verbs, qp: &Qp, w: &SendWork) -> bool {
-        let (done, opcode, error) = match (w.op, w.bind, w.reg) {
-            (SendOp::BindMw, Some(b), _) => (
-                verbs.bind_mw(qp.pd, qp.qpn, &b).is_ok(),
-                wc_opcode::BIND_MW,
-                wc_status::MW_BIND_ERR,
-            ),
-            (SendOp::RegMr, _, Some(r)) => (
-                verbs.reg_fast(qp.pd, &r).is_ok(),
-                wc_opcode::REG_MR,
-                wc_status::LOC_QP_OP_ERR,
-            ),
-            // A local invalidate: of a window, or of a kernel consumer's fast registration.
-            _ if w.rkey & verbs::MW_KEY_BIT == 0 => (
-                verbs.invalidate_fast(qp.pd, w.rkey).is_ok(),
-                wc_opcode::LOCAL_INV,
-                wc_status::LOC_QP_OP_ERR,
-            ),
-            _ => (
-                verbs.invalidate_mw(qp.pd, w.rkey).is_ok(),
-                wc_opcode::LOCAL_INV,
-                wc_status::LOC_QP_OP_ERR,
-            ),
+        let done = Self::apply_local(verbs, qp, w);
+        let (opcode, error) = match w.op {
+            SendOp::BindMw => (wc_opcode::BIND_MW, wc_status::MW_BIND_ERR),
+            SendOp::RegMr => (wc_opcode::REG_MR, wc_status::LOC_QP_OP_ERR),
+            _ => (wc_opcode::LOCAL_INV, wc_status::LOC_QP_OP_ERR),
         };
         let status = if done { wc_status::SUCCESS } else { error };
         if w.signaled || !done {
@@ -1604,6 +1597,21 @@ impl Engine {
             qp.complete_send(&cqe);
         }
         done
+    }
+
+    /// The effect of the bind, registration or local invalidate `w` of `qp`: whether it took
+    /// place (a refused one changes nothing).
+    fn apply_local(verbs: &Verbs, qp: &Qp, w: &SendWork) -> bool {
+        match (w.op, w.bind, w.reg) {
+            (SendOp::BindMw, Some(b), _) => verbs.bind_mw(qp.pd, qp.qpn, &b).is_ok(),
+            (SendOp::RegMr, _, Some(r)) => verbs.reg_fast(qp.pd, &r).is_ok(),
+            // A local invalidate: of a window, or of a kernel consumer's fast registration.
+            (SendOp::LocalInv, _, _) if w.rkey & verbs::MW_KEY_BIT == 0 => {
+                verbs.invalidate_fast(qp.pd, w.rkey).is_ok()
+            }
+            (SendOp::LocalInv, _, _) => verbs.invalidate_mw(qp.pd, w.rkey).is_ok(),
+            _ => false,
+        }
     }
 
     /// Processes the receive queue (softirq, or a receive thread).

@@ -51,29 +51,31 @@ nvme_device() {
 	return 1
 }
 
-# run_over TYPE DEV: the host connects over device DEV (of link type TYPE) and moves data.
+# run_over TYPE DEV [LABEL]: the host connects over device DEV (of link type TYPE) and moves
+# data; checks are named LABEL (TYPE by default).
 run_over() {
-	local type=$1 dev=$2 blk fio_out
-	$RDMA link add "$dev" type "$type" netdev ulp0
+	local dev=$2 name blk fio_out
+	name=${3:-$1}
+	$RDMA link add "$dev" type "$1" netdev ulp0
 	wait_for 5 sh -c "ibv_devinfo -d $dev | grep -q PORT_ACTIVE"
 	ln -s $CFG/subsystems/$NQN $CFG/ports/1/subsystems/$NQN
-	check "$type: nvme connect -t rdma to the target on $dev" \
+	check "$name: nvme connect -t rdma to the target on $dev" \
 		nvme connect -t rdma -a $ADDR -s 4420 -n $NQN
 	if wait_for 20 nvme_device; then
 		blk=/dev/$(nvme_device)
 		wait_for 10 test -b "$blk"
-		check_output "$type: the namespace appears as $blk, ${SIZE_MB} MiB" "^$((SIZE_MB * 1024 * 1024))\$" \
+		check_output "$name: the namespace appears as $blk, ${SIZE_MB} MiB" "^$((SIZE_MB * 1024 * 1024))\$" \
 			blockdev --getsize64 "$blk"
 		# Writes, then reads back and checks every block (crc32c), queue depth 16, 4 KiB to
 		# 128 KiB blocks: many REG_MRs and invalidations in flight at once.
-		fio_out="$TAP_DIR/fio-$type.log"
-		check "$type: fio writes ${SIZE_MB} MiB and verifies them (crc32c)" \
+		fio_out="$TAP_DIR/fio-${name//[^a-z0-9]/_}.log"
+		check "$name: fio writes ${SIZE_MB} MiB and verifies them (crc32c)" \
 			fio --name=ulp --filename="$blk" --direct=1 --ioengine=libaio --iodepth=16 \
 			--rw=randwrite --bsrange=4k-128k --size=${SIZE_MB}M --verify=crc32c \
 			--do_verify=1 --verify_fatal=1 --output="$fio_out"
-		sed -n 's/^ *\(WRITE\|READ\): bw=\([^ ]*\).*/# '"$type"': \1 \2/p' "$fio_out"
+		sed -n 's/^ *\(WRITE\|READ\): bw=\([^ ]*\).*/# '"$name"': \1 \2/p' "$fio_out"
 		# Data written through the block device is the target's file's.
-		check "$type: dd pattern through nvme reads back from the target's file" bash -c "
+		check "$name: dd pattern through nvme reads back from the target's file" bash -c "
 			head -c 1048576 /dev/urandom >/tmp/ulp-pattern &&
 			dd if=/tmp/ulp-pattern of=$blk bs=1M count=1 seek=3 oflag=direct status=none &&
 			dd if=$blk of=/tmp/ulp-nvme bs=1M count=1 skip=3 iflag=direct status=none &&
@@ -81,19 +83,30 @@ run_over() {
 			cmp /tmp/ulp-pattern /tmp/ulp-nvme && cmp /tmp/ulp-pattern /tmp/ulp-file"
 		# rdma_cm made them for the kernel (comm [rdma_cm]): the host's and the target's of the
 		# admin queue and each I/O queue, connected to each other.
-		check "$type: rdma resource shows the kernel's RC QPs on $dev, in RTS, in pairs" bash -c "
+		check "$name: rdma resource shows the kernel's RC QPs on $dev, in RTS, in pairs" bash -c "
 			n=\$($RDMA resource show qp link $dev/1 | grep -c 'type RC state RTS .*comm \[rdma_cm\]')
 			echo \"\$n RC QPs\"; [ \$n -ge 4 ] && [ \$((n % 2)) = 0 ]"
 	else
-		_tap 1 "$type: the namespace appears as a block device"
+		_tap 1 "$name: the namespace appears as a block device"
 	fi
-	check "$type: nvme disconnect" nvme disconnect -n $NQN
+	check "$name: nvme disconnect" nvme disconnect -n $NQN
 	rm $CFG/ports/1/subsystems/$NQN
-	check "$type: rdma link delete $dev" $RDMA link delete "$dev"
+	check "$name: rdma link delete $dev" $RDMA link delete "$dev"
 }
 
 run_over metaroce mrk0
 run_over rxe rxek0
+
+# The same through loss and reordering: the device's traffic to its own address goes through
+# lo, where a netem for MetaRoCE's port (4793) drops 1% and reorders, both directions.
+tc qdisc add dev lo root handle 1: prio
+tc qdisc add dev lo parent 1:3 handle 30: netem loss 1% delay 1ms reorder 75% 50%
+tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff \
+	match ip dport 4793 0xffff flowid 1:3
+run_over metaroce mrk0 "metaroce at 1% loss with reordering"
+check_output "the netem on lo dropped MetaRoCE packets meanwhile" 'dropped [1-9]' \
+	sh -c "tc -s qdisc show dev lo | grep -A1 'netem 30:'"
+tc qdisc del dev lo root
 
 # NFSv4 over RDMA: nfsd exports a tmpfs (NFSv4 only: no rpcbind, mountd for the export cache)
 # and listens for RDMA on port 20049; the client mounts it over the device, writes a file, and
