@@ -12,8 +12,9 @@ use crate::gsi::{GsiQp, PostError, GSI_MAX_SGE, GSI_MAX_WR, GSI_QPN};
 use crate::sys::ops::{MrRequest, QpInit, QpMade, QpQuery, SrqAttr, VerbsOps};
 use crate::sys::udata::Udata;
 use crate::sys::{
-    ring::UserRing, CqNotifier, DeviceCtx, KernelMemory, KernelRcRecvs, KernelRcSends, KernelRecvs,
-    KernelSends, QpEvents, SrqEvents, KERNEL_LKEY,
+    ring::{RingEntry, UserRing},
+    CqNotifier, DeviceCtx, KernelMemory, KernelRcRecvs, KernelRcSends, KernelRecvs, KernelSends,
+    QpEvents, SrqEvents, KERNEL_LKEY,
 };
 use crate::verbs::{
     limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelQp, KernelWc, Mr, MrMemory, Mw,
@@ -560,23 +561,7 @@ impl VerbsOps for MetaRoceOps {
         if qp.kernel.is_none() {
             return Err(EOPNOTSUPP);
         }
-        let mut result = Ok(());
-        let mut posted = false;
-        {
-            let _serial = qp.post.lock();
-            for wr in wrs {
-                match wr
-                    .map_err(post_error)
-                    .and_then(|w| qp.queues.sq.produce(&w))
-                {
-                    Ok(()) => posted = true,
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
+        let (posted, result) = produce_all(qp, &qp.queues.sq, wrs);
         if posted {
             if let Some(engine) = dev.engine {
                 engine.kernel_doorbell(qp);
@@ -598,16 +583,7 @@ impl VerbsOps for MetaRoceOps {
         let (Some(rq), Some(_)) = (qp.queues.rq.as_ref(), qp.kernel) else {
             return Err(EOPNOTSUPP);
         };
-        let mut result = Ok(());
-        {
-            let _serial = qp.post.lock();
-            for wr in wrs {
-                if let Err(e) = wr.map_err(post_error).and_then(|w| rq.produce(&w)) {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
+        let (_, result) = produce_all(qp, rq, wrs);
         // A QP in the error state completes them at once, flushed (`ib_drain_rq` waits for
         // that); the doorbell does it.
         if let Some(engine) = dev.engine {
@@ -694,6 +670,25 @@ fn create_user_qp(
         qpn,
         caps: cap,
     })
+}
+
+/// Puts each of a kernel consumer's work requests `wrs` into `ring` of `qp`, in order, under the
+/// QP's post lock (consumers post from any context, several at once); stops at the first that
+/// does not decode or fit. Returns whether any went in, and that error.
+fn produce_all<W: RingEntry>(
+    qp: &Qp,
+    ring: &UserRing<W>,
+    wrs: impl Iterator<Item = core::result::Result<W, PostError>>,
+) -> (bool, Result) {
+    let _serial = qp.post.lock();
+    let mut posted = false;
+    for wr in wrs {
+        if let Err(e) = wr.map_err(post_error).and_then(|w| ring.produce(&w)) {
+            return (posted, Err(e));
+        }
+        posted = true;
+    }
+    (posted, Ok(()))
 }
 
 /// A kernel consumer's RC QP: the same engine as a user's, its rings in kernel memory that

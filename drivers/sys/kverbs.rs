@@ -350,7 +350,8 @@ unsafe fn rc_send(wr: &bindings::ib_send_wr) -> core::result::Result<SendWqe, Po
                 return Err(PostError::Invalid);
             }
             // SAFETY: a live MR of ours (the consumer registers it on our QP).
-            let (lkey, iova, length) = unsafe { ((*reg.mr).lkey, (*reg.mr).iova, (*reg.mr).length) };
+            let (lkey, iova, length) =
+                unsafe { ((*reg.mr).lkey, (*reg.mr).iova, (*reg.mr).length) };
             // The key keeps the MR's index (`ib_update_fast_reg_key` changes its low byte);
             // the data path finds the MR by it and checks its PD against the QP's.
             if reg.key >> 8 != lkey >> 8 {
