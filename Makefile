@@ -50,7 +50,7 @@ image: setup
 # provider as `make -C rdma-core-provider install` lays it out (libmetaroce.so.1, the plugin
 # symlink libibverbs/libmetaroce-rdmav34.so -> ../libmetaroce.so.1, metaroce_dv.h,
 # metaroce.driver), the direct verbs' test programs built on the host, the plane CLI, and
-# rdma-core's own tests/ (for selftests/conformance/rdma-core.sh). The copy to the guest's share
+# rdma-core's own tests/ (for selftests/tests/rdma-core.sh). The copy to the guest's share
 # dereferences symlinks, so rootfs.symlinks lists them for guest-init.sh.
 payload: module provider
 	@rm -rf $(GUEST) && mkdir -p $(GUEST)

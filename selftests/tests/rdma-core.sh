@@ -5,8 +5,7 @@
 # veth with IPv4 and IPv6 addresses, as a user would run it (`--dev`, the suite's own choice of
 # port and GID: the first, the IPv6 link-local one). Fails when metaroce passes fewer tests than
 # rxe or any test fails or errors on metaroce; prints both counts and what differs.
-# Not in `make check` until it passes (issue 16); run it with
-#   make vm CMD='bash /opt/metaroce/selftests/run.sh /opt/metaroce/selftests/conformance/rdma-core.sh'
+# Part of `make check`; alone: make vm CMD='bash /opt/metaroce/selftests/run.sh rdma-core'.
 # RDMA_CORE_MODULES (test_qp,test_mr,...: commas or spaces) limits it to some modules.
 source "$(dirname "$0")/../lib.sh"
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
