@@ -1605,11 +1605,7 @@ impl Engine {
         match (w.op, w.bind, w.reg) {
             (SendOp::BindMw, Some(b), _) => verbs.bind_mw(qp.pd, qp.qpn, &b).is_ok(),
             (SendOp::RegMr, _, Some(r)) => verbs.reg_fast(qp.pd, &r).is_ok(),
-            // A local invalidate: of a window, or of a kernel consumer's fast registration.
-            (SendOp::LocalInv, _, _) if w.rkey & verbs::MW_KEY_BIT == 0 => {
-                verbs.invalidate_fast(qp.pd, w.rkey).is_ok()
-            }
-            (SendOp::LocalInv, _, _) => verbs.invalidate_mw(qp.pd, w.rkey).is_ok(),
+            (SendOp::LocalInv, _, _) => verbs.invalidate(qp.pd, w.rkey),
             _ => false,
         }
     }
@@ -2095,15 +2091,11 @@ impl Memory for Mem<'_> {
     /// consumer's fast registration MR (`frwr.rs`).
     fn invalidate(&mut self, qp: u32, rkey: u32) -> Result<(), AccessError> {
         let pd = self.rights(qp)?.pd;
-        if rkey & verbs::MW_KEY_BIT == 0 {
-            return self
-                .verbs
-                .invalidate_fast(pd, rkey)
-                .map_err(|_| AccessError::Key);
+        if self.verbs.invalidate(pd, rkey) {
+            Ok(())
+        } else {
+            Err(AccessError::Key)
         }
-        self.verbs
-            .invalidate_mw(pd, rkey)
-            .map_err(|_| AccessError::Key)
     }
 
     fn shared_recv(&mut self, qp: u32) -> Option<stream::RecvWqe> {

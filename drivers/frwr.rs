@@ -13,7 +13,7 @@
 
 use crate::{
     sys::KernelMemory,
-    verbs::{Mr, MrError, MrMemory, Verbs},
+    verbs::{Mr, MrError, MrMemory, Verbs, MW_KEY_BIT},
     verbs_core::frwr::{self, FrwrError, FrwrState, Registration, Staged},
     verbs_core::wqe::RegRequest,
 };
@@ -218,9 +218,20 @@ impl Verbs {
         Ok(())
     }
 
+    /// A local invalidate or a peer's SEND with invalidate of `key` for a QP of protection
+    /// domain `pd`: of a memory window (`mw.rs`) or of a kernel consumer's fast registration
+    /// MR, as the key says. Whether it took place (a refused one changes nothing).
+    pub(crate) fn invalidate(&self, pd: usize, key: u32) -> bool {
+        if key & MW_KEY_BIT != 0 {
+            self.invalidate_mw(pd, key).is_ok()
+        } else {
+            self.invalidate_fast(pd, key).is_ok()
+        }
+    }
+
     /// Invalidates the fast registration MR `key` names for a QP of protection domain `pd`
     /// (a `LOCAL_INV`, or a peer's SEND with invalidate).
-    pub(crate) fn invalidate_fast(&self, pd: usize, key: u32) -> Result<(), FrwrError> {
+    fn invalidate_fast(&self, pd: usize, key: u32) -> Result<(), FrwrError> {
         self.mrs
             .lock()
             .with(key, |mr| match &mr.mem {
