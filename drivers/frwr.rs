@@ -124,10 +124,10 @@ impl FastReg {
         Ok(())
     }
 
-    /// Whether `key` names it now and `pd` (if given) is its protection domain.
-    pub(crate) fn owns(&self, key: u32, pd: Option<usize>) -> bool {
-        let i = self.inner.lock();
-        i.state.key == key && pd.is_none_or(|pd| i.state.pd == pd)
+    /// Whether `key` names it now (its protection domain is its `Mr`'s, which `with_mr`
+    /// checks).
+    pub(crate) fn owns(&self, key: u32) -> bool {
+        self.key() == key
     }
 
     /// `f` applied to each piece of the `len` bytes at `va` (an access needing `needed`),

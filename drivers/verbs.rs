@@ -95,7 +95,7 @@ impl Mr {
     pub(crate) fn has_key(&self, key: u32) -> bool {
         match &self.mem {
             MrMemory::User(_) => self.key == key,
-            MrMemory::Fast(f) => f.owns(key, None),
+            MrMemory::Fast(f) => f.owns(key),
         }
     }
 
