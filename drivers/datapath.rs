@@ -53,7 +53,9 @@ use crate::{
     },
     transport::{
         congestion::RateAllocator,
-        connection::{path::Path, Config, Connection, Event, RecvError, StreamSlots, Transmit},
+        connection::{
+            path::Path, Arrival, Config, Connection, Event, RecvError, StreamSlots, Transmit,
+        },
         memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge},
         stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
         wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
@@ -225,7 +227,7 @@ const RX_MARK: usize = 384;
 /// A queued datagram.
 struct RxItem {
     src: NodeAddr,
-    ce: bool,
+    arrival: Arrival,
     buf: RxBuf,
 }
 
@@ -628,7 +630,13 @@ impl Engine {
     /// (bulk traffic, `rx_spread`) the queue goes to another CPU's receive thread instead,
     /// so that this CPU, which is sending them (a veth delivers in the sender's context),
     /// keeps sending while that one receives.
-    pub(crate) fn receive(self: &Arc<Self>, src: NodeAddr, ce: bool, more: bool, buf: RxBuf) {
+    pub(crate) fn receive(
+        self: &Arc<Self>,
+        src: NodeAddr,
+        arrival: Arrival,
+        more: bool,
+        buf: RxBuf,
+    ) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
         // A long one marks it Congestion Experienced, as a switch queue past its ECN threshold
         // would: the senders' windows shrink before our queue adds delay that fires their
@@ -637,8 +645,11 @@ impl Engine {
         let (pushed, first) = {
             let mut q = self.rxq.lock();
             let first = q.len() == 0;
-            let ce = ce || q.len() >= RX_MARK;
-            (q.push(RxItem { src, ce, buf }), first)
+            let arrival = Arrival {
+                ecn_ce: arrival.ecn_ce || q.len() >= RX_MARK,
+                ..arrival
+            };
+            (q.push(RxItem { src, arrival, buf }), first)
         };
         if pushed.is_err() {
             self.counters.inc(Counter::RxNoMem);
@@ -1679,7 +1690,7 @@ impl Engine {
                     }
                 }
             }
-            match conn.handle_packet(now, data, item.ce, &mut mem) {
+            match conn.handle_packet(now, data, item.arrival, &mut mem) {
                 Ok(()) => {}
                 Err(RecvError::DeviceLevel) => {
                     // A peer made again proved its new connection to this one, which it now

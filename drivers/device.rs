@@ -5,6 +5,7 @@
 //! Everything here is safe code working on plain data; `sys::ibdev` calls it from the ops the
 //! RDMA core invokes.
 
+use crate::transport::connection::Arrival;
 use crate::transport::wire::{Flags, BASE_HEADER_LEN};
 use crate::{
     counters::{Counter, Counters},
@@ -131,12 +132,12 @@ impl RxHandler for DeviceRx {
             self.counters.inc(Counter::RxMalformed);
             return;
         }
-        self.engine.receive(
-            NodeAddr::from_ip(pkt.src),
-            pkt.ecn_ce,
-            pkt.more,
-            pkt.payload,
-        );
+        let arrival = Arrival {
+            ecn_ce: pkt.ecn_ce,
+            src_port: pkt.src_port,
+        };
+        self.engine
+            .receive(NodeAddr::from_ip(pkt.src), arrival, pkt.more, pkt.payload);
     }
 
     fn dropped(&self, why: RxDrop) {

@@ -163,7 +163,6 @@ impl core::fmt::Display for NodeAddr {
 
 /// One received MetaRoCE datagram: its addresses and its UDP payload, which it owns (in the
 /// buffer the stack received it in, freed when the packet is dropped).
-#[allow(dead_code)] // `dst` and `src_port` are for the multi-plane data path.
 pub(crate) struct RxPacket {
     /// The sender's address (IP source).
     pub(crate) src: IpAddr,

@@ -56,7 +56,7 @@ fn core_cost_per_datagram() {
         now += 1_000;
         for (to, b) in bufs.drain(..) {
             datagrams += 1;
-            let _ = ep[to].handle_packet(now, &b, false, &mut mem[to]);
+            let _ = ep[to].handle_packet(now, &b, Arrival::default(), &mut mem[to]);
         }
         for c in ep.iter_mut() {
             if c.poll_timeout().is_some_and(|d| d <= now) {

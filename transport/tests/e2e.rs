@@ -447,7 +447,7 @@ fn zeroed_connection_is_inert_until_reset_and_sizes() {
     assert!(c.poll_transmit(0, &mut buf, &mut mem).is_none());
     assert!(c.poll_event().is_none());
     c.handle_timeout(1_000_000);
-    let _ = c.handle_packet(0, &[1, 0, 0, 0], false, &mut mem);
+    let _ = c.handle_packet(0, &[1, 0, 0, 0], Arrival::default(), &mut mem);
     eprintln!(
         "size_of Connection<{PATHS}, SimSlots> = {} bytes; Path = {}; Stream = {}",
         std::mem::size_of::<Conn>(),
@@ -595,7 +595,7 @@ fn two_hundred_fifty_six_paths() {
         let (due, rest): (Vec<_>, Vec<_>) = queue.into_iter().partition(|q| q.0 <= now);
         queue = rest;
         for (_, to, bytes) in due {
-            let _ = ep[to].handle_packet(now, &bytes, false, &mut mem[to]);
+            let _ = ep[to].handle_packet(now, &bytes, Arrival::default(), &mut mem[to]);
         }
         for c in ep.iter_mut() {
             if c.poll_timeout().is_some_and(|d| d <= now) {
@@ -1093,7 +1093,8 @@ fn a_forged_packet_far_beyond_the_window_is_dropped_and_counted() {
     for p in &packets {
         let ep = &mut sim.ep[1];
         assert_eq!(
-            ep.conn.handle_packet(now, p, false, &mut ep.mem),
+            ep.conn
+                .handle_packet(now, p, Arrival::default(), &mut ep.mem),
             Err(RecvError::OutOfWindow)
         );
     }

@@ -362,6 +362,39 @@ fn cut_link_then_plane_completes_and_recovers_within_three_rtos() {
     }
 }
 
+/// 1 plane of 4 links of 1 Gbit/s, link 1 cut at 1 ms for good, 16 paths: the ACKs lost
+/// on the cut link and all the ACKs the receiver sent.
+fn acks_across_a_cut(seed: u64) -> (u64, u64) {
+    let mut f = EcmpFabric::uniform(1, 4, 5_000, 1_000);
+    for l in f.links.iter_mut() {
+        l.ecn_queue_ns = 30_000;
+    }
+    f.link_mut(0, 1).cut = Some((1_000_000, u64::MAX));
+    let mut sim = Sim::with_fabric(f, nic(), 16, seed, |_| {});
+    run(&mut sim, &writes(240, 16384));
+    (sim.net.cut_acks, sim.ep[1].conn.stats().acks_out)
+}
+
+/// An ACK goes back with the source port of the data it answers, so the data's sender picks
+/// both routes of a path: its paths that move off a dead link after a timeout take their ACKs
+/// with them. (The fabric's hash ignores direction, as Linux's multipath hash does in the
+/// guest suite's leaf and spine fabric.) With the receiver's own source ports, those hashed
+/// onto the cut link would lose every ACK sent on them for the rest of the run, which the
+/// sender takes for losses on its healthy paths.
+#[test]
+fn acks_follow_their_paths_off_a_cut_link() {
+    for seed in 1..=12 {
+        let (lost, sent) = acks_across_a_cut(seed);
+        eprintln!("seed {seed}: {lost} of {sent} ACKs lost on the cut link");
+        // Those on their way when the link was cut, and those of paths still on it: a path
+        // stays a candidate for ACKs for a minimum RTO after its last arrival.
+        assert!(
+            lost * 50 <= sent,
+            "{lost} of {sent} ACKs lost on the cut link"
+        );
+    }
+}
+
 // ------------------------------------------------------------------------- lossy path
 
 /// Drops 5% of the packets (both directions) whose path id is `path`, deterministically.

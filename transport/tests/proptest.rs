@@ -233,7 +233,7 @@ mod hostile {
                 for i in 0..2 {
                     let now = sim.now;
                     let ep = &mut sim.ep[i];
-                    let _ = ep.conn.handle_packet(now, p, true, &mut ep.mem);
+                    let _ = ep.conn.handle_packet(now, p, Arrival { ecn_ce: true, src_port: 0 }, &mut ep.mem);
                     while ep.conn.poll_transmit(now, &mut buf, &mut ep.mem).is_some() {}
                     while ep.conn.poll_event().is_some() {}
                     ep.conn.handle_timeout(now + 10_000_000);
@@ -242,7 +242,7 @@ mod hostile {
                 let mut q = p.clone();
                 q.truncate(p.len() / 2);
                 let now = sim.now;
-                let _ = sim.ep[1].conn.handle_packet(now, &q, false, &mut sim.ep[1].mem);
+                let _ = sim.ep[1].conn.handle_packet(now, &q, Arrival::default(), &mut sim.ep[1].mem);
             }
             // Time still moves and timers still fire without panicking.
             sim.run_until(sim.now + 20_000_000, |_| false);

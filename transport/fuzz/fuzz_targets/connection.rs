@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use metaroce_transport::connection::{Config, Connection};
+use metaroce_transport::connection::{Arrival, Config, Connection};
 use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
 use metaroce_transport::stream::{RecvWqe, SendWqe, StreamConfig, WrOpcode};
 
@@ -147,7 +147,15 @@ fuzz_target!(|data: &[u8]| {
         let pkt = &rest[3..3 + len];
         rest = &rest[3 + len..];
         now += u64::from(kind & 0x3f) * 7_919;
-        let _ = c.handle_packet(now, pkt, kind & 0x40 != 0, &mut mem);
+        let _ = c.handle_packet(
+            now,
+            pkt,
+            Arrival {
+                ecn_ce: kind & 0x40 != 0,
+                src_port: 0xc000 | u16::from(kind),
+            },
+            &mut mem,
+        );
         if kind & 0x80 != 0 {
             c.handle_timeout(now);
         }

@@ -146,6 +146,16 @@ pub enum ConfigError {
 /// Smallest RTO and completion timeout accepted, in ns.
 pub const MIN_TIMEOUT: u64 = 1_000;
 
+/// What the network layer knows of an arriving datagram besides its bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Arrival {
+    /// The IP header was CE-marked.
+    pub ecn_ce: bool,
+    /// The UDP source port: the sender's entropy for the packet's path. The ACKs and NAKs
+    /// that travel on that path go back with it (`docs/wire-format.md`, "Encapsulation").
+    pub src_port: u16,
+}
+
 /// Why an arriving datagram was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecvError {
@@ -852,12 +862,12 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
 
     // ---------------------------------------------------------------- receiving
 
-    /// Processes one arriving datagram. `ecn_ce`: the IP header was CE-marked.
+    /// Processes one arriving datagram.
     pub fn handle_packet(
         &mut self,
         now: u64,
         data: &[u8],
-        ecn_ce: bool,
+        arrival: Arrival,
         mem: &mut impl Memory,
     ) -> Result<(), RecvError> {
         self.stats.packets_in += 1;
@@ -948,7 +958,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 Ok(())
             }
             Ext::Hello(_) | Ext::Datagram(_) => Err(RecvError::DeviceLevel),
-            _ => self.handle_sequenced(now, &view, data.len(), ecn_ce, mem),
+            _ => self.handle_sequenced(now, &view, data.len(), arrival, mem),
         }
     }
 
@@ -957,10 +967,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         now: u64,
         view: &super::wire::PacketView<'_>,
         len: usize,
-        ecn_ce: bool,
+        arrival: Arrival,
         mem: &mut impl Memory,
     ) -> Result<(), RecvError> {
         let b = view.header.base;
+        let ecn_ce = arrival.ecn_ce;
         let pi = usize::from(b.path_id);
         if pi >= self.num_paths {
             self.stats.dropped_in += 1;
@@ -988,7 +999,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 // the sender does not resend it as lost, and NAK requests so it fails fast.
                 self.stats.dropped_in += 1;
                 if let Some(p) = self.paths.as_mut().get_mut(pi) {
-                    p.on_receive(now, b.psn, b.timestamp, ecn_ce);
+                    p.on_receive(now, b.psn, b.timestamp, arrival);
                 }
                 self.ack_now = true;
                 if !matches!(
@@ -1117,7 +1128,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             return Ok(());
         }
         if let Some(p) = self.paths.as_mut().get_mut(pi) {
-            p.on_receive(now, b.psn, b.timestamp, ecn_ce);
+            p.on_receive(now, b.psn, b.timestamp, arrival);
         }
         // Inbound data makes the peer one of the device's active senders.
         if !matches!(view.header.ext, Ext::Probe) {
@@ -1578,6 +1589,20 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         })
     }
 
+    /// As [`Connection::transmit`], for an ACK or NAK on control path `path`: it goes out
+    /// with the source port the peer's latest packet on that path came with
+    /// ([`Path::reply_port`]), so that the peer's entropy picks both routes of the path's
+    /// round trip. A path whose ACKs die on their way back times out at the peer, which
+    /// gives it a new source port: that moves its ACKs too. (With our own port, an ACK route
+    /// that crosses a dead link stays dead: nothing we send on it is ever acknowledged.)
+    fn reply(&mut self, path: usize, len: usize) -> Option<Transmit> {
+        let mut t = self.transmit(path, len, false)?;
+        if let Some(p) = self.paths.as_ref().get(path) {
+            t.src_port = p.reply_port();
+        }
+        Some(t)
+    }
+
     /// A path for control packets (ACK, NAK): round-robin over Active paths, else any.
     ///
     /// Preferred: Active paths that received a packet lately (within the minimum RTO of the
@@ -1766,7 +1791,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.ack_at = now.saturating_add(self.cfg.path.min_rto.max(self.cfg.path.ack_delay));
         self.unacked = 0;
         self.stats.acks_out += 1;
-        self.transmit(cp, len, false)
+        self.reply(cp, len)
     }
 
     fn emit_nak(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
@@ -1794,7 +1819,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         if let Some(c) = self.stats.naks_out_by_code.get_mut(code as usize) {
             *c += 1;
         }
-        self.transmit(cp, len, false)
+        self.reply(cp, len)
     }
 
     /// The base header of a control packet (ACK, NAK, probe) on path `path`.

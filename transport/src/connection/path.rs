@@ -22,6 +22,7 @@ use super::super::zero::{zero_valid, ZeroValid};
 use super::retransmit::{AckSummary, InFlight, ItemKind, Outcome, SentItem};
 use super::rtt::RttEstimator;
 use super::sack::PsnWindow;
+use super::Arrival;
 
 /// Path health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +192,9 @@ pub struct Path {
     pub last_rx: u64,
     /// Receive side: timestamp of the latest new packet (echoed in ACKs).
     pub last_ts: u32,
+    /// Receive side: the UDP source port of the latest packet that arrived on this path (0:
+    /// none yet), the peer's entropy for it ([`Path::reply_port`]).
+    peer_sport: u16,
     /// Receive side: CE marks since the last ACK.
     pub ecn_ce: u16,
     /// Counters.
@@ -200,7 +204,7 @@ zero_valid!(struct Path {
     id, plane, sport, state, inflight, cc, cc_initial, rtt, ack_delay, fail_after, timer_start,
     probe_armed, probe_at, backoff, consecutive_rtos, need_probe, limit_probe, limit_probe_psn,
     limit_probe_ts, loss_rate, ecn_rate, news_at, rtt_at, health, probation, credit, pick_weight,
-    recv, recv_pending, ack_repeats, last_rx, last_ts, ecn_ce, stats,
+    recv, recv_pending, ack_repeats, last_rx, last_ts, peer_sport, ecn_ce, stats,
 });
 
 impl Path {
@@ -239,6 +243,7 @@ impl Path {
             ack_repeats: 0,
             last_rx: 0,
             last_ts: 0,
+            peer_sport: 0,
             ecn_ce: 0,
             stats: PathStats::default(),
         }
@@ -279,6 +284,7 @@ impl Path {
         self.ack_repeats = 0;
         self.last_rx = 0;
         self.last_ts = 0;
+        self.peer_sport = 0;
         self.ecn_ce = 0;
         self.stats = PathStats::default();
     }
@@ -638,12 +644,17 @@ impl Path {
 
     /// Receive side: a sequenced packet arrived on this path (its PSN passed
     /// [`Path::check_window`]; one out of the window changes nothing here either).
-    pub fn on_receive(&mut self, now: u64, psn: u32, ts: u32, ecn_ce: bool) -> bool {
+    pub fn on_receive(&mut self, now: u64, psn: u32, ts: u32, arrival: Arrival) -> bool {
         let recorded = self.recv.record(psn);
         if recorded == super::sack::Recorded::OutOfWindow {
             return false;
         }
         self.last_rx = now;
+        // A duplicate too: a probe that repeats a PSN may come on the path's new route.
+        if arrival.src_port != 0 {
+            self.peer_sport = arrival.src_port;
+        }
+        let ecn_ce = arrival.ecn_ce;
         let new = recorded == super::sack::Recorded::New;
         if new {
             self.stats.received += 1;
@@ -659,6 +670,17 @@ impl Path {
         }
         self.recv_pending = true;
         new
+    }
+
+    /// The UDP source port for the ACKs and NAKs this path carries: the peer's latest
+    /// entropy for the path, so that they take the route the peer chose for the path's way
+    /// back; our own port until the peer sent on the path.
+    pub fn reply_port(&self) -> u16 {
+        if self.peer_sport != 0 {
+            self.peer_sport
+        } else {
+            self.sport
+        }
     }
 
     /// The ACK entry for this path; clears the pending state. The next [`ACK_REPEATS`] ACKs

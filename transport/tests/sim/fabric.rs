@@ -8,7 +8,7 @@
 //! memory is not modelled (`NullMemory`: data integrity is the other tests' business).
 //! Deterministic: no randomness at all besides the connections' seeded source ports.
 
-use super::{Conn, PATHS};
+use super::{Arrival, Conn, PATHS};
 use metaroce_transport::congestion::{CcConfig, RateAllocator, PACKET_OVERHEAD};
 use metaroce_transport::connection::{Config, Event, Transmit};
 use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
@@ -129,6 +129,7 @@ struct Pkt {
     to: usize,
     ce: bool,
     ecn_capable: bool,
+    src_port: u16,
     bytes: Vec<u8>,
 }
 
@@ -316,6 +317,7 @@ impl Fabric {
             to,
             ce: false,
             ecn_capable: t.ecn_capable,
+            src_port: t.src_port,
             bytes,
         };
         self.push(at, Ev::AtSwitch(pkt));
@@ -402,7 +404,15 @@ impl Fabric {
                     };
                     let now = self.now;
                     let e = &mut self.ends[i];
-                    let _ = e.conn.handle_packet(now, &p.bytes, p.ce, &mut self.mem);
+                    let _ = e.conn.handle_packet(
+                        now,
+                        &p.bytes,
+                        Arrival {
+                            ecn_ce: p.ce,
+                            src_port: p.src_port,
+                        },
+                        &mut self.mem,
+                    );
                     self.service(i);
                 }
                 Ev::Timer(i, d) => {

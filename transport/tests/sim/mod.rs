@@ -18,11 +18,13 @@
 
 pub mod fabric;
 
+pub use metaroce_transport::connection::Arrival;
 use metaroce_transport::connection::{Config, Connection, Event, StreamSlots, Transmit};
 use metaroce_transport::memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge};
 use metaroce_transport::stream::{
     CqStatus, Cqe, RecvWqe, SendWqe, Stream, StreamConfig, StreamId, WrOpcode,
 };
+use metaroce_transport::wire::Opcode;
 use metaroce_transport::zero::ZeroValid;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -517,6 +519,8 @@ pub struct NetStats {
     pub link_packets: Vec<u64>,
     /// ECMP fabric: packets dropped because their link was cut.
     pub cut_drops: u64,
+    /// ECMP fabric: ACKs among `cut_drops`.
+    pub cut_acks: u64,
     /// ECMP fabric: packets dropped at a full link queue (`EcmpLink::queue_limit_ns`).
     pub queue_drops: u64,
 }
@@ -527,6 +531,7 @@ struct InFlight {
     seq: u64,
     to: usize,
     path: u16,
+    src_port: u16,
     ce: bool,
     bytes: Vec<u8>,
 }
@@ -660,8 +665,9 @@ impl Sim {
         from: usize,
         t: &Transmit,
         depart: u64,
-        len: usize,
+        bytes: &[u8],
     ) -> Option<(u64, bool)> {
+        let len = bytes.len();
         let fab = self.fabric.as_ref()?;
         let ser = (len as u64 + 50) * 8 * 1_000 / self.link.rate_bits_per_us.max(1);
         let nic_queued = depart.saturating_sub(ser).saturating_sub(self.now);
@@ -671,6 +677,9 @@ impl Sim {
         self.net.link_packets[l] += 1;
         if link.is_cut(self.now) {
             self.net.cut_drops += 1;
+            if bytes.get(1) == Some(&(Opcode::Ack as u8)) {
+                self.net.cut_acks += 1;
+            }
             return None;
         }
         if self.rng.chance(link.loss_ppm) {
@@ -715,7 +724,7 @@ impl Sim {
         let depart = self.now.max(self.link_free[from]) + ser;
         self.link_free[from] = depart;
         if self.fabric.is_some() {
-            let Some((at, ce)) = self.fabric_hop(from, &t, depart, bytes.len()) else {
+            let Some((at, ce)) = self.fabric_hop(from, &t, depart, &bytes) else {
                 self.net.dropped += 1;
                 return;
             };
@@ -725,6 +734,7 @@ impl Sim {
                 seq: self.seq,
                 to,
                 path: t.path,
+                src_port: t.src_port,
                 ce,
                 bytes,
             }));
@@ -758,6 +768,7 @@ impl Sim {
                 seq: self.seq,
                 to,
                 path: t.path,
+                src_port: t.src_port,
                 ce,
                 bytes: bytes.clone(),
             }));
@@ -808,7 +819,15 @@ impl Sim {
             self.net.bytes_delivered += p.bytes.len() as u64;
             let now = self.now;
             let ep = &mut self.ep[p.to];
-            let _ = ep.conn.handle_packet(now, &p.bytes, p.ce, &mut ep.mem);
+            let _ = ep.conn.handle_packet(
+                now,
+                &p.bytes,
+                Arrival {
+                    ecn_ce: p.ce,
+                    src_port: p.src_port,
+                },
+                &mut ep.mem,
+            );
         }
         for ep in &mut self.ep {
             if ep.conn.poll_timeout().is_some_and(|d| d <= self.now) {
