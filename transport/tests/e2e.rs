@@ -139,6 +139,98 @@ fn atomics_return_original_values() {
         .all(|c| c.status == CqStatus::Success && c.byte_len == 8));
 }
 
+/// SEND_WITH_INV invalidates its rkey as its message completes, after every earlier message
+/// (placed out of order, perhaps through that rkey): over a lossy, reordering link a WRITE
+/// through the key lands whole, the SEND's receive completes with the key and `invalidated`,
+/// and a WRITE through the key posted once the SEND completed fails with a remote access
+/// error. (One posted right behind the SEND may land first: data is placed as it arrives, and
+/// the key to invalidate comes with the SEND's last packet; `docs/wire-format.md`.)
+#[test]
+fn send_with_invalidate_after_earlier_writes() {
+    for seed in [11, 12, 13] {
+        let mut sim = Sim::new(LinkConfig::clean().loss(300).reorder(30, 30_000), seed);
+        sim.ep[1].mem.add(5, 0x300000, 65536);
+        let data = pattern(3, 40_000);
+        sim.ep[0].mem.fill(1, A_BUF, &data);
+        recv(&mut sim, 70, B_BUF, 4096);
+        post(
+            &mut sim,
+            SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 40_000)).remote(0x300000, 5),
+        );
+        post(
+            &mut sim,
+            SendWqe::new(2, WrOpcode::SendWithInv, sge(1, A_BUF + 7, 100)).imm(5),
+        );
+        assert!(sim.run_until(100_000_000, |s| s.ep[0].send_cqes.len() == 2));
+        post(
+            &mut sim,
+            SendWqe::new(3, WrOpcode::RdmaWrite, sge(1, A_BUF, 10)).remote(0x300000, 5),
+        );
+        assert!(sim.run_until(200_000_000, |s| s.ep[0].send_cqes.len() == 3));
+        let got: Vec<_> = sim.ep[0]
+            .send_cqes
+            .iter()
+            .map(|c| (c.wr_id, c.status, c.opcode))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, CqStatus::Success, CqOpcode::RdmaWrite),
+                (2, CqStatus::Success, CqOpcode::Send),
+                (3, CqStatus::RemAccessErr, CqOpcode::RdmaWrite),
+            ],
+            "seed {seed}"
+        );
+        assert_eq!(sim.ep[1].mem.bytes(5, 0x300000, 40_000), &data[..]);
+        assert_eq!(sim.ep[1].mem.bytes(2, B_BUF, 100), &data[7..107]);
+        assert_eq!(sim.ep[1].mem.invalidated, vec![5], "invalidated once");
+        let r = sim.ep[1].recv_cqes[0];
+        assert_eq!(
+            (
+                r.wr_id,
+                r.status,
+                r.byte_len,
+                r.opcode,
+                r.imm,
+                r.invalidated
+            ),
+            (70, CqStatus::Success, 100, CqOpcode::Recv, Some(5), true)
+        );
+    }
+}
+
+/// A SEND_WITH_INV whose rkey the receiving QP may not invalidate (no such key, or another
+/// protection domain's) fails the message: the requester gets a remote invalid request, the
+/// responder's QP goes to error and the receive the message took flushes.
+#[test]
+fn send_with_invalidate_of_a_foreign_key_fails() {
+    for foreign in [99, 6] {
+        let mut sim = Sim::new(LinkConfig::clean(), 21);
+        sim.ep[1].mem.add(6, 0x300000, 4096);
+        sim.ep[1].mem.regions.get_mut(&6).unwrap().pd = 9;
+        recv(&mut sim, 70, B_BUF, 4096);
+        post(
+            &mut sim,
+            SendWqe::new(2, WrOpcode::SendWithInv, sge(1, A_BUF, 100)).imm(foreign),
+        );
+        assert!(sim.run_until(100_000_000, |s| !s.ep[0].send_cqes.is_empty()
+            && !s.ep[1].recv_cqes.is_empty()));
+        let c = sim.ep[0].send_cqes[0];
+        assert_eq!(
+            (c.wr_id, c.status),
+            (2, CqStatus::RemInvReqErr),
+            "key {foreign}"
+        );
+        let r = sim.ep[1].recv_cqes[0];
+        assert_eq!((r.wr_id, r.status), (70, CqStatus::WrFlushErr));
+        assert_eq!(
+            sim.ep[1].stream_errors,
+            vec![(sim.ep[1].stream, CqStatus::RemInvReqErr)]
+        );
+        assert!(sim.ep[1].mem.invalidated.is_empty());
+    }
+}
+
 /// A WRITE, then an ATOMIC WRITE of a flag behind it and a FLUSH of both, over a reordering,
 /// lossy link: the flag and the data arrive, the FLUSH completes after them, and a
 /// persistent FLUSH (no persistent memory here) fails with a remote access error.

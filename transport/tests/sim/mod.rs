@@ -170,6 +170,9 @@ pub struct SimMemory {
     pub qp_no_remote: std::collections::HashSet<u32>,
     /// FLUSHes carried out.
     pub flushes: u64,
+    /// Keys invalidated (SEND_WITH_INV), in order: they name nothing any more (their bytes
+    /// stay readable to the test).
+    pub invalidated: Vec<u32>,
 }
 
 impl SimMemory {
@@ -190,7 +193,7 @@ impl SimMemory {
     /// The region with key `key`, if QP `qp` may name it (same protection domain).
     fn region_for(&self, qp: u32, key: u32) -> Result<&Region, AccessError> {
         let r = self.regions.get(&key).ok_or(AccessError::Key)?;
-        if r.pd != self.qp_pd.get(&qp).copied().unwrap_or(0) {
+        if r.pd != self.qp_pd.get(&qp).copied().unwrap_or(0) || self.invalidated.contains(&key) {
             return Err(AccessError::Key);
         }
         Ok(r)
@@ -229,6 +232,13 @@ impl SimMemory {
 }
 
 impl Memory for SimMemory {
+    /// A key of the QP's protection domain names nothing any more, as a memory window's
+    /// does once invalidated.
+    fn invalidate(&mut self, qp: u32, rkey: u32) -> Result<(), AccessError> {
+        self.region_for(qp, rkey)?;
+        self.invalidated.push(rkey);
+        Ok(())
+    }
     fn read_local(
         &mut self,
         qp: u32,
