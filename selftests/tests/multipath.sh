@@ -255,10 +255,12 @@ share_light=$(echo $spine | awk -v k="$lightest" '{ for (i = 1; i <= NF; i++) s 
 # against the surviving capacity. A fixed amount of data, not a duration: a transfer that
 # stalls after the cut does not end on time and pass, it takes longer and shows it.
 cut_run() {
-	local what="$1" retx tmo rx0 t_cut t_last pre d post want
+	local what="$1" retx tmo rx0 t_cut t_last pre d post want acks_out acks_in lost
 	shift
 	retx=$(ctr retransmits)
 	tmo=$(ctr timeouts)
+	acks_out=$(ctr acks_sent "$CNT2")
+	acks_in=$(ctr acks_rcvd)
 	rx0=$(fab_stat h2 eth0 rx_bytes)
 	sample_start 80
 	bw_start ib_write_bw -s 65536 -n 600
@@ -286,6 +288,14 @@ cut_run() {
 	check "$what: throughput recovers to at least half the surviving capacity ($post Mbit/s in the last 2 s, ending $(plus "$t_last" "-$t_cut") s after the cut; want >= $want)" \
 		sh -c "awk -v a='$post' -v b='$want' 'BEGIN { exit !(a >= b) }' &&
 			awk -v a='$(plus "$t_last" "-$t_cut")' 'BEGIN { exit !(a >= 3) }'"
+	# ACKs go back with the source port of the data they answer, so they move off the cut
+	# with the paths that time out: only those on their way at the cut are lost. (With the
+	# receiver's own ports, all those hashed onto the cut would be lost, for good.)
+	acks_out=$(($(ctr acks_sent "$CNT2") - acks_out))
+	acks_in=$(($(ctr acks_rcvd) - acks_in))
+	lost=$((acks_out - acks_in))
+	check "$what: the ACKs come back ($lost of $acks_out lost; at most 2%)" \
+		test $((lost * 50)) -le "$acks_out"
 }
 
 # --- A spine link blackholed mid-run (a gray failure: routing keeps hashing into it).
