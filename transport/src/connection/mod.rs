@@ -350,6 +350,16 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     /// (`Config::path_burst`).
     burst_path: usize,
     burst_left: u8,
+    /// What the last full pick found (`Connection::spray`): the sum of the weights, the best
+    /// health, the planes it picked among, and when. While nothing changes the paths after
+    /// it (`run_fresh`; at the same time), a run's later packets go on without looking at the
+    /// other paths again (`run_rounds` of them so far), and are charged at the next full pick.
+    run_total: i32,
+    run_health: u16,
+    run_mask: u32,
+    run_now: u64,
+    run_fresh: bool,
+    run_rounds: u32,
     /// The last pick of `pick_path`, which `commit_path` charges.
     last_pick: Pick,
     /// The stream whose turn it is, and the data packets its turn has left
@@ -377,7 +387,8 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
 // The caller's storage must be `ZeroValid` too: `Paths<N>` and `[Stream; N]` are.
 zero_valid!(struct Connection<P: PathSlots, S: StreamSlots> {
     cfg, rng, num_paths, send_paths, sched, naks, nak_head, nak_len, ack_now, ack_armed, ack_at,
-    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, burst_path, burst_left, last_pick,
+    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, burst_path, burst_left, run_total,
+    run_health, run_mask, run_now, run_fresh, run_rounds, last_pick,
     turn_stream, turn_left, planes_up, stats, cc, rx_packets, rx_bytes, rx_marked, rx_slot, grant,
     paths, streams,
 });
@@ -436,6 +447,12 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             delivered_at: 0,
             burst_path: 0,
             burst_left: 0,
+            run_total: 0,
+            run_health: 0,
+            run_mask: 0,
+            run_now: 0,
+            run_fresh: false,
+            run_rounds: 0,
             last_pick: Pick::NONE,
             turn_stream: 0,
             turn_left: 0,
@@ -490,6 +507,12 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.delivered_at = 0;
         self.burst_path = 0;
         self.burst_left = 0;
+        self.run_total = 0;
+        self.run_health = 0;
+        self.run_mask = 0;
+        self.run_now = 0;
+        self.run_fresh = false;
+        self.run_rounds = 0;
         self.last_pick = Pick::NONE;
         self.turn_stream = 0;
         self.turn_left = 0;
@@ -549,6 +572,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// resent as new packets (the streams keep their messages; the responder deduplicates
     /// by placement), and streams whose QP the peer no longer has are answered with NAKs.
     pub fn restart_paths(&mut self, now: u64) {
+        self.paths_changed();
         let stall = self.cfg.stall_timeout;
         let path_cfg = self.cfg.path;
         let (paths, streams, sched) = (self.paths.as_mut(), &mut self.streams, &mut self.sched);
@@ -582,6 +606,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// shrinking leaves what is in flight on the paths given up to their timers, which
     /// recover it on the others (as a plane that goes down).
     pub fn set_send_paths(&mut self, n: usize) {
+        self.paths_changed();
         self.send_paths = n.clamp(1, self.num_paths.max(1));
         if self.rr_ack_path >= self.send_paths {
             self.rr_ack_path = 0;
@@ -870,6 +895,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         arrival: Arrival,
         mem: &mut impl Memory,
     ) -> Result<(), RecvError> {
+        self.paths_changed();
         self.stats.packets_in += 1;
         let view = match Packet::parse(data) {
             Ok(v) => v,
@@ -1211,6 +1237,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
+        self.paths_changed();
         if self.ack_deadline().is_some_and(|d| d <= now) {
             self.ack_now = true;
             self.ack_armed = false;
@@ -1396,14 +1423,18 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// path is charged): with the weights the pick found, or, if the last pick was made
     /// with another mask, by spraying again.
     fn commit_path(&mut self, now: u64, mask: u32) {
-        let Some((picked_mask, i, total)) =
-            core::mem::replace(&mut self.last_pick, Pick::NONE).get()
-        else {
+        let pick = core::mem::replace(&mut self.last_pick, Pick::NONE);
+        let Some((picked_mask, i, total)) = pick.get() else {
             self.spray(now, true, mask);
             return;
         };
         if picked_mask != mask {
             self.spray(now, true, mask);
+            return;
+        }
+        if pick.run {
+            self.run_rounds = self.run_rounds.saturating_add(1);
+            self.charge_burst(i);
             return;
         }
         let n = self.send_paths;
@@ -1460,6 +1491,22 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
         // A pick that finds no path leaves nothing to charge.
         self.last_pick = Pick::NONE;
+        if let Some(i) = self.run_goes_on(now, mask) {
+            if commit {
+                self.run_rounds = self.run_rounds.saturating_add(1);
+                self.charge_burst(i);
+            } else {
+                self.last_pick = Pick {
+                    valid: true,
+                    mask,
+                    path: i,
+                    total: self.run_total,
+                    run: true,
+                };
+            }
+            return Some(i);
+        }
+        self.settle_run();
         let n = self.send_paths;
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
@@ -1522,6 +1569,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         } else {
             best?
         };
+        (self.run_total, self.run_health, self.run_mask) = (total, best_health, mask);
+        (self.run_now, self.run_fresh) = (now, true);
         if commit {
             if let Some(p) = paths.get_mut(i) {
                 p.credit = p.credit.saturating_sub(total);
@@ -1534,9 +1583,64 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 mask,
                 path: i,
                 total,
+                run: false,
             };
         }
         Some(i)
+    }
+
+    /// The path of the current run, if its next packet may go there without a full pick:
+    /// the run has packets left, the pick is among the same planes, and the path is still
+    /// usable, on a plane that is up, with window room (against the best health the run's
+    /// full pick found). Else a full pick decides (it also deals with runs on paths that
+    /// are only picked because none is usable).
+    fn run_goes_on(&self, now: u64, mask: u32) -> Option<usize> {
+        if !self.run_fresh
+            || now != self.run_now
+            || self.burst_left == 0
+            || mask != self.run_mask
+            || self.burst_path >= self.send_paths
+        {
+            return None;
+        }
+        let i = self.burst_path;
+        let p = self.paths.as_ref().get(i)?;
+        let ok = plane_bit(p.plane) & self.planes_up & mask != 0
+            && p.usable()
+            && p.pick_weight != 0
+            && p.has_window(self.run_health);
+        ok.then_some(i)
+    }
+
+    /// Charges the packets of the run that went without a full pick: each path the last full
+    /// pick weighed earns its weight once per packet, and the run's path pays the total each
+    /// time. Nothing changed since that pick (`run_fresh`), so these are the credits a full
+    /// pick of each packet would have charged.
+    fn settle_run(&mut self) {
+        let rounds = core::mem::replace(&mut self.run_rounds, 0);
+        if rounds == 0 {
+            return;
+        }
+        let r = i32::try_from(rounds).unwrap_or(i32::MAX);
+        let (n, run_path, total) = (self.send_paths, self.burst_path, self.run_total);
+        let Some(paths) = self.paths.as_mut().get_mut(..n) else {
+            return;
+        };
+        for p in paths.iter_mut().filter(|p| p.pick_weight != 0) {
+            p.credit = p
+                .credit
+                .saturating_add(p.pick_weight.saturating_mul(r))
+                .clamp(-CREDIT_BOUND, CREDIT_BOUND);
+        }
+        if let Some(p) = paths.get_mut(run_path) {
+            p.credit = p.credit.saturating_sub(total.saturating_mul(r));
+        }
+    }
+
+    /// Something changed the paths (a packet or a timeout came, a probe went, the paths or
+    /// planes were changed): the next pick is a full one.
+    fn paths_changed(&mut self) {
+        self.run_fresh = false;
     }
 
     /// The first stream on the WORK list with something to send (the caller moves it to the
@@ -1638,6 +1742,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// packets in flight are recovered on the other planes as they time out). All planes are
     /// up after [`Connection::new`] and [`Connection::reset`].
     pub fn set_plane_up(&mut self, plane: u8, up: bool) {
+        self.paths_changed();
         if up {
             self.planes_up |= plane_bit(plane);
         } else {
@@ -1649,6 +1754,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// device gains or loses a plane. Safe with packets in flight: a path keeps its sequence
     /// space, window and UDP source port, only its plane changes. 0 is taken as 1.
     pub fn set_planes(&mut self, planes: u8) {
+        self.paths_changed();
         let n = usize::from(planes.max(1));
         self.cfg.planes = planes.max(1);
         for (i, p) in self.paths.as_mut().iter_mut().enumerate() {
@@ -1849,6 +1955,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         }
         let psn = p.on_send_probe(now)?;
         p.need_probe = false;
+        self.run_fresh = false;
         p.stats.probes += 1;
         let h = Header {
             base: BaseHeader { psn, ..base },
@@ -2178,8 +2285,11 @@ struct Pick {
     mask: u32,
     path: usize,
     total: i32,
+    /// The pick went on with the current run without a full pick
+    /// (`Connection::run_goes_on`): its credits are settled later, with the run's.
+    run: bool,
 }
-zero_valid!(struct Pick { valid, mask, path, total });
+zero_valid!(struct Pick { valid, mask, path, total, run });
 
 impl Pick {
     const NONE: Pick = Pick {
@@ -2187,6 +2297,7 @@ impl Pick {
         mask: 0,
         path: 0,
         total: 0,
+        run: false,
     };
 
     /// The pick, if there is one.
