@@ -921,6 +921,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     (self.paths.as_mut(), &mut self.streams, &mut self.sched);
                 let mut cc = CcSample::default();
                 let mut reorder_extent = 0;
+                // The stream whose packets the ACK resolved last, touched once for its run of
+                // them (an ACK's entries mostly resolve runs of one stream's packets).
+                let mut touched: Option<usize> = None;
                 for pa in view.ack_paths() {
                     let i = usize::from(pa.path_id);
                     if i >= self.num_paths {
@@ -932,11 +935,19 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     }
                     if let Some(p) = paths.get_mut(i) {
                         let sum = p.on_ack(now, &pa, |item, outcome, _| {
-                            resolve(streams, sched, stall, now, item, outcome)
+                            let Some(i) = apply_outcome(streams, now, item, outcome) else {
+                                return;
+                            };
+                            if let Some(j) = touched.replace(i).filter(|&j| j != i) {
+                                sched.touch(streams, j, stall);
+                            }
                         });
                         cc.add(sum.acked, pa.ecn_ce, p.rtt.srtt());
                         reorder_extent = reorder_extent.max(sum.reorder_extent);
                     }
+                }
+                if let Some(j) = touched {
+                    sched.touch(streams, j, stall);
                 }
                 if reorder_extent > 0 {
                     // Reordering within one path is the fabric's doing (a reordering link):
@@ -2344,19 +2355,30 @@ fn resolve<S: StreamSlots>(
     item: SentItem,
     outcome: Outcome,
 ) {
+    if let Some(i) = apply_outcome(streams, now, item, outcome) {
+        sched.touch(streams, i, stall);
+    }
+}
+
+/// Gives a resolved packet's outcome to its stream; returns the stream, which the caller
+/// touches ([`Sched::touch`]) before the scheduler's lists are read again.
+fn apply_outcome<S: StreamSlots>(
+    streams: &mut S,
+    now: u64,
+    item: SentItem,
+    outcome: Outcome,
+) -> Option<usize> {
     let i = usize::from(item.stream);
-    let Some(s) = streams.slot_mut(i) else {
-        return;
-    };
+    let s = streams.slot_mut(i)?;
     if !s.open {
-        return;
+        return None;
     }
     match item.kind {
         ItemKind::Request => s
             .req
             .on_outcome(now, item.msn, item.seg, item.attempt, outcome),
         ItemKind::Response => s.resp.on_outcome(item.msn, item.seg, outcome),
-        ItemKind::Probe => return,
+        ItemKind::Probe => return None,
     }
-    sched.touch(streams, i, stall);
+    Some(i)
 }
