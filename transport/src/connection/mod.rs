@@ -1365,8 +1365,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             if !self.cc.has_room(in_flight) {
                 return None;
             }
-            let mut pi = self.pick_path(now, u32::MAX)?;
+            // The work first: a stream on the WORK list may have nothing to send after all
+            // (it leaves the list then), and a path pick looks at every path.
             let work = self.pick_work(now)?;
+            let mut pi = self.pick_path(now, u32::MAX)?;
             let planes = self.streams.slot(work.stream()).map_or(0, |s| s.cfg.planes);
             // A stream restricted to some planes goes on the best of their paths; when none
             // of them has room, other streams go first (it waits for that room), unless none
@@ -1434,8 +1436,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// path is charged): with the weights the pick found, or, if the last pick was made
     /// with another mask, by spraying again.
     fn commit_path(&mut self, now: u64, mask: u32) {
-        let pick = core::mem::replace(&mut self.last_pick, Pick::NONE);
-        let Some((picked_mask, i, total)) = pick.get() else {
+        let Some((picked_mask, i)) = core::mem::replace(&mut self.last_pick, Pick::NONE).get()
+        else {
             self.spray(now, true, mask);
             return;
         };
@@ -1443,25 +1445,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             self.spray(now, true, mask);
             return;
         }
-        if pick.run {
-            self.run_rounds = self.run_rounds.saturating_add(1);
-            self.charge_burst(i);
-            return;
-        }
-        let n = self.send_paths;
-        let Some(paths) = self.paths.as_mut().get_mut(..n) else {
-            return;
-        };
-        for p in paths.iter_mut().filter(|p| p.pick_weight != 0) {
-            p.credit = p
-                .credit
-                .saturating_add(p.pick_weight)
-                .clamp(-CREDIT_BOUND, CREDIT_BOUND);
-        }
-        if let Some(p) = paths.get_mut(i) {
-            p.credit = p.credit.saturating_sub(total);
-        }
+        // The pick's credits, with the weights of the full pick it was or whose run it went
+        // on with: charged at the next full pick (`spray`), which is where they are
+        // read.
         self.charge_burst(i);
+        self.run_rounds = self.run_rounds.saturating_add(1);
     }
 
     /// The run of packets on one path (`Config::path_burst`): path `i` takes the next packet.
@@ -1511,13 +1499,20 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     valid: true,
                     mask,
                     path: i,
-                    total: self.run_total,
-                    run: true,
                 };
             }
             return Some(i);
         }
-        self.settle_run();
+        // The picks charged since the last full pick (`commit_path`): its path pays their
+        // total now, and each path it weighed earns its weight per pick in the pass below,
+        // before its new weight is taken.
+        let rounds = i32::try_from(core::mem::replace(&mut self.run_rounds, 0)).unwrap_or(i32::MAX);
+        if rounds > 0 {
+            let total = self.run_total.saturating_mul(rounds);
+            if let Some(p) = self.paths.as_mut().get_mut(self.burst_path) {
+                p.credit = p.credit.saturating_sub(total);
+            }
+        }
         let n = self.send_paths;
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
@@ -1554,6 +1549,12 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut best_credit = i32::MIN;
         let (burst_path, mut burst_ok) = (self.burst_path, false);
         for (i, p) in paths.iter_mut().enumerate() {
+            if rounds > 0 && p.pick_weight != 0 {
+                p.credit = p
+                    .credit
+                    .saturating_add(p.pick_weight.saturating_mul(rounds))
+                    .clamp(-CREDIT_BOUND, CREDIT_BOUND);
+            }
             p.pick_weight = 0;
             if !eligible(p) || !p.has_window(best_health) {
                 continue;
@@ -1593,8 +1594,6 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 valid: true,
                 mask,
                 path: i,
-                total,
-                run: false,
             };
         }
         Some(i)
@@ -1621,31 +1620,6 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             && p.pick_weight != 0
             && p.has_window(self.run_health);
         ok.then_some(i)
-    }
-
-    /// Charges the packets of the run that went without a full pick: each path the last full
-    /// pick weighed earns its weight once per packet, and the run's path pays the total each
-    /// time. Nothing changed since that pick (`run_fresh`), so these are the credits a full
-    /// pick of each packet would have charged.
-    fn settle_run(&mut self) {
-        let rounds = core::mem::replace(&mut self.run_rounds, 0);
-        if rounds == 0 {
-            return;
-        }
-        let r = i32::try_from(rounds).unwrap_or(i32::MAX);
-        let (n, run_path, total) = (self.send_paths, self.burst_path, self.run_total);
-        let Some(paths) = self.paths.as_mut().get_mut(..n) else {
-            return;
-        };
-        for p in paths.iter_mut().filter(|p| p.pick_weight != 0) {
-            p.credit = p
-                .credit
-                .saturating_add(p.pick_weight.saturating_mul(r))
-                .clamp(-CREDIT_BOUND, CREDIT_BOUND);
-        }
-        if let Some(p) = paths.get_mut(run_path) {
-            p.credit = p.credit.saturating_sub(total.saturating_mul(r));
-        }
     }
 
     /// Something changed the paths (a packet or a timeout came, a probe went, the paths or
@@ -2286,8 +2260,8 @@ fn s_room(s: Option<&mut Stream>) -> bool {
     }
 }
 
-/// A path pick not charged yet: its planes mask, path and the weights' total (each path's
-/// weight in `Path::pick_weight`). Plain fields, not an `Option` of a tuple: a connection is
+/// A path pick not charged yet: its planes mask and path (the weights of the full pick behind
+/// it are in `Path::pick_weight`, their total in `Connection::run_total`). Plain fields, not an `Option` of a tuple: a connection is
 /// built from all-zero bytes (`ZeroValid`), which must be a valid value of every field, and
 /// here all-zero is "no pick".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -2295,25 +2269,19 @@ struct Pick {
     valid: bool,
     mask: u32,
     path: usize,
-    total: i32,
-    /// The pick went on with the current run without a full pick
-    /// (`Connection::run_goes_on`): its credits are settled later, with the run's.
-    run: bool,
 }
-zero_valid!(struct Pick { valid, mask, path, total, run });
+zero_valid!(struct Pick { valid, mask, path });
 
 impl Pick {
     const NONE: Pick = Pick {
         valid: false,
         mask: 0,
         path: 0,
-        total: 0,
-        run: false,
     };
 
     /// The pick, if there is one.
-    fn get(self) -> Option<(u32, usize, i32)> {
-        self.valid.then_some((self.mask, self.path, self.total))
+    fn get(self) -> Option<(u32, usize)> {
+        self.valid.then_some((self.mask, self.path))
     }
 }
 
