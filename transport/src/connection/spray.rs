@@ -103,22 +103,14 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     }
 
     /// One round of smooth weighted round-robin: every eligible path earns its weight, the
-    /// one with the most credit is picked and pays the total. With `commit` false nothing
-    /// changes (the credits are only read). Only paths on the planes in `mask` take part.
+    /// one with the most credit is picked and pays the total (charged at the next full pick;
+    /// with `commit` false only once `commit_path` says the packet leaves). Only paths on
+    /// the planes in `mask` take part.
     pub(super) fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
         // A pick that finds no path leaves nothing to charge.
         self.last_pick = Pick::NONE;
         if let Some(i) = self.run_goes_on(now, mask) {
-            if commit {
-                self.run_rounds = self.run_rounds.saturating_add(1);
-                self.charge_burst(i);
-            } else {
-                self.last_pick = Pick {
-                    valid: true,
-                    mask,
-                    path: i,
-                };
-            }
+            self.picked(commit, mask, i);
             return Some(i);
         }
         // The picks charged since the last full pick (`commit_path`): its path pays their
@@ -183,9 +175,6 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 .credit
                 .saturating_add(w)
                 .clamp(-CREDIT_BOUND, CREDIT_BOUND);
-            if commit {
-                p.credit = credit;
-            }
             total = total.saturating_add(w);
             if credit > best_credit {
                 best_credit = credit;
@@ -201,12 +190,17 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         };
         (self.run_total, self.run_health, self.run_mask) = (total, best_health, mask);
         (self.run_now, self.run_fresh) = (now, true);
+        self.picked(commit, mask, i);
+        Some(i)
+    }
+
+    /// Path `i` was picked among the planes in `mask`: charged now (`commit`: a round of
+    /// the last full pick's weights, charged at the next full pick), or left for
+    /// `commit_path` to charge once the packet is sure to leave.
+    fn picked(&mut self, commit: bool, mask: u32, i: usize) {
         if commit {
-            if let Some(p) = paths.get_mut(i) {
-                p.credit = p.credit.saturating_sub(total);
-            }
-            self.last_pick = Pick::NONE;
             self.charge_burst(i);
+            self.run_rounds = self.run_rounds.saturating_add(1);
         } else {
             self.last_pick = Pick {
                 valid: true,
@@ -214,7 +208,6 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 path: i,
             };
         }
-        Some(i)
     }
 
     /// The path of the current run, if its next packet may go there without a full pick:
