@@ -151,6 +151,8 @@ pub struct InFlight {
     /// window.
     peer_cum: u32,
     unresolved: u32,
+    /// Probes among the unresolved packets.
+    probes: u32,
     /// Highest PSN acknowledged so far (valid when `has_high`).
     high: u32,
     has_high: bool,
@@ -169,8 +171,8 @@ pub struct InFlight {
     slots: [Slot; SACK_BITS],
 }
 zero_valid!(struct InFlight {
-    una, next, peer_cum, unresolved, high, has_high, rack_rtt, reo_learned, acks_since_reorder,
-    reo_floor, lost_behind, lost_behind_until, slots,
+    una, next, peer_cum, unresolved, probes, high, has_high, rack_rtt, reo_learned,
+    acks_since_reorder, reo_floor, lost_behind, lost_behind_until, slots,
 });
 
 impl InFlight {
@@ -181,6 +183,7 @@ impl InFlight {
             next: initial_psn,
             peer_cum: initial_psn,
             unresolved: 0,
+            probes: 0,
             high: initial_psn,
             has_high: false,
             rack_rtt: 0,
@@ -210,6 +213,7 @@ impl InFlight {
         self.next = initial_psn;
         self.peer_cum = initial_psn;
         self.unresolved = 0;
+        self.probes = 0;
         self.high = initial_psn;
         self.has_high = false;
         self.rack_rtt = 0;
@@ -229,6 +233,13 @@ impl InFlight {
     /// Packets neither acknowledged nor declared lost.
     pub fn unresolved(&self) -> u32 {
         self.unresolved
+    }
+
+    /// Unresolved packets that carry data (requests and responses), probes left out: what
+    /// the path holds of the connection's window. A path that lost its route keeps probing
+    /// it, and its probes must not take the window the data needs on the other paths.
+    pub fn unresolved_data(&self) -> u32 {
+        self.unresolved.saturating_sub(self.probes)
     }
 
     /// The PSN the next packet gets.
@@ -286,6 +297,9 @@ impl InFlight {
             self.lost_behind = false;
         }
         self.unresolved = self.unresolved.saturating_add(1);
+        if item.kind == ItemKind::Probe {
+            self.probes = self.probes.saturating_add(1);
+        }
         Some(psn)
     }
 
@@ -308,6 +322,7 @@ impl InFlight {
         mut report: impl FnMut(SentItem, Outcome, u64),
     ) -> AckSummary {
         let mut sum = AckSummary::default();
+        let mut probes = 0;
         // The peer's cumulative PSN only grows; one beyond what was sent is not the peer's.
         if seq_lt(self.peer_cum, ack.cum_psn) && !seq_lt(self.next, ack.cum_psn) {
             self.peer_cum = ack.cum_psn;
@@ -348,6 +363,7 @@ impl InFlight {
                 sum.spurious += 1;
             } else {
                 sum.acked += 1;
+                probes += u32::from(item.kind == ItemKind::Probe);
                 if !self.has_high || !seq_lt(psn, self.high) {
                     self.high = psn;
                     self.has_high = true;
@@ -357,6 +373,7 @@ impl InFlight {
             report(item, Outcome::Acked, at);
         }
         self.unresolved = self.unresolved.saturating_sub(sum.acked);
+        self.probes = self.probes.saturating_sub(probes);
         if sum.reordered == 0 {
             self.acks_since_reorder = self.acks_since_reorder.saturating_add(sum.acked);
             if self.acks_since_reorder >= REORDER_DECAY_ACKS {
@@ -386,7 +403,7 @@ impl InFlight {
             .max(srtt)
             .saturating_add(self.reorder_window(srtt));
         let (high, span) = (self.high, self.next.wrapping_sub(self.una));
-        let mut n = 0;
+        let (mut n, mut probes) = (0, 0);
         for i in 0..span {
             let psn = self.una.wrapping_add(i);
             if !seq_lt(psn, high) {
@@ -397,11 +414,13 @@ impl InFlight {
                     s.state = SlotState::Lost;
                     n += 1;
                     let (item, at) = (s.item(), s.sent_at);
+                    probes += u32::from(item.kind == ItemKind::Probe);
                     report(item, Outcome::Lost, at);
                 }
             }
         }
         self.unresolved = self.unresolved.saturating_sub(n);
+        self.probes = self.probes.saturating_sub(probes);
         self.advance(now, srtt);
         n
     }
@@ -454,6 +473,7 @@ impl InFlight {
             self.lost_behind_until = self.next.wrapping_add(SACK_BITS as u32);
         }
         self.unresolved = 0;
+        self.probes = 0;
         self.una = self.next;
         n
     }

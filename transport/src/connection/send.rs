@@ -375,13 +375,22 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.transmit(pi, len, true)
     }
 
-    /// Unresolved packets on all paths.
+    /// Unresolved packets on all paths: what the connection window counts. The probes of a
+    /// path that is not usable (Suspect, Failed: it timed out, and its data went to the
+    /// other paths) are left out (`InFlight::unresolved_data`): they must not take the window
+    /// the data needs on the paths that work.
     fn in_flight(&self) -> u32 {
         self.paths
             .as_ref()
             .iter()
             .take(self.num_paths)
-            .map(|p| p.inflight.unresolved())
+            .map(|p| {
+                if p.usable() {
+                    p.inflight.unresolved()
+                } else {
+                    p.inflight.unresolved_data()
+                }
+            })
             .fold(0u32, u32::saturating_add)
     }
 }
