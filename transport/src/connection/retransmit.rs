@@ -535,6 +535,37 @@ mod tests {
         run_at(f, 1_000, 0, a)
     }
 
+    /// Probes are counted apart (`unresolved_data`) as they are sent, acknowledged, declared
+    /// lost and timed out.
+    #[test]
+    fn probes_are_counted_apart_from_data() {
+        let probe = SentItem {
+            kind: ItemKind::Probe,
+            ..SentItem::default()
+        };
+        let mut f = InFlight::new(100);
+        f.push(0, item(0)); // 100
+        f.push(0, probe); // 101
+        f.push(0, item(1)); // 102
+        f.push(0, probe); // 103
+        assert_eq!((f.unresolved(), f.unresolved_data()), (4, 2));
+        run(&mut f, &ack(100, &[101]));
+        assert_eq!(
+            (f.unresolved(), f.unresolved_data()),
+            (2, 1),
+            "a probe and 100 acked"
+        );
+        let mut n = 0;
+        f.on_timeout(|_, _, _| n += 1);
+        assert_eq!((n, f.unresolved(), f.unresolved_data()), (2, 0, 0));
+        f.push(1_000, probe); // 104
+        f.push(1_000, item(2)); // 105
+        f.push(1_000, probe); // 106
+                              // 106 acknowledged: 104 and 105 below it are lost once the reordering window passed.
+        run_at(&mut f, 10_000_000, 0, &ack(104, &[106]));
+        assert_eq!((f.unresolved(), f.unresolved_data()), (0, 0));
+    }
+
     fn run_at(f: &mut InFlight, now: u64, srtt: u64, a: &PathAck) -> Vec<(u32, Outcome)> {
         let mut v = Vec::new();
         f.on_ack(now, srtt, a, |it, o, _| v.push((it.seg, o)));
