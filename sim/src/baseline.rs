@@ -489,3 +489,103 @@ impl End for BaseEnd {
         self.counters
     }
 }
+
+/// A baseline connection over several planes, as a collective library stripes a transfer
+/// over one QP per NIC port: a transfer is cut into one part per plane, each part goes
+/// through its own single-path QP (own source port), and the transfer completes when every
+/// part did.
+pub struct Striped {
+    parts: Vec<BaseEnd>,
+    /// Transfers in progress: (flow, parts not yet complete).
+    left: Vec<(u32, u32)>,
+    rr: usize,
+    done: Vec<u32>,
+    scratch: Vec<u32>,
+}
+
+impl Striped {
+    /// One QP per plane, with source ports `sports[plane]`.
+    pub fn new(cfg: BaseConfig, sports: &[u16]) -> Self {
+        Striped {
+            parts: sports.iter().map(|&s| BaseEnd::new(cfg, s)).collect(),
+            left: Vec::new(),
+            rr: 0,
+            done: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl End for Striped {
+    fn post(&mut self, now: u64, flow: u32, bytes: u64) {
+        let n = (self.parts.len() as u64).min(bytes.max(1));
+        let each = bytes.max(1) / n;
+        for i in 0..n {
+            let b = if i + 1 == n {
+                bytes.max(1) - each * (n - 1)
+            } else {
+                each
+            };
+            self.parts[i as usize].post(now, flow, b);
+        }
+        self.left.push((flow, n as u32));
+    }
+
+    fn on_packet(&mut self, now: u64, pkt: Packet, ctx: &mut HostCtx) {
+        let i = usize::from(pkt.plane) % self.parts.len();
+        self.parts[i].on_packet(now, pkt, ctx);
+    }
+
+    fn on_timeout(&mut self, now: u64, ctx: &mut HostCtx) {
+        for p in &mut self.parts {
+            if p.next_timeout().is_some_and(|t| t <= now) {
+                p.on_timeout(now, ctx);
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self, now: u64, ctx: &mut HostCtx) -> Option<Packet> {
+        let n = self.parts.len();
+        for k in 0..n {
+            let i = (self.rr + k) % n;
+            if let Some(mut pkt) = self.parts[i].poll_transmit(now, ctx) {
+                pkt.plane = i as u8;
+                self.rr = (i + 1) % n;
+                return Some(pkt);
+            }
+        }
+        None
+    }
+
+    fn next_timeout(&self) -> Option<u64> {
+        self.parts.iter().filter_map(|p| p.next_timeout()).min()
+    }
+
+    fn take_done(&mut self, out: &mut Vec<u32>) {
+        for p in &mut self.parts {
+            p.take_done(&mut self.scratch);
+        }
+        for f in self.scratch.drain(..) {
+            if let Some(k) = self.left.iter().position(|&(g, _)| g == f) {
+                self.left[k].1 -= 1;
+                if self.left[k].1 == 0 {
+                    self.left.swap_remove(k);
+                    self.done.push(f);
+                }
+            }
+        }
+        out.append(&mut self.done);
+    }
+
+    fn counters(&self) -> EndCounters {
+        let mut c = EndCounters::default();
+        for p in &self.parts {
+            let q = p.counters();
+            c.data_packets += q.data_packets;
+            c.retransmits += q.retransmits;
+            c.timeouts += q.timeouts;
+            c.failed += q.failed;
+        }
+        c
+    }
+}

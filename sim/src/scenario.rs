@@ -3,7 +3,7 @@
 //! A scenario (workload, fabric, impairments, seed) run with one transport, and its outcome
 //! as Markdown and CSV.
 
-use crate::baseline::{BaseConfig, BaseEnd, DATA_HEADER, OVERHEAD};
+use crate::baseline::{BaseConfig, Striped, DATA_HEADER, OVERHEAD};
 use crate::endpoint::{CountingMemory, End, EndCounters, HostCtx};
 use crate::fabric::{FabricConfig, FailTarget, Failure, RunStats, Sim};
 use crate::meta::{MetaConfig, MetaEnd};
@@ -145,12 +145,17 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
     let wire = u64::from(mtu + DATA_HEADER + OVERHEAD);
     let bdp = (fc.host_mbps * rtt / 8_000).div_ceil(wire);
     let (host_mbps, seed) = (fc.host_mbps, sc.seed);
+    let planes = sc.planes.max(1);
     let make_end = |h: u32, p: u32| -> Box<dyn End> {
-        let sport = 49_152 + (mix(seed ^ (u64::from(h) << 32 | u64::from(p))) % 16_384) as u16;
+        let sports: Vec<u16> = (0..planes as u64)
+            .map(|i| {
+                49_152 + (mix(seed ^ (u64::from(h) << 32 | u64::from(p)) ^ i << 56) % 16_384) as u16
+            })
+            .collect();
         match proto {
             Proto::Meta => Box::new(MetaEnd::new(&mc, h, p)),
-            Proto::Roce => Box::new(BaseEnd::new(BaseConfig::roce(host_mbps, mtu), sport)),
-            Proto::Irn => Box::new(BaseEnd::new(BaseConfig::irn(host_mbps, mtu, bdp), sport)),
+            Proto::Roce => Box::new(Striped::new(BaseConfig::roce(host_mbps, mtu), &sports)),
+            Proto::Irn => Box::new(Striped::new(BaseConfig::irn(host_mbps, mtu, bdp), &sports)),
         }
     };
     let cap = (fc.host_mbps * fc.planes as u64).min(u64::from(u32::MAX)) as u32;
