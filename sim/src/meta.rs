@@ -12,9 +12,14 @@ use metaroce_transport::stream::{CqStatus, SendWqe, Stream, StreamConfig, Stream
 use metaroce_transport::zero::ZeroValid;
 use std::collections::VecDeque;
 
-/// Path storage of a simulated connection.
-pub const MAX_PATHS: usize = 16;
-pub type Conn = Connection<Paths<MAX_PATHS>, [Stream; 1]>;
+/// A simulated connection with room for `N` paths.
+pub type Conn<const N: usize> = Connection<Paths<N>, [Stream; 1]>;
+
+/// Paths per connection on a fabric of `planes` planes: 16, or 8 per plane (up to 64), so
+/// that each plane's traffic still spreads over several ECMP routes.
+pub fn paths_for(planes: usize) -> usize {
+    (8 * planes).clamp(16, 64)
+}
 
 /// The transport's settings in the simulator.
 #[derive(Clone, Copy, Debug)]
@@ -31,7 +36,7 @@ pub struct MetaConfig {
 impl MetaConfig {
     pub fn new(planes: usize, seed: u64) -> Self {
         MetaConfig {
-            paths: MAX_PATHS as u16,
+            paths: paths_for(planes) as u16,
             planes: planes as u8,
             mtu: 4096,
             chunk: 1 << 20,
@@ -52,8 +57,8 @@ fn zeroed_box<T: ZeroValid>() -> Box<T> {
     unsafe { Box::<T>::new_zeroed().assume_init() }
 }
 
-pub struct MetaEnd {
-    conn: Box<Conn>,
+pub struct MetaEnd<const N: usize> {
+    conn: Box<Conn<N>>,
     stream: StreamId,
     /// Transfers not yet fully posted: (flow, bytes left to post).
     pending: VecDeque<(u32, u64)>,
@@ -66,10 +71,10 @@ pub struct MetaEnd {
     failed: u64,
 }
 
-impl MetaEnd {
+impl<const N: usize> MetaEnd<N> {
     pub fn new(mc: &MetaConfig, host: u32, peer: u32) -> Self {
         let mut c = Config::new(conn_id(host, peer), conn_id(peer, host));
-        c.num_paths = mc.paths;
+        c.num_paths = mc.paths.min(N as u16);
         c.planes = mc.planes.max(1);
         c.mtu = mc.mtu;
         c.seed = crate::rng::mix(mc.seed ^ (u64::from(host) << 32 | u64::from(peer))) | 1;
@@ -79,7 +84,7 @@ impl MetaEnd {
         c.path.ack_delay = 5_000;
         c.stall_timeout = 2_000_000;
         c.cc = mc.cc;
-        let mut conn = zeroed_box::<Conn>();
+        let mut conn = zeroed_box::<Conn<N>>();
         conn.reset(c).expect("connection config");
         let stream = conn
             .open_stream(StreamConfig::new(conn_id(host, peer), conn_id(peer, host)))
@@ -142,7 +147,7 @@ impl MetaEnd {
     }
 }
 
-impl End for MetaEnd {
+impl<const N: usize> End for MetaEnd<N> {
     fn post(&mut self, now: u64, flow: u32, bytes: u64) {
         self.pending.push_back((flow, bytes.max(1)));
         self.try_post(now);

@@ -22,6 +22,9 @@ struct Params {
     incast_bytes: u64,
     losses: Vec<u32>,
     planes: Vec<usize>,
+    /// All-Reduce bytes per node in the planes' table: large enough that a step is
+    /// bandwidth-bound even with 8 planes.
+    planes_bytes: u64,
     speed_nodes: Vec<usize>,
     speed_bytes: u64,
     deadline_ns: u64,
@@ -38,6 +41,7 @@ impl Params {
             incast_bytes: 4 << 20,
             losses: vec![10_000, 100_000],
             planes: vec![1, 4, 8],
+            planes_bytes: 64 << 20,
             speed_nodes: vec![16, 64, 256],
             speed_bytes: 8 << 20,
             deadline_ns: 200_000_000,
@@ -54,6 +58,7 @@ impl Params {
             incast_bytes: 256 << 10,
             losses: vec![10_000],
             planes: vec![1, 4],
+            planes_bytes: 4 << 20,
             speed_nodes: vec![16],
             speed_bytes: 1 << 20,
             deadline_ns: 100_000_000,
@@ -216,22 +221,33 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
     // Planes.
     let _ = writeln!(
         r.md,
-        "\n## Planes (All-Reduce; each plane adds a 100 Gbit/s port per host)\n\n\
+        "\n## Planes (All-Reduce of {} MiB per node; each plane adds a 100 Gbit/s port per host)\n\n\
          Speed-up: CCT with 1 plane / CCT with P planes (ideal: P).\n\n\
-         | planes | metaroce CCT us | speed-up | rocev2 CCT us | speed-up | irn CCT us | speed-up |\n\
-         |---|---|---|---|---|---|---|"
+         | planes | metaroce CCT us | speed-up | rocev2 CCT us | speed-up | irn CCT us | speed-up | rocev2/metaroce | irn/metaroce |\n\
+         |---|---|---|---|---|---|---|---|---|",
+        p.planes_bytes >> 20
     );
+    let mut one: Option<Vec<Outcome>> = None;
     for &planes in &p.planes {
-        let outs = if planes == 1 {
-            base_ar.clone()
-        } else {
-            r.run_all(&p.scenario(&format!("planes{planes}"), Kind::AllReduce, planes))
-        };
+        let mut sc = p.scenario(&format!("planes{planes}"), Kind::AllReduce, planes);
+        sc.bytes = p.planes_bytes;
+        let outs = r.run_all(&sc);
+        let base = one.get_or_insert_with(|| outs.clone());
         let up = |i: usize| {
-            if outs[i].completed {
+            if outs[i].completed && base[i].completed {
                 format!(
                     "{:.2}",
-                    base_ar[i].cct_ns as f64 / outs[i].cct_ns.max(1) as f64
+                    base[i].cct_ns as f64 / outs[i].cct_ns.max(1) as f64
+                )
+            } else {
+                "-".into()
+            }
+        };
+        let vs = |i: usize| {
+            if outs[i].completed && outs[0].completed {
+                format!(
+                    "{:.2}",
+                    outs[i].cct_ns as f64 / outs[0].cct_ns.max(1) as f64
                 )
             } else {
                 "-".into()
@@ -239,13 +255,15 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
         };
         let _ = writeln!(
             r.md,
-            "| {planes} | {} | {} | {} | {} | {} | {} |",
+            "| {planes} | {} | {} | {} | {} | {} | {} | {} | {} |",
             us(&outs[0]),
             up(0),
             us(&outs[1]),
             up(1),
             us(&outs[2]),
-            up(2)
+            up(2),
+            vs(1),
+            vs(2)
         );
     }
 

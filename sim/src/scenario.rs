@@ -153,7 +153,11 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
             })
             .collect();
         match proto {
-            Proto::Meta => Box::new(MetaEnd::new(&mc, h, p)),
+            Proto::Meta => match mc.paths {
+                0..=16 => Box::new(MetaEnd::<16>::new(&mc, h, p)),
+                17..=32 => Box::new(MetaEnd::<32>::new(&mc, h, p)),
+                _ => Box::new(MetaEnd::<64>::new(&mc, h, p)),
+            },
             Proto::Roce => Box::new(Striped::new(BaseConfig::roce(host_mbps, mtu), &sports)),
             Proto::Irn => Box::new(Striped::new(BaseConfig::irn(host_mbps, mtu, bdp), &sports)),
         }
