@@ -48,6 +48,8 @@ pub enum FailTarget {
     Link { plane: u8, leaf: u16, spine: u16 },
     /// A spine switch: all its links.
     Spine { plane: u8, spine: u16 },
+    /// A whole plane: every link of it, the hosts' NIC ports on it included.
+    Plane { plane: u8 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +143,7 @@ pub struct Port {
     pub to: Node,
     /// Set for a host's NIC port: the host.
     pub host_nic: Option<u32>,
+    pub plane: u8,
     /// Is a switch port (its counters go into the fabric's statistics).
     pub switch: bool,
     /// Down intervals [from, until).
@@ -166,6 +169,7 @@ impl Port {
             loss_ppm: 0,
             to,
             host_nic: None,
+            plane: 0,
             switch: false,
             down: Vec::new(),
             queue: VecDeque::new(),
@@ -331,18 +335,21 @@ impl Sim {
                     Node::Leaf(pl as u8, (h / hpl) as u16),
                 );
                 p.host_nic = Some(h as u32);
+                p.plane = pl as u8;
                 nic[h * planes + pl] = add(p);
             }
         }
+        let mut add = |mut p: Port, pl: usize| {
+            p.plane = pl as u8;
+            add(p)
+        };
         let mut down = vec![0; planes * hosts];
         for pl in 0..planes {
             for h in 0..hosts {
-                down[pl * hosts + h] = add(Port::switch(
-                    &cfg,
-                    cfg.host_mbps,
-                    Node::Host(h as u32),
-                    cfg.loss_ppm,
-                ));
+                down[pl * hosts + h] = add(
+                    Port::switch(&cfg, cfg.host_mbps, Node::Host(h as u32), cfg.loss_ppm),
+                    pl,
+                );
             }
         }
         let mut up = vec![0; planes * leaves * spines];
@@ -350,18 +357,24 @@ impl Sim {
         for pl in 0..planes {
             for l in 0..leaves {
                 for s in 0..spines {
-                    up[(pl * leaves + l) * spines + s] = add(Port::switch(
-                        &cfg,
-                        cfg.core_mbps,
-                        Node::Spine(pl as u8, s as u16),
-                        cfg.core_loss_ppm,
-                    ));
-                    sdown[(pl * spines + s) * leaves + l] = add(Port::switch(
-                        &cfg,
-                        cfg.core_mbps,
-                        Node::Leaf(pl as u8, l as u16),
-                        cfg.core_loss_ppm,
-                    ));
+                    up[(pl * leaves + l) * spines + s] = add(
+                        Port::switch(
+                            &cfg,
+                            cfg.core_mbps,
+                            Node::Spine(pl as u8, s as u16),
+                            cfg.core_loss_ppm,
+                        ),
+                        pl,
+                    );
+                    sdown[(pl * spines + s) * leaves + l] = add(
+                        Port::switch(
+                            &cfg,
+                            cfg.core_mbps,
+                            Node::Leaf(pl as u8, l as u16),
+                            cfg.core_loss_ppm,
+                        ),
+                        pl,
+                    );
                 }
             }
         }
@@ -386,6 +399,11 @@ impl Sim {
                         ports[topo.sdown[(pl * spines + s) * leaves + l] as usize]
                             .down
                             .push(win);
+                    }
+                }
+                FailTarget::Plane { plane } => {
+                    for p in ports.iter_mut().filter(|p| p.plane == plane) {
+                        p.down.push(win);
                     }
                 }
                 FailTarget::Spine { plane, spine } => {

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage:
   metaroce-sim run [--scenario incast|alltoall|allreduce] [--proto all|metaroce|rocev2|irn]
-                   [--nodes N] [--planes P] [--seed S] [--loss PPM] [--bytes B]
-                   [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US]
+                   [--nodes N] [--planes P] [--seed S] [--loss PPM] [--core-loss PPM] [--bytes B]
+                   [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US] [--fail-plane US]
                    [--fail-for US] [--csv]
       one scenario, a Markdown table row per transport (--csv: CSV lines)
   metaroce-sim table [--quick] [--out DIR]
@@ -47,7 +47,8 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
     let mut sc = Scenario::new("cli", Kind::AllReduce, 16, 1, 4 << 20);
     let mut protos = Proto::ALL.to_vec();
     let mut csv = false;
-    let mut fail: Option<(bool, u64)> = None;
+    // What fails (0 link, 1 spine, 2 plane: the first one of each), and when.
+    let mut fail: Option<(u8, u64)> = None;
     let mut fail_for = u64::MAX / 4;
     let mut i = 0;
     while i < args.len() {
@@ -69,11 +70,13 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
             "--planes" => sc.planes = num(v, "--planes")? as usize,
             "--seed" => sc.seed = num(v, "--seed")?,
             "--loss" => sc.loss_ppm = num(v, "--loss")? as u32,
+            "--core-loss" => sc.core_loss_ppm = num(v, "--core-loss")? as u32,
             "--bytes" => sc.bytes = num(v, "--bytes")?,
             "--hosts-per-leaf" => sc.hosts_per_leaf = num(v, "--hosts-per-leaf")? as usize,
             "--spines" => sc.spines = num(v, "--spines")? as usize,
-            "--fail-link" => fail = Some((false, num(v, "--fail-link")? * 1_000)),
-            "--fail-spine" => fail = Some((true, num(v, "--fail-spine")? * 1_000)),
+            "--fail-link" => fail = Some((0, num(v, "--fail-link")? * 1_000)),
+            "--fail-spine" => fail = Some((1, num(v, "--fail-spine")? * 1_000)),
+            "--fail-plane" => fail = Some((2, num(v, "--fail-plane")? * 1_000)),
             "--fail-for" => fail_for = num(v, "--fail-for")? * 1_000,
             "--csv" => {
                 csv = true;
@@ -88,15 +91,15 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
         return Err("need --nodes >= 2, 1 <= --planes <= 16, --hosts-per-leaf >= 1".into());
     }
     sc.name = sc.kind.name().into();
-    sc.fail = fail.map(|(spine, at_ns)| FailSpec {
-        target: if spine {
-            FailTarget::Spine { plane: 0, spine: 0 }
-        } else {
-            FailTarget::Link {
+    sc.fail = fail.map(|(what, at_ns)| FailSpec {
+        target: match what {
+            0 => FailTarget::Link {
                 plane: 0,
                 leaf: 0,
                 spine: 0,
-            }
+            },
+            1 => FailTarget::Spine { plane: 0, spine: 0 },
+            _ => FailTarget::Plane { plane: 0 },
         },
         at_ns,
         dur_ns: fail_for,

@@ -59,6 +59,8 @@ pub struct Scenario {
     pub bytes: u64,
     /// Random loss on every leaf-to-host link, ppm.
     pub loss_ppm: u32,
+    /// Random loss on every leaf-spine link (each direction), ppm.
+    pub core_loss_ppm: u32,
     pub fail: Option<FailSpec>,
     pub seed: u64,
     pub hosts_per_leaf: usize,
@@ -76,6 +78,7 @@ impl Scenario {
             planes,
             bytes,
             loss_ppm: 0,
+            core_loss_ppm: 0,
             fail: None,
             seed: 1,
             hosts_per_leaf: 8,
@@ -89,6 +92,7 @@ impl Scenario {
         f.hosts_per_leaf = self.hosts_per_leaf;
         f.spines = self.spines;
         f.loss_ppm = self.loss_ppm;
+        f.core_loss_ppm = self.core_loss_ppm;
         f.seed = self.seed;
         if let Some(fs) = self.fail {
             f.failures.push(Failure {
@@ -219,7 +223,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
 }
 
 pub fn csv_header() -> &'static str {
-    "scenario,workload,nodes,planes,bytes,loss_ppm,failure,seed,proto,completed,correct,flows,flows_done,cct_us,goodput_mean_gbps,goodput_min_gbps,jain,data_packets,retransmits,timeouts,failed,rx_bytes,expected_bytes,max_queue_bytes,drops,marks,fail_drops,loss_drops,sim_packets,events,wall_s,packets_per_s"
+    "scenario,workload,nodes,planes,bytes,loss_ppm,core_loss_ppm,failure,seed,proto,completed,correct,flows,flows_done,cct_us,goodput_mean_gbps,goodput_min_gbps,jain,data_packets,retransmits,timeouts,failed,rx_bytes,expected_bytes,max_queue_bytes,drops,marks,fail_drops,loss_drops,sim_packets,events,wall_s,packets_per_s"
 }
 
 pub fn fail_name(sc: &Scenario) -> String {
@@ -231,6 +235,7 @@ pub fn fail_name(sc: &Scenario) -> String {
                     format!("link p{plane} l{leaf}-s{spine}")
                 }
                 FailTarget::Spine { plane, spine } => format!("spine p{plane} s{spine}"),
+                FailTarget::Plane { plane } => format!("plane {plane}"),
             };
             format!("{what} at {} us", f.at_ns / 1_000)
         }
@@ -248,13 +253,14 @@ pub fn csv_row(sc: &Scenario, o: &Outcome, timing: bool) -> String {
         (String::new(), String::new())
     };
     format!(
-        "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         sc.name,
         sc.kind.name(),
         sc.nodes,
         sc.planes,
         sc.bytes,
         sc.loss_ppm,
+        sc.core_loss_ppm,
         fail_name(sc),
         sc.seed,
         o.proto.name(),
@@ -298,9 +304,7 @@ fn ratio(meta: &Outcome, base: Option<&Outcome>) -> String {
         Some(b) if meta.completed && b.completed => {
             format!("{:.2}", b.cct_ns as f64 / meta.cct_ns.max(1) as f64)
         }
-        Some(b) if meta.completed && !b.completed => {
-            format!("> {:.2}", b.cct_ns as f64 / meta.cct_ns.max(1) as f64)
-        }
+        Some(b) if meta.completed && !b.completed => "DNF".into(),
         Some(_) => "-".into(),
         None => "".into(),
     }

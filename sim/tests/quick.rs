@@ -79,3 +79,22 @@ fn collectives_complete_through_loss_and_failures() {
         }
     }
 }
+
+/// A whole plane failing: MetaRoCE moves to the other planes; a baseline's QP striped onto
+/// the dead plane never finishes.
+#[test]
+fn metaroce_survives_a_plane_failure() {
+    for kind in [Kind::AllReduce, Kind::AllToAll] {
+        let mut sc = small(kind, 2);
+        sc.deadline_ns = 20_000_000;
+        sc.fail = Some(FailSpec {
+            target: FailTarget::Plane { plane: 1 },
+            at_ns: 10_000,
+            dur_ns: u64::MAX / 4,
+        });
+        let o = run(&sc, Proto::Meta);
+        assert!(o.correct(), "{kind:?}: {o:?}");
+        assert_eq!(o.rx_bytes, o.expected_bytes);
+        assert!(!run(&sc, Proto::Roce).completed);
+    }
+}
