@@ -82,6 +82,8 @@ impl Params {
 struct Report {
     md: String,
     csv: String,
+    /// Per scenario: rocev2 and irn CCT over MetaRoCE's (None: a run did not finish).
+    ratios: Vec<(String, Option<f64>, Option<f64>)>,
     problems: Vec<String>,
     check: bool,
 }
@@ -124,8 +126,78 @@ impl Report {
                 ));
             }
         }
+        let ratio = |b: &Outcome| {
+            (b.completed && outs[0].completed)
+                .then(|| b.cct_ns as f64 / outs[0].cct_ns.max(1) as f64)
+        };
+        let label = format!("{} ({} planes)", sc.name, sc.planes);
+        self.ratios.push((label, ratio(&outs[1]), ratio(&outs[2])));
         outs
     }
+}
+
+/// A horizontal bar chart of the ratios, by hand: two bars per scenario (rocev2, irn), a
+/// line at 1 (MetaRoCE's own CCT), "DNF" where a run did not finish.
+fn ratios_svg(rows: &[(String, Option<f64>, Option<f64>)]) -> String {
+    let max = rows
+        .iter()
+        .flat_map(|(_, a, b)| [a.unwrap_or(0.0), b.unwrap_or(0.0)])
+        .fold(1.0f64, f64::max)
+        .ceil();
+    let (left, width, row_h) = (190.0, 520.0, 34.0);
+    let height = 60.0 + row_h * rows.len() as f64;
+    let x = |v: f64| left + width * v / max;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"11\">\n\
+         <text x=\"10\" y=\"16\" font-size=\"13\">Baseline CCT / MetaRoCE CCT \
+         (right of the line: MetaRoCE faster)</text>\n\
+         <rect x=\"{left}\" y=\"24\" width=\"10\" height=\"10\" fill=\"#c0504d\"/>\
+         <text x=\"{}\" y=\"33\">rocev2</text>\n\
+         <rect x=\"{}\" y=\"24\" width=\"10\" height=\"10\" fill=\"#4f81bd\"/>\
+         <text x=\"{}\" y=\"33\">irn</text>\n",
+        left + width + 60.0,
+        left + 14.0,
+        left + 70.0,
+        left + 84.0
+    );
+    for (i, (label, a, b)) in rows.iter().enumerate() {
+        let y = 44.0 + row_h * i as f64;
+        let _ = writeln!(s, "<text x=\"10\" y=\"{}\">{label}</text>", y + 18.0);
+        for (k, (v, color)) in [(a, "#c0504d"), (b, "#4f81bd")].into_iter().enumerate() {
+            let yy = y + 4.0 + 13.0 * k as f64;
+            match v {
+                Some(v) => {
+                    let _ = writeln!(
+                        s,
+                        "<rect x=\"{left}\" y=\"{yy}\" width=\"{:.1}\" height=\"11\" fill=\"{color}\"/>\
+                         <text x=\"{:.1}\" y=\"{}\">{v:.2}</text>",
+                        x(*v) - left,
+                        x(*v) + 4.0,
+                        yy + 10.0
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "<text x=\"{left}\" y=\"{}\" fill=\"{color}\">DNF</text>",
+                        yy + 10.0
+                    );
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "<line x1=\"{0:.1}\" y1=\"40\" x2=\"{0:.1}\" y2=\"{1}\" stroke=\"black\"/>\
+         <text x=\"{2:.1}\" y=\"{3}\">1</text>\n<text x=\"{4:.1}\" y=\"{3}\">{max}</text>\n</svg>",
+        x(1.0),
+        height - 12.0,
+        x(1.0) - 3.0,
+        height - 2.0,
+        x(max) - 8.0
+    );
+    s
 }
 
 fn us(o: &Outcome) -> String {
@@ -157,6 +229,7 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
     let mut r = Report {
         md: String::new(),
         csv: format!("{}\n", csv_header()),
+        ratios: Vec::new(),
         problems: Vec::new(),
         check: quick,
     };
@@ -189,6 +262,20 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
         }
     }
     let base_ar = base_ar.unwrap();
+    // Control: one switch, no ECMP choice to make; the transports should agree here.
+    for (name, kind) in [
+        ("allreduce-1sw", Kind::AllReduce),
+        ("alltoall-1sw", Kind::AllToAll),
+    ] {
+        let mut sc = p.scenario(name, kind, 1);
+        sc.hosts_per_leaf = sc.nodes;
+        let outs = r.run_all(&sc);
+        r.md.push_str(&md_row(&sc, &outs));
+    }
+    let _ = writeln!(
+        r.md,
+        "\n(`-1sw`: all hosts on one switch, a control without ECMP collisions.)"
+    );
 
     // Random loss: the share of the lossless speed each transport keeps.
     let _ = writeln!(
@@ -369,11 +456,18 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
         );
     }
 
+    let _ = writeln!(
+        r.md,
+        "\n## All ratios\n\n![baseline CCT / MetaRoCE CCT](ratios.svg)"
+    );
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let md_path = out.join("report.md");
     let csv_path = out.join("results.csv");
     std::fs::write(&md_path, &r.md).map_err(|e| format!("{}: {e}", md_path.display()))?;
     std::fs::write(&csv_path, &r.csv).map_err(|e| format!("{}: {e}", csv_path.display()))?;
+    let svg_path = out.join("ratios.svg");
+    std::fs::write(&svg_path, ratios_svg(&r.ratios))
+        .map_err(|e| format!("{}: {e}", svg_path.display()))?;
     print!("{}", r.md);
     println!("\nwritten: {} {}", md_path.display(), csv_path.display());
     if r.problems.is_empty() {
