@@ -226,7 +226,9 @@ struct Topo {
 
 enum Ev {
     PortDone(u32),
-    Arrive(Node, Packet),
+    /// A packet in `Sim::arrivals` reaches its next node (kept out of the heap, whose
+    /// entries stay small: sifting moved whole packets).
+    Arrive(u32),
     /// End's timer armed for this deadline.
     Timer(u32, u64),
 }
@@ -262,6 +264,8 @@ pub struct EndSlot {
     pub end: Box<dyn End>,
     timer_at: Option<u64>,
     ready: bool,
+    /// Its timer is re-armed when the current instant's work is done.
+    dirty: bool,
 }
 
 pub struct Host {
@@ -306,6 +310,9 @@ pub struct Sim {
     pub events: u64,
     done_buf: Vec<u32>,
     kicks: Vec<u32>,
+    dirty: Vec<u32>,
+    arrivals: Vec<Option<(Node, Packet)>>,
+    free_arrivals: Vec<u32>,
     /// Time the workload started.
     pub start: u64,
 }
@@ -434,6 +441,7 @@ impl Sim {
                         end: make_end(h, p),
                         timer_at: None,
                         ready: false,
+                        dirty: false,
                     });
                     (ends.len() - 1) as u32
                 });
@@ -466,6 +474,9 @@ impl Sim {
             events: 0,
             done_buf: Vec::new(),
             kicks: Vec::new(),
+            dirty: Vec::new(),
+            arrivals: Vec::new(),
+            free_arrivals: Vec::new(),
             start: 1_000,
         }
     }
@@ -499,7 +510,11 @@ impl Sim {
             self.events += 1;
             match item.ev {
                 Ev::PortDone(p) => self.port_done(p),
-                Ev::Arrive(node, pkt) => self.arrive(node, pkt),
+                Ev::Arrive(i) => {
+                    let (node, pkt) = self.arrivals[i as usize].take().expect("an arrival");
+                    self.free_arrivals.push(i);
+                    self.arrive(node, pkt)
+                }
                 Ev::Timer(e, d) => {
                     let now = self.now;
                     let slot = &mut self.ends[e as usize];
@@ -518,9 +533,24 @@ impl Sim {
         self.flows_left == 0
     }
 
+    /// The current instant's deferred work: the NICs take what their endpoints have, then
+    /// the timers of the endpoints touched are re-armed (once each, however often they were
+    /// touched: nothing else happens in between, so only the last deadline matters).
     fn run_kicks(&mut self) {
         while let Some(h) = self.kicks.pop() {
             self.kick(h);
+        }
+        while let Some(e) = self.dirty.pop() {
+            self.ends[e as usize].dirty = false;
+            self.rearm(e);
+        }
+    }
+
+    fn mark_dirty(&mut self, e: u32) {
+        let slot = &mut self.ends[e as usize];
+        if !slot.dirty {
+            slot.dirty = true;
+            self.dirty.push(e);
         }
     }
 
@@ -566,7 +596,7 @@ impl Sim {
             self.hosts[slot.host as usize].ready.push_back(e);
         }
         self.kicks.push(slot.host);
-        self.rearm(e);
+        self.mark_dirty(e);
     }
 
     fn rearm(&mut self, e: u32) {
@@ -607,7 +637,7 @@ impl Sim {
                     host.ready.push_back(e);
                     host.backlog += 1;
                     host.tx_packets += 1;
-                    self.rearm(e);
+                    self.mark_dirty(e);
                     self.enqueue(port, pkt);
                 }
                 None => {
@@ -619,7 +649,7 @@ impl Sim {
                     }
                     done.clear();
                     self.done_buf = done;
-                    self.rearm(e);
+                    self.mark_dirty(e);
                 }
             }
         }
@@ -684,7 +714,17 @@ impl Sim {
         if lost {
             self.ports[port as usize].loss_drops += 1;
         } else {
-            self.push(at, Ev::Arrive(to, pkt));
+            let i = match self.free_arrivals.pop() {
+                Some(i) => {
+                    self.arrivals[i as usize] = Some((to, pkt));
+                    i
+                }
+                None => {
+                    self.arrivals.push(Some((to, pkt)));
+                    (self.arrivals.len() - 1) as u32
+                }
+            };
+            self.push(at, Ev::Arrive(i));
         }
         self.nic_release(port);
         self.start_port(port);
