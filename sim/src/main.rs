@@ -13,7 +13,8 @@ const USAGE: &str = "usage:
   metaroce-sim run [--scenario incast|alltoall|allreduce] [--proto all|metaroce|rocev2|irn]
                    [--nodes N] [--planes P] [--seed S] [--loss PPM] [--core-loss PPM] [--bytes B]
                    [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US] [--fail-plane US]
-                   [--fail-for US] [--csv]
+                   [--fail-for US] [--meta-cc full|ecn-only|rate-only] [--initial-window PKTS]
+                   [--csv]
       one scenario, a Markdown table row per transport (--csv: CSV lines)
   metaroce-sim table [--quick] [--out DIR]
       the scenario table: DIR/report.md and DIR/results.csv (default build/sim);
@@ -78,6 +79,13 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
             "--fail-spine" => fail = Some((1, num(v, "--fail-spine")? * 1_000)),
             "--fail-plane" => fail = Some((2, num(v, "--fail-plane")? * 1_000)),
             "--fail-for" => fail_for = num(v, "--fail-for")? * 1_000,
+            "--meta-cc" => match v.map(String::as_str) {
+                Some("full") => sc.meta_cc.ecn = true,
+                Some("ecn-only") => sc.meta_cc.receiver_rate = false,
+                Some("rate-only") => sc.meta_cc.ecn = false,
+                _ => return Err("--meta-cc: full, ecn-only or rate-only".into()),
+            },
+            "--initial-window" => sc.meta_cc.initial_window = num(v, "--initial-window")? as u32,
             "--csv" => {
                 csv = true;
                 i += 1;

@@ -281,6 +281,42 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
         "\n(`-1sw`: all hosts on one switch, a control without ECMP collisions.)"
     );
 
+    // MetaRoCE's congestion control variants on the incast.
+    let _ = writeln!(
+        r.md,
+        "\n## MetaRoCE congestion control on the incast ({} to 1)\n\n\
+         Full: ECN windows and the receiver's grant; ecn-only: no grants; rate-only: windows \
+         ignore ECN. IW: `CcConfig::initial_window` (default 16 packets per connection).\n\n\
+         | variant | IW | CCT us | retx % | timeouts | drops | max queue KiB |\n\
+         |---|---|---|---|---|---|---|",
+        p.nodes - 1
+    );
+    for (name, ecn, rate, iw) in [
+        ("full", true, true, 16),
+        ("ecn-only", true, false, 16),
+        ("rate-only", false, true, 16),
+        ("full", true, true, 4),
+    ] {
+        let mut sc = p.scenario(&format!("incast-{name}-iw{iw}"), Kind::Incast, 1);
+        sc.meta_cc.ecn = ecn;
+        sc.meta_cc.receiver_rate = rate;
+        sc.meta_cc.initial_window = iw;
+        let o = run(&sc, Proto::Meta);
+        let _ = writeln!(r.csv, "{}", csv_row(&sc, &o, true));
+        if r.check && !o.correct() {
+            r.problems.push(format!("{}: incomplete", sc.name));
+        }
+        let _ = writeln!(
+            r.md,
+            "| {name} | {iw} | {} | {:.2} | {} | {} | {:.0} |",
+            us(&o),
+            100.0 * o.counters.retransmits as f64 / o.counters.data_packets.max(1) as f64,
+            o.counters.timeouts,
+            o.net.drops,
+            o.net.max_queue as f64 / 1024.0
+        );
+    }
+
     // Seeds: how much of the gap is one draw of ring order, hashes and source ports.
     let _ = writeln!(
         r.md,

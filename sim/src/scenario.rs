@@ -9,7 +9,7 @@ use crate::fabric::{FabricConfig, FailTarget, Failure, RunStats, Sim};
 use crate::meta::{MetaConfig, MetaEnd};
 use crate::rng::mix;
 use crate::workload::{build, jain, Kind};
-use metaroce_transport::congestion::RateAllocator;
+use metaroce_transport::congestion::{CcConfig, RateAllocator};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -67,6 +67,8 @@ pub struct Scenario {
     pub spines: usize,
     /// Simulated time limit, ns.
     pub deadline_ns: u64,
+    /// MetaRoCE's congestion control (experiments: one signal off, another initial window).
+    pub meta_cc: CcConfig,
 }
 
 impl Scenario {
@@ -84,6 +86,7 @@ impl Scenario {
             hosts_per_leaf: 8,
             spines: 8,
             deadline_ns: 2_000_000_000,
+            meta_cc: CcConfig::new(),
         }
     }
 
@@ -144,7 +147,8 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
     let flows = build(sc.kind, sc.nodes, sc.bytes, sc.seed);
     let expected: u64 = flows.iter().map(|f| f.bytes).sum();
     let mtu = 4096u32;
-    let mc = MetaConfig::new(sc.planes, sc.seed);
+    let mut mc = MetaConfig::new(sc.planes, sc.seed);
+    mc.cc = sc.meta_cc;
     let rtt = fc.base_rtt_ns(mtu + DATA_HEADER + OVERHEAD);
     let wire = u64::from(mtu + DATA_HEADER + OVERHEAD);
     let bdp = (fc.host_mbps * rtt / 8_000).div_ceil(wire);
