@@ -110,4 +110,8 @@ pub trait End {
     /// Transfers completed at the sender since the last call.
     fn take_done(&mut self, out: &mut Vec<u32>);
     fn counters(&self) -> EndCounters;
+    /// A description of the endpoint's state for debugging (`METAROCE_SIM_DEBUG`).
+    fn debug(&self) -> String {
+        String::new()
+    }
 }

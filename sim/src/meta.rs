@@ -30,6 +30,8 @@ pub struct MetaConfig {
     /// Largest WRITE a transfer is cut into.
     pub chunk: u32,
     pub cc: CcConfig,
+    /// RTO of a path without an RTT sample, ns.
+    pub initial_rto_ns: u64,
     pub seed: u64,
 }
 
@@ -41,6 +43,7 @@ impl MetaConfig {
             mtu: 4096,
             chunk: 1 << 20,
             cc: CcConfig::new(),
+            initial_rto_ns: 200_000,
             seed,
         }
     }
@@ -79,7 +82,7 @@ impl<const N: usize> MetaEnd<N> {
         c.mtu = mc.mtu;
         c.seed = crate::rng::mix(mc.seed ^ (u64::from(host) << 32 | u64::from(peer))) | 1;
         c.path.min_rto = 100_000;
-        c.path.initial_rto = 300_000;
+        c.path.initial_rto = mc.initial_rto_ns;
         c.path.max_rto = 5_000_000;
         c.path.ack_delay = 5_000;
         c.stall_timeout = 2_000_000;
@@ -190,6 +193,19 @@ impl<const N: usize> End for MetaEnd<N> {
 
     fn take_done(&mut self, out: &mut Vec<u32>) {
         out.append(&mut self.done);
+    }
+
+    fn debug(&self) -> String {
+        let mut out = format!("{:?}\n", self.conn.stats());
+        for i in 0..self.conn.path_count() {
+            if let (Some(st), Some(ps)) = (self.conn.path_state(i), self.conn.path_stats(i)) {
+                out += &format!("  path {i}: {st:?} {ps:?}\n");
+            }
+        }
+        if let Some((r, q)) = self.conn.stream_stats(self.stream) {
+            out += &format!("  requester {r:?}\n  responder {q:?}\n");
+        }
+        out
     }
 
     fn counters(&self) -> EndCounters {

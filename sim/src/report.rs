@@ -27,6 +27,8 @@ struct Params {
     planes_bytes: u64,
     speed_nodes: Vec<usize>,
     speed_bytes: u64,
+    /// All-to-All bytes per pair in the sizes' table.
+    sizes: Vec<u64>,
     /// Seeds of the seeds' table (1 is the rest of the report's).
     seeds: Vec<u64>,
     deadline_ns: u64,
@@ -47,6 +49,7 @@ impl Params {
             speed_nodes: vec![16, 64, 256],
             speed_bytes: 8 << 20,
             seeds: (1..=8).collect(),
+            sizes: vec![8 << 10, 64 << 10, 1 << 20],
             deadline_ns: 200_000_000,
         }
     }
@@ -65,6 +68,7 @@ impl Params {
             speed_nodes: vec![16],
             speed_bytes: 1 << 20,
             seeds: vec![1, 2, 3],
+            sizes: vec![8 << 10, 64 << 10],
             deadline_ns: 100_000_000,
         }
     }
@@ -315,6 +319,47 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             o.net.drops,
             o.net.max_queue as f64 / 1024.0
         );
+    }
+
+    // Message sizes.
+    let _ = writeln!(
+        r.md,
+        "\n## Message sizes (All-to-All, 1 plane, lossless and 1% loss)\n\n\
+         | bytes per pair | loss | metaroce CCT us | rocev2 CCT us | irn CCT us | rocev2/metaroce | irn/metaroce |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    for &bytes in &p.sizes {
+        for loss in [0, 10_000] {
+            let mut sc = p.scenario(
+                &format!("a2a-{}k-loss{}", bytes >> 10, loss / 10_000),
+                Kind::AllToAll,
+                1,
+            );
+            sc.bytes = bytes;
+            sc.loss_ppm = loss;
+            let outs = r.run_all(&sc);
+            let q = |i: usize| {
+                if outs[i].completed && outs[0].completed {
+                    format!(
+                        "{:.2}",
+                        outs[i].cct_ns as f64 / outs[0].cct_ns.max(1) as f64
+                    )
+                } else {
+                    "-".into()
+                }
+            };
+            let _ = writeln!(
+                r.md,
+                "| {} KiB | {}% | {} | {} | {} | {} | {} |",
+                bytes >> 10,
+                loss as f64 / 1e4,
+                us(&outs[0]),
+                us(&outs[1]),
+                us(&outs[2]),
+                q(1),
+                q(2)
+            );
+        }
     }
 
     // Seeds: how much of the gap is one draw of ring order, hashes and source ports.

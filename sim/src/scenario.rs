@@ -69,6 +69,8 @@ pub struct Scenario {
     pub deadline_ns: u64,
     /// MetaRoCE's congestion control (experiments: one signal off, another initial window).
     pub meta_cc: CcConfig,
+    /// MetaRoCE's RTO for a path without an RTT sample, ns.
+    pub meta_initial_rto_ns: u64,
 }
 
 impl Scenario {
@@ -87,6 +89,7 @@ impl Scenario {
             spines: 8,
             deadline_ns: 2_000_000_000,
             meta_cc: CcConfig::new(),
+            meta_initial_rto_ns: 200_000,
         }
     }
 
@@ -149,6 +152,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
     let mtu = 4096u32;
     let mut mc = MetaConfig::new(sc.planes, sc.seed);
     mc.cc = sc.meta_cc;
+    mc.initial_rto_ns = sc.meta_initial_rto_ns;
     let rtt = fc.base_rtt_ns(mtu + DATA_HEADER + OVERHEAD);
     let wire = u64::from(mtu + DATA_HEADER + OVERHEAD);
     let bdp = (fc.host_mbps * rtt / 8_000).div_ceil(wire);
@@ -199,6 +203,11 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
         counters.retransmits += c.retransmits;
         counters.timeouts += c.timeouts;
         counters.failed += c.failed;
+    }
+    if std::env::var_os("METAROCE_SIM_DEBUG").is_some() {
+        for e in sim.ends.iter().filter(|e| e.end.counters().failed > 0) {
+            eprintln!("end {} -> {}: {}", e.host, e.peer, e.end.debug());
+        }
     }
     let rx_bytes = sim
         .hosts
