@@ -803,3 +803,107 @@ impl Sim {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint::{Body, CountingMemory};
+    use metaroce_transport::congestion::RateAllocator;
+
+    fn sim(cfg: FabricConfig) -> Sim {
+        Sim::new(
+            cfg,
+            Vec::new(),
+            |_, _| unreachable!("no flows, no endpoints"),
+            |_| HostCtx {
+                alloc: RateAllocator::new(0),
+                mem: CountingMemory::default(),
+                rx_bytes: 0,
+            },
+        )
+    }
+
+    fn pkt(src: u32, dst: u32, sport: u16) -> Packet {
+        Packet {
+            src,
+            dst,
+            plane: 0,
+            sport,
+            wire: 100,
+            ecn_capable: false,
+            ce: false,
+            body: Body::Meta(Vec::new()),
+        }
+    }
+
+    /// The spine a packet from leaf 0 goes to.
+    fn spine_of(s: &Sim, p: &Packet) -> Option<u16> {
+        let port = s.leaf_route(0, 0, p);
+        match s.ports[port as usize].to {
+            Node::Spine(_, sp) => Some(sp),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn topology_has_the_ports_it_should() {
+        let mut cfg = FabricConfig::new(20, 3);
+        cfg.hosts_per_leaf = 8;
+        cfg.spines = 5;
+        assert_eq!(cfg.leaves(), 3);
+        let s = sim(cfg);
+        // NIC and leaf-to-host ports per host and plane, two per leaf-spine pair and plane.
+        assert_eq!(s.ports.len(), 20 * 3 * 2 + 3 * 3 * 5 * 2);
+        assert_eq!(
+            s.ports.iter().filter(|p| p.switch).count(),
+            20 * 3 + 3 * 3 * 5 * 2
+        );
+    }
+
+    #[test]
+    fn ecmp_spreads_by_source_port_and_is_stable() {
+        let mut cfg = FabricConfig::new(16, 1);
+        cfg.spines = 4;
+        let s = sim(cfg);
+        // Same host on the same leaf: no spine.
+        assert_eq!(spine_of(&s, &pkt(0, 1, 1000)), None);
+        let mut seen = [0u32; 4];
+        for sport in 49_152..49_152 + 400 {
+            let a = spine_of(&s, &pkt(0, 9, sport)).unwrap();
+            assert_eq!(
+                spine_of(&s, &pkt(0, 9, sport)),
+                Some(a),
+                "a function of the 5-tuple"
+            );
+            seen[usize::from(a)] += 1;
+        }
+        assert!(
+            seen.iter().all(|&n| n > 60),
+            "spread over the spines: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn leaves_route_around_a_failed_spine_after_reroute_time() {
+        let mut cfg = FabricConfig::new(16, 1);
+        cfg.spines = 4;
+        cfg.reroute_ns = 1_000_000;
+        cfg.failures.push(Failure {
+            target: FailTarget::Spine { plane: 0, spine: 2 },
+            from_ns: 10_000,
+            until_ns: 5_000_000,
+        });
+        let mut s = sim(cfg);
+        let count = |s: &Sim| {
+            (0..400u16)
+                .filter(|&i| spine_of(s, &pkt(0, 9, 49_152 + i)) == Some(2))
+                .count()
+        };
+        s.now = 500_000; // down, not yet routed around: black-holed
+        assert!(count(&s) > 60);
+        s.now = 1_010_000;
+        assert_eq!(count(&s), 0);
+        s.now = 5_000_000; // back
+        assert!(count(&s) > 60);
+    }
+}
