@@ -14,7 +14,7 @@ const USAGE: &str = "usage:
                    [--nodes N] [--planes P] [--seed S] [--loss PPM] [--core-loss PPM] [--bytes B]
                    [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US] [--fail-plane US]
                    [--fail-for US] [--meta-cc full|ecn-only|rate-only] [--initial-window PKTS]
-                   [--initial-rto US]
+                   [--initial-rto US] [--deadline-ms MS]
                    [--csv]
       one scenario, a Markdown table row per transport (--csv: CSV lines)
   metaroce-sim table [--quick] [--out DIR]
@@ -86,6 +86,7 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
                 Some("rate-only") => sc.meta_cc.ecn = false,
                 _ => return Err("--meta-cc: full, ecn-only or rate-only".into()),
             },
+            "--deadline-ms" => sc.deadline_ns = num(v, "--deadline-ms")? * 1_000_000,
             "--initial-rto" => sc.meta_initial_rto_ns = num(v, "--initial-rto")? * 1_000,
             "--initial-window" => sc.meta_cc.initial_window = num(v, "--initial-window")? as u32,
             "--csv" => {
