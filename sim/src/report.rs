@@ -270,6 +270,11 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
         }
     }
     let base_ar = base_ar.unwrap();
+    {
+        let sc = p.scenario("alltoall-4p", Kind::AllToAll, 4);
+        let outs = r.run_all(&sc);
+        r.md.push_str(&md_row(&sc, &outs));
+    }
     // Control: one switch, no ECMP choice to make; the transports should agree here.
     for (name, kind) in [
         ("allreduce-1sw", Kind::AllReduce),
@@ -409,14 +414,24 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
     // Random loss: the share of the lossless speed each transport keeps.
     let _ = writeln!(
         r.md,
-        "\n## Random loss (All-Reduce, loss on every leaf-to-host link)\n\n\
+        "\n## Random loss (All-Reduce; loss on every leaf-to-host link, or on every leaf-spine link)\n\n\
          Kept: lossless CCT / lossy CCT of the same transport.\n\n\
          | loss | metaroce CCT us | kept | rocev2 CCT us | kept | irn CCT us | kept | rocev2/metaroce | irn/metaroce |\n\
          |---|---|---|---|---|---|---|---|---|"
     );
-    for &loss in &p.losses {
-        let mut sc = p.scenario(&format!("loss{}", loss / 10_000), Kind::AllReduce, 1);
-        sc.loss_ppm = loss;
+    let mut variants: Vec<(u32, bool)> = p.losses.iter().map(|&l| (l, false)).collect();
+    variants.push((10_000, true));
+    for (loss, core) in variants {
+        let mut sc = p.scenario(
+            &format!("{}loss{}", if core { "core-" } else { "" }, loss / 10_000),
+            Kind::AllReduce,
+            1,
+        );
+        if core {
+            sc.core_loss_ppm = loss;
+        } else {
+            sc.loss_ppm = loss;
+        }
         let outs = r.run_all(&sc);
         let ratio = |b: &Outcome| {
             if b.completed && outs[0].completed {
@@ -427,8 +442,9 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
         };
         let _ = writeln!(
             r.md,
-            "| {}% | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}%{} | {} | {} | {} | {} | {} | {} | {} | {} |",
             loss as f64 / 1e4,
+            if core { " on leaf-spine links" } else { "" },
             us(&outs[0]),
             kept(&base_ar[0], &outs[0]),
             us(&outs[1]),
