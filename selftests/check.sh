@@ -106,6 +106,8 @@ if [ "$MODE" != debug ]; then
 	grep -h '^test result:' "$LOG/cargo-test.log" | sed 's/^/# /'
 	step cargo-clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 	step cargo-fmt cargo fmt --all --check
+	# The fabric simulator's small scenario table: completion, delivery counts, determinism.
+	step sim-quick make --no-print-directory sim-quick
 	# The fuzz crates are not workspace members: each is checked in its own directory.
 	step fuzz-fmt sh -c 'cd transport/fuzz && cargo fmt --check && cd ../../verbs-core/fuzz && cargo fmt --check'
 	# The module's crate is not a Cargo package: rustfmt follows its mod lines from the root.
