@@ -216,6 +216,16 @@ fn us(o: &Outcome) -> String {
     }
 }
 
+/// `o`'s CCT over `base`'s, two decimals (how many times faster `base` was), or "-" if either
+/// did not complete.
+fn ratio(base: &Outcome, o: &Outcome) -> String {
+    if o.completed && base.completed {
+        format!("{:.2}", o.cct_ns as f64 / base.cct_ns.max(1) as f64)
+    } else {
+        "-".into()
+    }
+}
+
 /// `base` CCT over `o`'s, as a percentage (the share of the baseline's speed kept).
 fn kept(base: &Outcome, o: &Outcome) -> String {
     if o.completed && base.completed {
@@ -343,16 +353,7 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             sc.bytes = bytes;
             sc.loss_ppm = loss;
             let outs = r.run_all(&sc);
-            let q = |i: usize| {
-                if outs[i].completed && outs[0].completed {
-                    format!(
-                        "{:.2}",
-                        outs[i].cct_ns as f64 / outs[0].cct_ns.max(1) as f64
-                    )
-                } else {
-                    "-".into()
-                }
-            };
+            let q = |i: usize| ratio(&outs[0], &outs[i]);
             let _ = writeln!(
                 r.md,
                 "| {} KiB | {}% | {} | {} | {} | {} | {} |",
@@ -433,13 +434,6 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             sc.loss_ppm = loss;
         }
         let outs = r.run_all(&sc);
-        let ratio = |b: &Outcome| {
-            if b.completed && outs[0].completed {
-                format!("{:.2}", b.cct_ns as f64 / outs[0].cct_ns.max(1) as f64)
-            } else {
-                "-".into()
-            }
-        };
         let _ = writeln!(
             r.md,
             "| {}%{} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -451,8 +445,8 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             kept(&base_ar[1], &outs[1]),
             us(&outs[2]),
             kept(&base_ar[2], &outs[2]),
-            ratio(&outs[1]),
-            ratio(&outs[2]),
+            ratio(&outs[0], &outs[1]),
+            ratio(&outs[0], &outs[2]),
         );
     }
 
@@ -481,16 +475,7 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
                 "-".into()
             }
         };
-        let vs = |i: usize| {
-            if outs[i].completed && outs[0].completed {
-                format!(
-                    "{:.2}",
-                    outs[i].cct_ns as f64 / outs[0].cct_ns.max(1) as f64
-                )
-            } else {
-                "-".into()
-            }
-        };
+        let vs = |i: usize| ratio(&outs[0], &outs[i]);
         let _ = writeln!(
             r.md,
             "| {planes} | {} | {} | {} | {} | {} | {} | {} | {} |",
