@@ -56,7 +56,7 @@ use crate::{
         connection::{
             path::Path, Arrival, Config, Connection, Event, RecvError, StreamSlots, Transmit,
         },
-        memory::{Access, AccessError, AtomicOp, Memory, SgList, Sge},
+        memory::{for_each_piece, Access, AccessError, AtomicOp, Memory, SgList, Sge},
         stream::{self, CqOpcode, CqStatus, Stream, StreamConfig, StreamId, WrOpcode},
         wire::{Packet, DEFAULT_PEER_PATHS, MAX_HEADER_LEN},
         zero::{zero_valid, ZeroValid},
@@ -64,6 +64,7 @@ use crate::{
     verbs::{self, Cqe, Qp, QpAttrs, QpState, SendWqe, Verbs},
     verbs_core::{
         ib::{access, kernel_wc_flags, wc_opcode, wc_status, QpType, WC_WITH_IMM, WC_WITH_INV},
+        lists::{ListRef, Queue},
         mw::MwError,
         wqe::{
             self as vwqe, judge_kernel_send, judge_recv, judge_send, Judged, Payload, SendOp,
@@ -91,7 +92,7 @@ mod planes;
 mod ud;
 
 use completions::deliver;
-use feed::sg_list;
+use feed::sges;
 use mem::Mem;
 
 pub(crate) use datagrams::is_datagram;
@@ -977,6 +978,7 @@ impl Engine {
                 if let Some(store) = inner.inline.as_mut() {
                     store.clear();
                 }
+                inner.lists.clear();
                 inner.binding = Some(Binding {
                     peer: peer.clone(),
                     stream,

@@ -17,8 +17,8 @@ use crate::sys::{
     QpEvents, SrqEvents, KERNEL_LKEY,
 };
 use crate::verbs::{
-    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelQp, KernelWc, Mr, MrMemory, Mw,
-    MwObject, Qp, QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
+    limits, reserve_in, Caps, Cq, CqRing, Fifo, InlineStore, KernelQp, KernelWc, LongLists, Mr,
+    MrMemory, Mw, MwObject, Qp, QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
 };
 use crate::verbs_core::{
     caps, frwr,
@@ -141,13 +141,14 @@ impl VerbsOps for MetaRoceOps {
         // Kernel consumers' SRQs are not supported.
         let udata = udata.ok_or(EOPNOTSUPP)?;
         let uctx = udata.ucontext()?;
-        if srq_type != ib::srq_type::BASIC || attr.max_sge > limits::MAX_SGE {
+        if srq_type != ib::srq_type::BASIC || attr.max_sge > limits::MAX_RECV_SGE {
             return Err(EINVAL);
         }
         caps::srq_wr(attr.max_wr).map_err(|_| EINVAL)?;
         let ring = UserRing::new(&uctx, attr.max_wr)?;
         let srqn = dev.verbs.srqs.lock().reserve(1)?;
-        let srq = match Arc::pin_init(Srq::new(srqn, ring, events), GFP_KERNEL) {
+        let max_sge = attr.max_sge.max(1);
+        let srq = match Arc::pin_init(Srq::new(srqn, max_sge, ring, events), GFP_KERNEL) {
             Ok(srq) => srq,
             Err(e) => {
                 dev.verbs.srqs.lock().remove(srqn);
@@ -163,7 +164,7 @@ impl VerbsOps for MetaRoceOps {
         dev.verbs.srqs.lock().insert(srqn, srq.clone());
         let got = SrqAttr {
             max_wr: srq.capacity(),
-            max_sge: limits::MAX_SGE,
+            max_sge,
             srq_limit: attr.srq_limit,
         };
         Ok((srq, got))
@@ -200,7 +201,7 @@ impl VerbsOps for MetaRoceOps {
     fn query_srq(srq: &Arc<Srq>) -> SrqAttr {
         SrqAttr {
             max_wr: srq.capacity(),
-            max_sge: limits::MAX_SGE,
+            max_sge: srq.max_sge,
             srq_limit: srq.limit.load(core::sync::atomic::Ordering::Relaxed),
         }
     }
@@ -604,6 +605,12 @@ impl VerbsOps for MetaRoceOps {
     }
 }
 
+/// The long-list store of an RC or UC QP with capacities `cap`, on `srq` if it has one.
+fn long_lists(cap: &Caps, srq: Option<&Srq>) -> Result<LongLists> {
+    let recv = srq.map_or(cap.max_recv_sge, |s| s.max_sge);
+    LongLists::new(cap.max_send_sge, recv)
+}
+
 /// A user RC or UD QP: its rings mapped in the caller's context, its number in the device's
 /// table.
 fn create_user_qp(
@@ -639,6 +646,13 @@ fn create_user_qp(
     } else {
         None
     };
+    // RC and UC streams keep lists longer than the transport carries (UD gathers and
+    // scatters a WQE's own list at once).
+    let lists = if matches!(qp_type, QpType::Rc | QpType::Uc) {
+        long_lists(&cap, srq.as_deref())?
+    } else {
+        LongLists::default()
+    };
     let qpn = reserve_in(&dev.verbs.qps, 1)?;
     let parts = QpParts {
         qpn,
@@ -651,6 +665,7 @@ fn create_user_qp(
         cap,
         queues: QpQueues { sq, rq },
         inline,
+        lists,
         kernel: None,
     };
     let qp = match Arc::pin_init(Qp::new(parts, events), GFP_KERNEL) {
@@ -719,6 +734,7 @@ fn create_kernel_qp(
     } else {
         None
     };
+    let lists = long_lists(&cap, srq.as_deref())?;
     let qpn = reserve_in(&dev.verbs.qps, 1)?;
     let parts = QpParts {
         qpn,
@@ -731,6 +747,7 @@ fn create_kernel_qp(
         cap,
         queues: QpQueues { sq, rq },
         inline,
+        lists,
         kernel: Some(KernelQp {
             ibqp: init.handle,
             mem,

@@ -20,6 +20,17 @@ use kernel::{
     sync::{Arc, Mutex, SpinLockIrq},
 };
 
+use crate::transport::{
+    memory::{SgList, Sge, MAX_SGE},
+    stream,
+};
+use crate::verbs_core::{
+    abi::Sge as WqeSge,
+    ib::{wc_opcode, wc_status, QpType},
+    lists::{ListRef, ListSlots, Queue},
+    qp::ModifyAttr,
+    wqe::{judge_recv, Judged, RecvWork, SgList as WqeSgList, MAX_LIST},
+};
 pub(crate) use crate::verbs_core::{
     abi::{Cqe, RecvWqe, SendWqe},
     caps::{limits, Caps},
@@ -27,12 +38,7 @@ pub(crate) use crate::verbs_core::{
     mr::MrShape,
     mw::MwState,
     qp::{QpAttrs, QpChange},
-    wqe::INLINE_LKEY,
-};
-use crate::verbs_core::{
-    ib::{wc_opcode, wc_status, QpType},
-    qp::ModifyAttr,
-    wqe::{judge_recv, Judged, RecvWork},
+    wqe::{INLINE_LKEY, LIST_LKEY},
 };
 
 /// A memory region.
@@ -676,6 +682,8 @@ impl Cq {
 #[pin_data]
 pub(crate) struct Srq {
     pub(crate) srqn: u32,
+    /// SGEs a receive may carry, as created (at least one).
+    pub(crate) max_sge: u32,
     /// Taken by the data path in softirq too.
     #[pin]
     ring: SpinLockBh<UserRing<RecvWqe>>,
@@ -701,11 +709,13 @@ pub(crate) enum SrqTake {
 impl Srq {
     pub(crate) fn new(
         srqn: u32,
+        max_sge: u32,
         ring: UserRing<RecvWqe>,
         events: Arc<SrqEvents>,
     ) -> impl PinInit<Self> {
         pin_init!(Srq {
             srqn,
+            max_sge,
             ring <- new_spinlock_bh!(ring, "metaroce_srq"),
             limit: AtomicU32::new(0),
             broken: AtomicBool::new(false),
@@ -789,6 +799,8 @@ pub(crate) struct QpInner {
     pub(crate) attrs: QpAttrs,
     /// Inline payloads of its send WQEs in the transport (None without `max_inline_data`).
     pub(crate) inline: Option<InlineStore>,
+    /// SGE lists of its WQEs in the transport longer than the transport carries.
+    pub(crate) lists: LongLists,
     /// Its stream on the connection to its peer, from RTS on.
     pub(crate) binding: Option<crate::datapath::Binding>,
 }
@@ -916,6 +928,114 @@ impl InlineStore {
     }
 }
 
+/// A QP's SGE lists longer than the transport carries (`memory::MAX_SGE`) while the
+/// transport holds their WQEs (`verbs_core::lists`): each queue's only if the QP may post
+/// such lists (its `max_send_sge`, its `max_recv_sge` or its SRQ's `max_sge` beyond the
+/// transport's). A WQE with a longer list on a queue without them completes in error.
+#[derive(Default)]
+pub(crate) struct LongLists {
+    send: Option<(ListSlots, KVVec<WqeSge>)>,
+    recv: Option<(ListSlots, KVVec<WqeSge>)>,
+}
+
+/// The transport's SGE list for `l`, a judged list of queue `queue` of QP `qpn`: the same
+/// SGEs if the transport carries that many, else one SGE under `LIST_LKEY` naming the slot
+/// where `lists` stages it. The bool says whether it was staged (then the caller commits it
+/// once the transport takes the WQE). None for a list longer than `max` (the SGEs the queue
+/// was created with), which completes in error.
+pub(crate) fn transport_list(
+    lists: &mut LongLists,
+    queue: Queue,
+    qpn: u32,
+    l: &WqeSgList,
+    max: u32,
+) -> Option<(SgList, bool)> {
+    let sges = l.sges();
+    if sges.len() > max as usize {
+        return None;
+    }
+    if sges.len() <= MAX_SGE {
+        let mut list = [Sge::default(); MAX_SGE];
+        for (d, s) in list.iter_mut().zip(sges) {
+            *d = Sge {
+                addr: s.addr,
+                len: s.length,
+                lkey: s.lkey,
+            };
+        }
+        return Some((SgList::new(list.get(..sges.len())?)?, false));
+    }
+    let (slots, storage) = lists.queue(queue)?;
+    let slot = slots.stage(storage, sges)?;
+    let sge = Sge {
+        addr: ListRef { qpn, queue, slot }.addr(),
+        len: l.total(),
+        lkey: LIST_LKEY,
+    };
+    Some((SgList::single(sge), true))
+}
+
+impl LongLists {
+    /// Lists for the queues that may have them: `send` and `recv` are the longest lists the
+    /// QP's send and receive queues (its SRQ's) may carry.
+    pub(crate) fn new(send: u32, recv: u32) -> Result<Self> {
+        let make = |depth: usize, per: u32| -> Result<Option<(ListSlots, KVVec<WqeSge>)>> {
+            if per as usize <= MAX_SGE {
+                return Ok(None);
+            }
+            let slots = ListSlots::new(depth as u32, per as usize);
+            let mut v = KVVec::with_capacity(slots.storage_len(), GFP_KERNEL)?;
+            v.resize(slots.storage_len(), WqeSge::default(), GFP_KERNEL)?;
+            Ok(Some((slots, v)))
+        };
+        Ok(LongLists {
+            send: make(stream::SQ_DEPTH, send)?,
+            recv: make(stream::RQ_DEPTH, recv)?,
+        })
+    }
+
+    fn queue(&mut self, queue: Queue) -> Option<(&mut ListSlots, &mut [WqeSge])> {
+        let q = match queue {
+            Queue::Send => self.send.as_mut(),
+            Queue::Recv => self.recv.as_mut(),
+        }?;
+        Some((&mut q.0, &mut q.1[..]))
+    }
+
+    /// The transport took the WQE whose list `queue` staged last.
+    pub(crate) fn commit(&mut self, queue: Queue) {
+        if let Some((slots, _)) = self.queue(queue) {
+            slots.commit();
+        }
+    }
+
+    /// Forgets every list (the QP's stream was opened again).
+    pub(crate) fn clear(&mut self) {
+        for (slots, _) in [self.send.as_mut(), self.recv.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            slots.clear();
+        }
+    }
+
+    /// Copies the list `r` names into `out` (zero-length entries after its end); None if
+    /// there is no such list.
+    pub(crate) fn copy(&mut self, r: ListRef, out: &mut [Sge; MAX_LIST]) -> Option<()> {
+        let (slots, storage) = self.queue(r.queue)?;
+        let list = slots.list(storage, r.slot)?;
+        for (i, d) in out.iter_mut().enumerate() {
+            let s = list.get(i).copied().unwrap_or_default();
+            *d = Sge {
+                addr: s.addr,
+                len: s.length,
+                lkey: s.lkey,
+            };
+        }
+        Some(())
+    }
+}
+
 /// The parts `Qp::new` takes.
 pub(crate) struct QpParts {
     pub(crate) qpn: u32,
@@ -928,6 +1048,7 @@ pub(crate) struct QpParts {
     pub(crate) cap: Caps,
     pub(crate) queues: QpQueues,
     pub(crate) inline: Option<InlineStore>,
+    pub(crate) lists: LongLists,
     pub(crate) kernel: Option<KernelQp>,
 }
 
@@ -949,6 +1070,7 @@ impl Qp {
                     state: QpState::Reset,
                     attrs: QpAttrs::default(),
                     inline: p.inline,
+                    lists: p.lists,
                     binding: None,
                 },
                 "metaroce_qp"

@@ -48,11 +48,13 @@ struct metaroce_alloc_ucontext_resp {
  * only publishes it here; it never reads it back, so rewriting it changes nothing in the kernel.
  * A `producer` that claims more than the ring holds (or lies behind `consumer`), or an SQ/RQ
  * entry the provider could not have written (an unknown opcode or send flag, a non-zero reserved
- * field, more SGEs than the device carries (4, its max_sge) or more inline bytes than the entry
- * holds) is fatal: the QP moves to the error state, its work requests flush and
+ * field, more SGEs than the device carries (a send: 12, its max_send_sge and max_sge_rd; a
+ * receive: 7, its max_recv_sge and max_srq_sge) or more inline bytes than the entry holds) is
+ * fatal: the QP moves to the error state, its work requests flush and
  * IB_EVENT_QP_FATAL is raised (an SRQ: IB_EVENT_SRQ_ERR, and it gives no more entries). An entry
  * the provider could have written but the device cannot carry out (an SGE naming no key the
- * device gave, lengths that overflow a message) completes in error instead.
+ * device gave, lengths that overflow a message, more SGEs than the QP (or its SRQ) was created
+ * with) completes in error instead.
  * The hardware counter ring_errors counts these.
  * The SQ doorbell is the uverbs POST_SEND command with no work requests (ibv_post_send on a
  * metaroce QP makes it); RQ/SRQ need none (the kernel looks when a message arrives).

@@ -6,10 +6,9 @@
 
 use super::*;
 
-/// A judged SGE list as the transport takes it (the same bounds: at most `MAX_SGE` entries,
-/// whose lengths sum to a `u32`; `sys::abi` asserts the limits agree).
-pub(super) fn sg_list(l: &vwqe::SgList) -> SgList {
-    let mut list = [Sge::default(); crate::transport::memory::MAX_SGE];
+/// A judged SGE list as plain SGEs (UD gathers and scatters it itself).
+pub(super) fn sges(l: &vwqe::SgList) -> ([Sge; vwqe::MAX_LIST], usize) {
+    let mut list = [Sge::default(); vwqe::MAX_LIST];
     for (d, s) in list.iter_mut().zip(l.sges()) {
         *d = Sge {
             addr: s.addr,
@@ -17,7 +16,7 @@ pub(super) fn sg_list(l: &vwqe::SgList) -> SgList {
             lkey: s.lkey,
         };
     }
-    SgList::new(list.get(..l.sges().len()).unwrap_or(&[])).unwrap_or_default()
+    (list, l.sges().len())
 }
 
 /// What became of a send WQE's inline payload.
@@ -64,14 +63,10 @@ fn stash_inline(
     }
 }
 
-/// A judged send WQE as the transport takes it (`inline`: the SGE standing for its inline
-/// payload, kept in the QP's [`verbs::InlineStore`]); None for an inline payload not stashed.
-fn send_wqe(w: &SendWork, inline: Option<Sge>) -> Option<stream::SendWqe> {
-    let local = match (w.payload, inline) {
-        (_, Some(sge)) => SgList::single(sge),
-        (Payload::Sges(l), None) => sg_list(&l),
-        (Payload::Inline(_), None) => return None,
-    };
+/// A judged send WQE as the transport takes it, its local data `local` (the SGE standing for
+/// its inline payload, kept in the QP's [`verbs::InlineStore`], or its SGE list as
+/// [`verbs::transport_list`] gives it).
+fn send_wqe(w: &SendWork, local: SgList) -> Option<stream::SendWqe> {
     let opcode = match w.op {
         SendOp::Send => WrOpcode::Send,
         SendOp::SendWithImm => WrOpcode::SendWithImm,
@@ -175,18 +170,23 @@ impl Engine {
                         break;
                     }
                 };
-                let local = match judge_recv(&wqe) {
-                    Judged::Usable(w) => sg_list(&w.local),
-                    // Unusable SGEs: the WQE completes in error, like a bad post would.
-                    Judged::Refused => {
-                        rq.pop();
-                        qp.recv_error(wqe.wr_id, wc_status::LOC_LEN_ERR);
-                        continue;
+                let judged = match judge_recv(&wqe) {
+                    Judged::Usable(w) => {
+                        let max = qp.cap.max_recv_sge;
+                        verbs::transport_list(&mut inner.lists, Queue::Recv, qp.qpn, &w.local, max)
                     }
+                    Judged::Refused => None,
                     Judged::Fatal => {
                         broken = true;
                         break;
                     }
+                };
+                // Unusable SGEs (or a list longer than the QP's max_recv_sge): the WQE
+                // completes in error, like a bad post would.
+                let Some((local, staged)) = judged else {
+                    rq.pop();
+                    qp.recv_error(wqe.wr_id, wc_status::LOC_LEN_ERR);
+                    continue;
                 };
                 let posted = conn.post_recv(
                     sid,
@@ -196,7 +196,12 @@ impl Engine {
                     },
                 );
                 match posted {
-                    Ok(()) => rq.pop(),
+                    Ok(()) => {
+                        rq.pop();
+                        if staged {
+                            inner.lists.commit(Queue::Recv);
+                        }
+                    }
                     Err(_) => break,
                 }
             }
@@ -262,9 +267,20 @@ impl Engine {
                 Some(w) => stash_inline(&mut inner, &wqe, w, qp.qpn, conn.stream_stats(sid)),
                 None => Stash::NotInline,
             };
+            let mut staged = false;
             let twqe = match (work, stash) {
-                (Some(w), Stash::NotInline) => send_wqe(&w, None),
-                (Some(w), Stash::Stored(sge)) => send_wqe(&w, Some(sge)),
+                (Some(w), Stash::NotInline) => match w.payload {
+                    Payload::Sges(l) => {
+                        let max = qp.cap.max_send_sge;
+                        verbs::transport_list(&mut inner.lists, Queue::Send, qp.qpn, &l, max)
+                            .and_then(|(local, s)| {
+                                staged = s;
+                                send_wqe(&w, local)
+                            })
+                    }
+                    Payload::Inline(_) => None,
+                },
+                (Some(w), Stash::Stored(sge)) => send_wqe(&w, SgList::single(sge)),
                 // Every slot holds a payload still in flight: wait for completions (which
                 // may be unsignaled: ask to hear of them).
                 (Some(_), Stash::Full) => {
@@ -274,6 +290,13 @@ impl Engine {
                 (None, _) | (Some(_), Stash::Invalid) => None,
             };
             let Some(twqe) = twqe else {
+                // Refused (a bad SGE list, an operation the QP has not): it completes in
+                // error once every WQE before it has, and the QP fails (what follows
+                // flushes), as a local QP operation error does on hardware and on rxe.
+                if conn.send_outstanding(sid) != 0 {
+                    conn.want_send_drained(sid);
+                    break;
+                }
                 qp.queues.sq.pop();
                 let cqe = Cqe::status_only(
                     wqe.wr_id,
@@ -282,10 +305,19 @@ impl Engine {
                     qp.qpn,
                 );
                 qp.complete_send(&cqe);
-                continue;
+                inner.state = QpState::Err;
+                drop(inner);
+                let _ = conn.fail_stream(sid);
+                *failed = true;
+                return Fed::Again;
             };
             match conn.post_send(now, sid, twqe) {
-                Ok(()) => qp.queues.sq.pop(),
+                Ok(()) => {
+                    qp.queues.sq.pop();
+                    if staged {
+                        inner.lists.commit(Queue::Send);
+                    }
+                }
                 Err(_) => {
                     // Not taken: its payload is stashed again next time.
                     if let (Stash::Stored(_), Some(store)) = (stash, inner.inline.as_mut()) {

@@ -76,6 +76,21 @@ impl<'a> Mem<'a> {
         Ok((mem, sge.addr.wrapping_add(u64::from(offset))))
     }
 
+    /// The list an SGE under `LIST_LKEY` names, copied out of QP `qpn`'s store (zero-length
+    /// entries after its end); Err(Key) unless it is a list of that QP.
+    fn long_list(&mut self, qpn: u32, sge: &Sge) -> Result<[Sge; vwqe::MAX_LIST], AccessError> {
+        let r = ListRef::from_addr(sge.addr);
+        if r.qpn != qpn {
+            return Err(AccessError::Key);
+        }
+        let mut list = [Sge::default(); vwqe::MAX_LIST];
+        self.verbs
+            .with_qp(qpn, |qp| qp.inner.lock().lists.copy(r, &mut list))
+            .flatten()
+            .ok_or(AccessError::Key)?;
+        Ok(list)
+    }
+
     /// `f` applied to the MR `lkey` names, if it is in QP `qpn`'s protection domain (under
     /// the MR table's lock: see `Verbs::with_mr`).
     fn local_mr<R>(
@@ -148,6 +163,18 @@ impl Memory for Mem<'_> {
                 })
                 .ok_or(AccessError::Key)?;
         }
+        if sge.lkey == verbs::LIST_LKEY {
+            // A list longer than the transport carries: each piece from its own SGE (never
+            // another kept list: the rules refuse the kernel's keys in a posted list).
+            let list = self.long_list(qp, sge)?;
+            return for_each_piece(&list, offset, out.len(), |s, off, r| {
+                let chunk = out.get_mut(r).ok_or(AccessError::Length)?;
+                match s.lkey {
+                    verbs::LIST_LKEY | verbs::INLINE_LKEY => Err(AccessError::Key),
+                    _ => self.read_local(qp, s, off, chunk),
+                }
+            });
+        }
         if sge.lkey == KERNEL_LKEY {
             let (mem, addr) = self.kernel_sge(qp, sge, offset, out.len())?;
             return mem.read(addr, out).map_err(|_| AccessError::Bounds);
@@ -166,6 +193,16 @@ impl Memory for Mem<'_> {
         offset: u32,
         data: &[u8],
     ) -> Result<(), AccessError> {
+        if sge.lkey == verbs::LIST_LKEY {
+            let list = self.long_list(qp, sge)?;
+            return for_each_piece(&list, offset, data.len(), |s, off, r| {
+                let bytes = data.get(r).ok_or(AccessError::Length)?;
+                match s.lkey {
+                    verbs::LIST_LKEY | verbs::INLINE_LKEY => Err(AccessError::Key),
+                    _ => self.write_local(qp, s, off, bytes),
+                }
+            });
+        }
         if sge.lkey == KERNEL_LKEY {
             let (mem, addr) = self.kernel_sge(qp, sge, offset, data.len())?;
             return mem.write(addr, data).map_err(|_| AccessError::Bounds);
@@ -238,7 +275,24 @@ impl Memory for Mem<'_> {
                 loop {
                     match srq.take() {
                         verbs::SrqTake::Taken(w) => {
-                            let local = sg_list(&w.local);
+                            // The responder takes it at once: a long list is committed
+                            // as it is staged.
+                            let mut inner = qp.inner.lock();
+                            let list = verbs::transport_list(
+                                &mut inner.lists,
+                                Queue::Recv,
+                                qp.qpn,
+                                &w.local,
+                                srq.max_sge,
+                            );
+                            let Some((local, staged)) = list else {
+                                drop(inner);
+                                qp.recv_error(w.wr_id, wc_status::LOC_LEN_ERR);
+                                continue;
+                            };
+                            if staged {
+                                inner.lists.commit(Queue::Recv);
+                            }
                             break Some((
                                 Some(stream::RecvWqe {
                                     wr_id: w.wr_id,

@@ -25,7 +25,7 @@ use crate::{
     counters::Counter,
     gsi,
     net::IpAddr,
-    transport::memory::{AccessError, SgList},
+    transport::memory::{for_each_piece, AccessError, Sge},
     transport::wire::{BaseHeader, DatagramExt, Ext, Flags, Header, Opcode},
     verbs::{Cqe, Qp, QpQueues, QpState, SrqTake, Verbs},
     verbs_core::{
@@ -191,7 +191,10 @@ impl Engine {
                 let src = wqe_data.get(..n as usize).ok_or(SendError::Length)?;
                 out.copy_from_slice(src);
             }
-            Payload::Sges(l) => gather(&self.verbs, qp.pd, &super::sg_list(&l), out)?,
+            Payload::Sges(l) => {
+                let (list, n) = super::sges(&l);
+                gather(&self.verbs, qp.pd, list.get(..n).unwrap_or(&[]), out)?
+            }
         }
         let dst = IpAddr::from_gid(&w.dgid);
         let plane = (port as usize).wrapping_sub(1);
@@ -293,14 +296,13 @@ impl Engine {
                     cqe.imm_data = imm;
                     cqe.wc_flags |= WC_WITH_IMM;
                 }
-                let sges = super::sg_list(&work.local);
-                let placed = if (sges.total() as usize) < total {
+                let (list, n) = super::sges(&work.local);
+                let sges = list.get(..n).unwrap_or(&[]);
+                let placed = if (work.local.total() as usize) < total {
                     Err(wc_status::LOC_LEN_ERR)
                 } else {
-                    scatter(&self.verbs, qp.pd, &sges, 0, &grh)
-                        .and_then(|()| {
-                            scatter(&self.verbs, qp.pd, &sges, grh.len() as u32, payload)
-                        })
+                    scatter(&self.verbs, qp.pd, sges, 0, &grh)
+                        .and_then(|()| scatter(&self.verbs, qp.pd, sges, grh.len() as u32, payload))
                         .map_err(|_| wc_status::LOC_PROT_ERR)
                 };
                 if let Err(status) = placed {
@@ -354,10 +356,10 @@ fn take_recv(qp: &Qp, queues: &QpQueues) -> Taken {
 fn gather(
     verbs: &Verbs,
     pd: usize,
-    sges: &SgList,
+    sges: &[Sge],
     out: &mut [u8],
 ) -> core::result::Result<(), SendError> {
-    sges.for_each_piece(0, out.len(), |s, off, range| {
+    for_each_piece(sges, 0, out.len(), |s, off, range| {
         let chunk = out.get_mut(range).ok_or(AccessError::Length)?;
         let va = s
             .addr
@@ -379,11 +381,11 @@ fn gather(
 fn scatter(
     verbs: &Verbs,
     pd: usize,
-    sges: &SgList,
+    sges: &[Sge],
     offset: u32,
     data: &[u8],
 ) -> core::result::Result<(), AccessError> {
-    sges.for_each_piece(offset, data.len(), |s, off, range| {
+    for_each_piece(sges, offset, data.len(), |s, off, range| {
         let bytes = data.get(range).ok_or(AccessError::Length)?;
         let va = s
             .addr

@@ -122,7 +122,6 @@ same! {
     abi::MAX_RECV_SGE => b::METAROCE_MAX_RECV_SGE,
     udata::MODIFY_QP_PLANES => b::metaroce_modify_qp_comp_mask_METAROCE_MODIFY_QP_PLANES,
     udata::MODIFY_QP_CMD_SIZE => size_of::<b::metaroce_modify_qp_cmd>(),
-    crate::verbs_core::caps::limits::MAX_SGE => crate::transport::memory::MAX_SGE,
 }
 
 // The ring entries: the rules' plain structs have the C header's layout, field by field.

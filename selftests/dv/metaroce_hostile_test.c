@@ -20,6 +20,11 @@
  *   rq_garbage   a receive WQE of random bytes (too many SGEs) and a valid one in the RQ, no
  *                doorbell; the peer SENDs: QP_FATAL, IBV_QPS_ERR, both flushed, nothing placed,
  *                the peer's SEND does not succeed
+ *   long_list    a valid WRITE, then a WRITE with 6 SGEs (the QP was created with max_send_sge
+ *                1; the provider would have refused it, the device carries 12), then another
+ *                valid WRITE, doorbell: the first succeeds, the second completes with
+ *                IBV_WC_LOC_QP_OP_ERR after it, the third flushes, IBV_QPS_ERR, no QP_FATAL
+ *                and no ring error (the entry is well formed: a bad request, not a broken ring)
  *   storm        random producer indices and random entries in the SQ, each with a doorbell,
  *                --storm times: one QP_FATAL, IBV_QPS_ERR; then --storm empty doorbells on a
  *                well-behaved QP, which still writes and sends correct data, and --storm
@@ -641,6 +646,53 @@ static void case_rq_garbage(struct pair *p)
 }
 
 /* One RDMA WRITE of `len` bytes and one SEND of 256 from a to b, verified; 0 if all went right. */
+static void case_long_list(struct pair *p)
+{
+	static const uint64_t ids[3] = { 0x3001, 0x3002, 0x3003 };
+	static const enum ibv_wc_status want[3] = {
+		IBV_WC_SUCCESS, IBV_WC_LOC_QP_OP_ERR, IBV_WC_WR_FLUSH_ERR,
+	};
+	struct metaroce_dv_qp_rings r;
+	struct metaroce_dv_send_wqe w;
+	struct ibv_wc wc[4];
+	enum ibv_qp_state state;
+	uint32_t prod;
+	int i, got, ok;
+
+	rings_of(&p->a, &r);
+	prod = load_index(r.sq.producer);
+	for (i = 0; i < 3; i++) {
+		w = write_wqe(&p->a, &p->b, ids[i], 4096);
+		if (i == 1) {
+			int k;
+
+			w.num_sge = 6;
+			for (k = 0; k < 6; k++)
+				w.data.sge[k] = (struct metaroce_dv_sge){
+					.addr = (uintptr_t)p->a.buf + 128 * k, .length = 64,
+					.lkey = p->a.mr->lkey,
+				};
+		}
+		memcpy(slot(&r.sq, prod + i), &w, sizeof(w));
+	}
+	store_index(r.sq.producer, prod + 3);
+	doorbell(&p->a);
+	got = poll_for(p->a.cq, wc, 3, timeout_s);
+	if (got == 3)
+		got += poll_for(p->a.cq, wc + 3, 1, 0.5);
+	ok = got == 3;
+	for (i = 0; ok && i < 3; i++)
+		ok = wc[i].wr_id == ids[i] && wc[i].status == want[i];
+	result(ok, "long_list_completions", "%d completions, want 3 (success, LOC_QP_OP_ERR, flush)",
+	       got);
+	for (i = 0; !ok && i < got; i++)
+		printf("#   wr_id 0x%" PRIx64 " status %s\n", wc[i].wr_id,
+		       ibv_wc_status_str(wc[i].status));
+	state = qp_state(p->a.qp);
+	result(state == IBV_QPS_ERR, "long_list_state", "ibv_query_qp: state %d, want IBV_QPS_ERR",
+	       state);
+}
+
 static int moves_data(struct pair *p, const char *name, uint32_t len, int iter)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)p->a.buf, .length = len, .lkey = p->a.mr->lkey };
@@ -809,7 +861,8 @@ int main(int argc, char **argv)
 		{ "storm", required_argument, NULL, 'n' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct pair *garbage, *overflow, *rq_over, *rq_garb, *hostile, *calm, *doomed, *healthy;
+	struct pair *garbage, *overflow, *rq_over, *rq_garb, *long_list, *hostile, *calm, *doomed,
+		*healthy;
 	struct dev d1 = { 0 }, d2 = { 0 };
 	struct ibv_device **devs;
 	long long errors1, errors2;
@@ -852,6 +905,8 @@ int main(int argc, char **argv)
 	case_rq_overflow(rq_over);
 	rq_garb = new_pair("rq_garbage", &d1, &d2, 1);
 	case_rq_garbage(rq_garb);
+	long_list = new_pair("long_list", &d1, &d2, 0);
+	case_long_list(long_list);
 	hostile = new_pair("storm", &d1, &d2, 1);
 	calm = new_pair("storm_calm", &d1, &d2, 0);
 	case_storm(hostile, calm, garbage);

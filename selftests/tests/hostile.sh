@@ -4,7 +4,8 @@
 # QPs' rings through the direct verbs (metaroce_dv_qp_rings) and writes what no provider would
 # into them, on RC QP pairs between mroce1 (ns1) and mroce2 (ns2): a garbage WQE, a producer
 # index far beyond the ring (SQ and RQ), a garbage receive WQE met by the peer's SEND, a storm
-# of random indices and doorbells, a QP destroyed while the kernel fails it. Each attacked QP
+# of random indices and doorbells, a QP destroyed while the kernel fails it; and a well-formed
+# WQE with more SGEs than its QP was created with (an error completion, not a broken ring). Each attacked QP
 # must be in the error state with IBV_EVENT_QP_FATAL delivered (exactly once) and its work
 # requests flushed with IBV_WC_WR_FLUSH_ERR, nothing it named may be read or written, the
 # device's ring_errors counter counts each, and well-behaved QPs on the same devices keep
@@ -49,6 +50,8 @@ expect rq_garbage_state "RQ garbage: IBV_QPS_ERR"
 expect rq_garbage_flush "RQ garbage: both receive WQEs flushed in ring order"
 expect rq_garbage_nothing_placed "RQ garbage: the SEND's data placed nowhere"
 expect rq_garbage_sender "RQ garbage: the peer's SEND does not complete successfully"
+expect long_list_completions "a WRITE with 6 SGEs on a QP created with 1 (well formed): after the WRITE before it succeeds, IBV_WC_LOC_QP_OP_ERR, the one after flushed"
+expect long_list_state "that QP: IBV_QPS_ERR (no QP_FATAL, no ring error: a bad request, not a broken ring)"
 expect storm_doorbells "storm: 10000 random producer indices and entries, a doorbell each, all doorbells answered"
 expect storm_event "storm: IBV_EVENT_QP_FATAL delivered"
 expect storm_state "storm: IBV_QPS_ERR"

@@ -73,34 +73,47 @@ impl SgList {
     }
 
     /// Calls `f(sge, offset_in_sge, range_in_data)` for each piece of `[offset, offset+len)`.
-    /// Returns false if the range exceeds the list.
+    /// Err(Length) if the range exceeds the list.
     pub fn for_each_piece(
         &self,
         offset: u32,
         len: usize,
-        mut f: impl FnMut(&Sge, u32, core::ops::Range<usize>) -> Result<(), AccessError>,
+        f: impl FnMut(&Sge, u32, core::ops::Range<usize>) -> Result<(), AccessError>,
     ) -> Result<(), AccessError> {
-        let mut skip = offset;
-        let mut done = 0usize;
-        for s in self.sges() {
-            if done >= len {
-                break;
-            }
-            if skip >= s.len {
-                skip -= s.len;
-                continue;
-            }
-            let avail = usize::try_from(s.len - skip).unwrap_or(usize::MAX);
-            let n = avail.min(len - done);
-            f(s, skip, done..done + n)?;
-            done += n;
-            skip = 0;
+        for_each_piece(self.sges(), offset, len, f)
+    }
+}
+
+/// Calls `f(sge, offset_in_sge, range_in_data)` for each piece of bytes `[offset, offset+len)`
+/// of `sges` taken in order as one contiguous range (what [`SgList::for_each_piece`] does;
+/// also for lists longer than an `SgList` holds, which a caller keeps itself).
+/// Err(Length) if the range exceeds the list.
+pub fn for_each_piece(
+    sges: &[Sge],
+    offset: u32,
+    len: usize,
+    mut f: impl FnMut(&Sge, u32, core::ops::Range<usize>) -> Result<(), AccessError>,
+) -> Result<(), AccessError> {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for s in sges {
+        if done >= len {
+            break;
         }
-        if done == len {
-            Ok(())
-        } else {
-            Err(AccessError::Length)
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
         }
+        let avail = usize::try_from(s.len - skip).unwrap_or(usize::MAX);
+        let n = avail.min(len - done);
+        f(s, skip, done..done + n)?;
+        done += n;
+        skip = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(AccessError::Length)
     }
 }
 

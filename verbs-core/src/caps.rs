@@ -20,9 +20,12 @@ pub mod limits {
     pub const MAX_CQE: u32 = (1 << 16) - 1;
     /// Work requests per SRQ.
     pub const MAX_SRQ_WR: u32 = 1 << 14;
-    /// SGEs per WQE: what the transport core carries (`memory::MAX_SGE`; the module asserts
-    /// the two agree).
-    pub const MAX_SGE: u32 = 4;
+    /// SGEs per send WQE (also an RDMA READ's, `max_sge_rd`): what a send WQE of the rings
+    /// holds. Lists longer than the transport core carries are kept by the driver
+    /// ([`super::super::lists`]).
+    pub const MAX_SEND_SGE: u32 = super::super::abi::MAX_SEND_SGE as u32;
+    /// SGEs per receive WQE (RQ and SRQ): what a receive WQE of the rings holds.
+    pub const MAX_RECV_SGE: u32 = super::super::abi::MAX_RECV_SGE as u32;
     /// Inline payload per send WQE: what a WQE's data area holds.
     pub const MAX_INLINE: u32 = super::super::abi::MAX_INLINE as u32;
     /// Outstanding RDMA READ / atomic operations per QP, each way.
@@ -52,8 +55,8 @@ impl Caps {
     pub fn check(asked: &Caps, has_srq: bool) -> Result<Caps, BeyondLimits> {
         if asked.max_send_wr > limits::MAX_QP_WR
             || asked.max_recv_wr > limits::MAX_QP_WR
-            || asked.max_send_sge > limits::MAX_SGE
-            || asked.max_recv_sge > limits::MAX_SGE
+            || asked.max_send_sge > limits::MAX_SEND_SGE
+            || asked.max_recv_sge > limits::MAX_RECV_SGE
             || asked.max_inline_data > limits::MAX_INLINE
         {
             return Err(BeyondLimits);
@@ -116,7 +119,11 @@ mod tests {
                 ..asked
             },
             Caps {
-                max_recv_sge: limits::MAX_SGE + 1,
+                max_recv_sge: limits::MAX_RECV_SGE + 1,
+                ..asked
+            },
+            Caps {
+                max_send_sge: limits::MAX_SEND_SGE + 1,
                 ..asked
             },
             Caps {
@@ -133,8 +140,8 @@ mod tests {
         let most = Caps {
             max_send_wr: limits::MAX_QP_WR,
             max_recv_wr: limits::MAX_QP_WR,
-            max_send_sge: limits::MAX_SGE,
-            max_recv_sge: limits::MAX_SGE,
+            max_send_sge: limits::MAX_SEND_SGE,
+            max_recv_sge: limits::MAX_RECV_SGE,
             max_inline_data: 0,
         };
         assert_eq!(

@@ -15,6 +15,7 @@
 //! - [`mw`]: memory windows: binding, invalidating, and remote access through one.
 //! - [`mcast`]: multicast groups and the UD QPs attached to them.
 //! - [`abi`]: the shared-ring entries of `uapi/metaroce-abi.h`, as plain data.
+//! - [`lists`]: SGE lists longer than the transport core carries, kept per QP.
 //! - [`wqe`]: send and receive WQEs copied out of a ring, judged (fatal, refused, usable) and
 //!   decoded.
 //! - [`queue`]: ring index arithmetic: what a user-written producer index may claim.
@@ -33,6 +34,7 @@ pub mod abi;
 pub mod caps;
 pub mod frwr;
 pub mod ib;
+pub mod lists;
 pub mod mcast;
 pub mod mr;
 pub mod mw;

@@ -25,8 +25,21 @@ use super::mw::BindRequest;
 pub const INLINE_LKEY: u32 = u32::MAX;
 const _: () = assert!((limits::MAX_MR as u64) << 8 < INLINE_LKEY as u64);
 
-/// SGEs the device carries per WQE.
-const MAX_SGE: usize = limits::MAX_SGE as usize;
+/// The lkey that stands for a WQE's SGE list longer than the transport core carries, kept by
+/// the kernel ([`super::lists`]); never valid in a WQE from userspace either.
+pub const LIST_LKEY: u32 = u32::MAX - 1;
+const _: () = assert!((limits::MAX_MR as u64) << 8 < LIST_LKEY as u64);
+
+/// SGEs a send WQE may carry.
+const MAX_SEND_SGE: usize = limits::MAX_SEND_SGE as usize;
+/// SGEs a receive WQE may carry.
+const MAX_RECV_SGE: usize = limits::MAX_RECV_SGE as usize;
+/// The longest list a WQE may carry, either way.
+pub const MAX_LIST: usize = if MAX_SEND_SGE > MAX_RECV_SGE {
+    MAX_SEND_SGE
+} else {
+    MAX_RECV_SGE
+};
 
 /// A WQE's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,23 +52,23 @@ pub enum Judged<T> {
     Usable(T),
 }
 
-/// A local scatter/gather list: at most `limits::MAX_SGE` entries whose lengths sum to a
-/// `u32`.
+/// A local scatter/gather list: at most [`MAX_LIST`] entries (`limits::MAX_SEND_SGE` of a
+/// send, `limits::MAX_RECV_SGE` of a receive) whose lengths sum to a `u32`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SgList {
-    sges: [abi::Sge; MAX_SGE],
+    sges: [abi::Sge; MAX_LIST],
     len: u8,
 }
 
 impl SgList {
-    /// The list of `sges`, or None if there are too many, one names the inline key, or their
-    /// lengths overflow a message length.
+    /// The list of `sges`, or None if there are too many, one names a key the kernel keeps
+    /// ([`INLINE_LKEY`], [`LIST_LKEY`]), or their lengths overflow a message length.
     fn new(sges: impl Iterator<Item = abi::Sge>) -> Option<SgList> {
         let mut l = SgList::default();
         let mut total = 0u32;
         for s in sges {
             let slot = l.sges.get_mut(usize::from(l.len))?;
-            if s.lkey == INLINE_LKEY {
+            if s.lkey == INLINE_LKEY || s.lkey == LIST_LKEY {
                 return None;
             }
             total = total.checked_add(s.length)?;
@@ -245,7 +258,7 @@ fn judge(w: &SendWqe, sq_sig_all: bool, inline_ok: bool, kernel: bool) -> Judged
     let sized = if inline {
         w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
     } else {
-        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+        w.num_sge as usize <= MAX_SEND_SGE && w.inline_len == 0
     };
     if w.send_flags & !SEND_FLAGS != 0 || w.reserved0 != 0 || w.reserved1 != 0 || !sized {
         return Judged::Fatal;
@@ -368,7 +381,7 @@ pub fn judge_ud_send(w: &SendWqe, sq_sig_all: bool) -> Judged<UdSendWork> {
     let sized = if inline {
         w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
     } else {
-        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+        w.num_sge as usize <= MAX_SEND_SGE && w.inline_len == 0
     };
     if w.send_flags & !UD_SEND_FLAGS != 0 || w.reserved0 != 0 || av.reserved != [0; 2] || !sized {
         return Judged::Fatal;
@@ -396,7 +409,7 @@ pub fn judge_ud_send(w: &SendWqe, sq_sig_all: bool) -> Judged<UdSendWork> {
 
 /// Judges a receive WQE (RQ or SRQ).
 pub fn judge_recv(w: &RecvWqe) -> Judged<RecvWork> {
-    if w.reserved != 0 || w.num_sge as usize > MAX_SGE {
+    if w.reserved != 0 || w.num_sge as usize > MAX_RECV_SGE {
         return Judged::Fatal;
     }
     match SgList::new(w.sge.iter().take(w.num_sge as usize).copied()) {
@@ -506,7 +519,7 @@ mod tests {
         let mut av = ok.ud_av();
         av.reserved[1] = 1;
         cases[3].set_ud_av(&av);
-        cases[4].num_sge = limits::MAX_SGE + 1;
+        cases[4].num_sge = limits::MAX_SEND_SGE + 1;
         cases[5].inline_len = 1;
         for (i, w) in cases.iter().enumerate() {
             assert!(matches!(judge_ud_send(w, false), Judged::Fatal), "case {i}");
@@ -579,7 +592,7 @@ mod tests {
         cases[1].send_flags = 1 << 5;
         cases[2].reserved0 = 1;
         cases[3].reserved1 = 1;
-        cases[4].num_sge = limits::MAX_SGE + 1;
+        cases[4].num_sge = limits::MAX_SEND_SGE + 1;
         cases[5].inline_len = 1; // without IBV_SEND_INLINE
         cases[6].send_flags = sf::INLINE; // with SGEs
         for (i, w) in cases.iter().enumerate() {
@@ -610,6 +623,39 @@ mod tests {
                 reg: None,
             })
         );
+    }
+
+    #[test]
+    fn the_longest_lists_decode() {
+        let n = limits::MAX_SEND_SGE;
+        let Judged::Usable(s) = judge_send(&write(n), false, false) else {
+            panic!()
+        };
+        let Payload::Sges(l) = s.payload else {
+            panic!()
+        };
+        assert_eq!((l.sges().len(), l.total()), (n as usize, 10 * n));
+        let mut r = RecvWqe {
+            num_sge: limits::MAX_RECV_SGE,
+            ..Default::default()
+        };
+        r.sge = [sge(3); abi::MAX_RECV_SGE];
+        let Judged::Usable(w) = judge_recv(&r) else {
+            panic!()
+        };
+        assert_eq!(w.local.total(), 3 * limits::MAX_RECV_SGE);
+        // A list key is the kernel's: refused as the inline key is.
+        let mut w = write(3);
+        w.set_sge(
+            2,
+            Sge {
+                lkey: LIST_LKEY,
+                ..sge(1)
+            },
+        );
+        assert_eq!(judge_send(&w, false, true), Judged::Refused);
+        r.sge[6].lkey = LIST_LKEY;
+        assert_eq!(judge_recv(&r), Judged::Refused);
     }
 
     #[test]
@@ -731,7 +777,7 @@ mod tests {
         assert_eq!((w.wr_id, w.local.total()), (3, 16));
         r.sge[1].length = u32::MAX;
         assert_eq!(judge_recv(&r), Judged::Refused);
-        r.num_sge = limits::MAX_SGE + 1;
+        r.num_sge = limits::MAX_RECV_SGE + 1;
         assert_eq!(
             judge_recv(&r),
             Judged::Fatal,

@@ -20,7 +20,8 @@ const SEND_DATA: usize = 64;
 const RECV_WQE_SIZE: usize = 128;
 /// Where a receive WQE's SGEs start.
 const RECV_SGE: usize = 16;
-const MAX_SGE: usize = limits::MAX_SGE as usize;
+const MAX_SEND_SGE: usize = limits::MAX_SEND_SGE as usize;
+const MAX_RECV_SGE: usize = limits::MAX_RECV_SGE as usize;
 /// The send flags the ABI defines.
 const KNOWN_SEND_FLAGS: u32 = sf::FENCE | sf::SIGNALED | sf::SOLICITED | sf::INLINE | sf::IP_CSUM;
 
@@ -78,13 +79,19 @@ fn recv_wqe(b: &[u8; RECV_WQE_SIZE]) -> RecvWqe {
 /// fits a message length.
 fn sges_ok(sges: &[Sge]) -> bool {
     let total = sges.iter().try_fold(0u32, |t, s| t.checked_add(s.length));
-    total.is_some() && sges.iter().all(|s| s.lkey != wqe::INLINE_LKEY)
+    total.is_some()
+        && sges
+            .iter()
+            .all(|s| s.lkey != wqe::INLINE_LKEY && s.lkey != wqe::LIST_LKEY)
 }
 
 fn check_sg_list(l: &wqe::SgList, posted: &[Sge]) {
-    assert!(l.sges().len() <= MAX_SGE);
+    assert!(l.sges().len() <= wqe::MAX_LIST);
     assert_eq!(l.sges(), posted, "the SGEs are the ones posted, in order");
-    assert!(l.sges().iter().all(|s| s.lkey != wqe::INLINE_LKEY));
+    assert!(l
+        .sges()
+        .iter()
+        .all(|s| s.lkey != wqe::INLINE_LKEY && s.lkey != wqe::LIST_LKEY));
     let total = l
         .sges()
         .iter()
@@ -104,7 +111,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     let sized = if inline {
         w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
     } else {
-        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+        w.num_sge as usize <= MAX_SEND_SGE && w.inline_len == 0
     };
     // The opcodes the device carries are 0..=9 (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV), 14
     // (IB_WR_FLUSH) and 15 (IB_WR_ATOMIC_WRITE); the two local ones (LOCAL_INV, BIND_MW), FLUSH
@@ -126,7 +133,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
         op::SEND | op::SEND_WITH_IMM | op::SEND_WITH_INV | op::RDMA_WRITE | op::RDMA_WRITE_WITH_IMM
     );
     let posted: Vec<Sge> = (0..w.num_sge as usize)
-        .take(MAX_SGE)
+        .take(MAX_SEND_SGE)
         .map(|i| sge_at(b, SEND_DATA + 16 * i))
         .collect();
     let refused = if inline {
@@ -197,7 +204,7 @@ fn check_recv(b: &[u8; RECV_WQE_SIZE]) {
     let w = recv_wqe(b);
     let v = wqe::judge_recv(&w);
     assert_eq!(v, wqe::judge_recv(&w), "a pure function");
-    let fatal = w.reserved != 0 || w.num_sge as usize > MAX_SGE;
+    let fatal = w.reserved != 0 || w.num_sge as usize > MAX_RECV_SGE;
     assert_eq!(v == Judged::Fatal, fatal, "fatal: {w:?}");
     let posted: Vec<Sge> = w.sge.iter().take(w.num_sge as usize).copied().collect();
     assert_eq!(
@@ -236,7 +243,12 @@ fn send_flags() -> impl Strategy<Value = u32> {
 /// inline key, an MR's or anything.
 fn sges(n: usize) -> impl Strategy<Value = Vec<(u32, u32)>> {
     let length = prop_oneof![3 => 0u32..(1 << 29), 1 => any::<u32>()];
-    let lkey = prop_oneof![1 => Just(wqe::INLINE_LKEY), 3 => 0u32..(1 << 24), 1 => any::<u32>()];
+    let lkey = prop_oneof![
+        1 => Just(wqe::INLINE_LKEY),
+        1 => Just(wqe::LIST_LKEY),
+        3 => 0u32..(1 << 24),
+        1 => any::<u32>()
+    ];
     prop::collection::vec((length, lkey), n)
 }
 
@@ -244,7 +256,7 @@ fn sges(n: usize) -> impl Strategy<Value = Vec<(u32, u32)>> {
 fn send_entry() -> impl Strategy<Value = [u8; SEND_WQE_SIZE]> {
     (
         prop::collection::vec(any::<u8>(), SEND_WQE_SIZE),
-        (near(16), send_flags(), near(limits::MAX_SGE + 1)),
+        (near(16), send_flags(), near(limits::MAX_SEND_SGE + 1)),
         (
             near(abi::MAX_INLINE as u32 + 1),
             mostly_zero(),
@@ -285,7 +297,7 @@ fn send_entry() -> impl Strategy<Value = [u8; SEND_WQE_SIZE]> {
 fn recv_entry() -> impl Strategy<Value = [u8; RECV_WQE_SIZE]> {
     (
         prop::collection::vec(any::<u8>(), RECV_WQE_SIZE),
-        near(limits::MAX_SGE + 1),
+        near(limits::MAX_RECV_SGE + 1),
         mostly_zero(),
         sges(abi::MAX_RECV_SGE),
     )

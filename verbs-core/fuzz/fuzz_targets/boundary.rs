@@ -126,21 +126,28 @@ fn recv_wqe(b: &[u8; RECV_WQE_SIZE]) -> RecvWqe {
 
 /// The send flags the ABI defines (`IB_SEND_*` a provider may set).
 const KNOWN_SEND_FLAGS: u32 = sf::FENCE | sf::SIGNALED | sf::SOLICITED | sf::INLINE | sf::IP_CSUM;
-const MAX_SGE: usize = limits::MAX_SGE as usize;
+const MAX_SEND_SGE: usize = limits::MAX_SEND_SGE as usize;
+const MAX_RECV_SGE: usize = limits::MAX_RECV_SGE as usize;
 
 /// Whether a well-formed SGE list is one the device carries: its lengths sum to a message
 /// length (`u32`) and none names the kernel's inline key (the two things that refuse it).
 fn sges_ok(sges: &[Sge]) -> bool {
     let total = sges.iter().try_fold(0u32, |t, s| t.checked_add(s.length));
-    total.is_some() && sges.iter().all(|s| s.lkey != wqe::INLINE_LKEY)
+    total.is_some()
+        && sges
+            .iter()
+            .all(|s| s.lkey != wqe::INLINE_LKEY && s.lkey != wqe::LIST_LKEY)
 }
 
-/// Checks the verdict on a list the device accepted: at most `MAX_SGE` entries, exactly the
+/// Checks the verdict on a list the device accepted: at most `wqe::MAX_LIST` entries, exactly the
 /// ones posted, none with the inline key, a total that fits and that `total()` reports.
 fn check_sg_list(l: &wqe::SgList, posted: &[Sge]) {
-    assert!(l.sges().len() <= MAX_SGE);
+    assert!(l.sges().len() <= wqe::MAX_LIST);
     assert_eq!(l.sges(), posted, "the SGEs are the ones posted, in order");
-    assert!(l.sges().iter().all(|s| s.lkey != wqe::INLINE_LKEY));
+    assert!(l
+        .sges()
+        .iter()
+        .all(|s| s.lkey != wqe::INLINE_LKEY && s.lkey != wqe::LIST_LKEY));
     let total = l
         .sges()
         .iter()
@@ -162,7 +169,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     let sized = if inline {
         w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
     } else {
-        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+        w.num_sge as usize <= MAX_SEND_SGE && w.inline_len == 0
     };
     // What the provider can never write: the ring is broken. The opcodes are 0..=9
     // (IB_WR_RDMA_WRITE .. IB_WR_SEND_WITH_INV), 14 (IB_WR_FLUSH) and 15 (IB_WR_ATOMIC_WRITE);
@@ -187,9 +194,9 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
         w.opcode,
         op::SEND | op::SEND_WITH_IMM | op::SEND_WITH_INV | op::RDMA_WRITE | op::RDMA_WRITE_WITH_IMM
     );
-    // The SGEs are read only when the entry is well formed (so num_sge <= MAX_SGE here).
+    // The SGEs are read only when the entry is well formed (so num_sge <= MAX_SEND_SGE here).
     let posted: Vec<Sge> = (0..w.num_sge as usize)
-        .take(MAX_SGE)
+        .take(MAX_SEND_SGE)
         .map(|i| sge_at(b, SEND_DATA + 16 * i))
         .collect();
     let refused = if inline {
@@ -296,7 +303,7 @@ fn check_ud_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool) {
     let sized = if inline {
         w.num_sge == 0 && w.inline_len as usize <= abi::MAX_INLINE
     } else {
-        w.num_sge as usize <= MAX_SGE && w.inline_len == 0
+        w.num_sge as usize <= MAX_SEND_SGE && w.inline_len == 0
     };
     let fatal = !matches!(w.opcode, op::SEND | op::SEND_WITH_IMM)
         || w.send_flags & !(KNOWN_SEND_FLAGS & !sf::FENCE) != 0
@@ -310,7 +317,7 @@ fn check_ud_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool) {
         "UD fatal exactly on a broken entry: {w:?}"
     );
     let posted: Vec<Sge> = (0..w.num_sge as usize)
-        .take(MAX_SGE)
+        .take(MAX_SEND_SGE)
         .map(|i| sge_at(b, SEND_DATA + 16 * i))
         .collect();
     let refused = !inline && !sges_ok(&posted);
@@ -339,7 +346,7 @@ fn check_recv(b: &[u8; RECV_WQE_SIZE]) {
     let w = recv_wqe(b);
     let v = wqe::judge_recv(&w);
     assert_eq!(v, wqe::judge_recv(&w), "a pure function");
-    let fatal = w.reserved != 0 || w.num_sge as usize > MAX_SGE;
+    let fatal = w.reserved != 0 || w.num_sge as usize > MAX_RECV_SGE;
     assert_eq!(
         v == Judged::Fatal,
         fatal,
@@ -806,8 +813,8 @@ fn check_caps(asked: &Caps, has_srq: bool) {
     let r = Caps::check(asked, has_srq);
     let beyond = asked.max_send_wr > limits::MAX_QP_WR
         || asked.max_recv_wr > limits::MAX_QP_WR
-        || asked.max_send_sge > limits::MAX_SGE
-        || asked.max_recv_sge > limits::MAX_SGE
+        || asked.max_send_sge > limits::MAX_SEND_SGE
+        || asked.max_recv_sge > limits::MAX_RECV_SGE
         || asked.max_inline_data > limits::MAX_INLINE;
     let Ok(got) = r else {
         assert_eq!(r, Err(BeyondLimits));
@@ -823,7 +830,9 @@ fn check_caps(asked: &Caps, has_srq: bool) {
         );
     };
     ring(asked.max_send_wr, got.max_send_wr);
-    assert!(got.max_send_sge >= asked.max_send_sge.max(1) && got.max_send_sge <= limits::MAX_SGE);
+    assert!(
+        got.max_send_sge >= asked.max_send_sge.max(1) && got.max_send_sge <= limits::MAX_SEND_SGE
+    );
     if has_srq {
         assert_eq!(
             (got.max_recv_wr, got.max_recv_sge),
@@ -833,7 +842,7 @@ fn check_caps(asked: &Caps, has_srq: bool) {
     } else {
         ring(asked.max_recv_wr, got.max_recv_wr);
         assert!(got.max_recv_sge >= asked.max_recv_sge.max(1));
-        assert!(got.max_recv_sge <= limits::MAX_SGE);
+        assert!(got.max_recv_sge <= limits::MAX_RECV_SGE);
     }
     let inline = if asked.max_inline_data > 0 {
         limits::MAX_INLINE
@@ -888,25 +897,28 @@ fuzz_target!(|data: &[u8]| {
                     set(&mut b, 44, w.reserved1 & (w.reserved1 >> 31));
                 }
                 if flag(6) {
-                    // SGE lengths that cannot overflow, and the inline key where a key's low
-                    // byte is 0xff.
+                    // SGE lengths that cannot overflow, and the keys the kernel keeps where a
+                    // key's low byte is 0xff or 0xfe.
                     for i in 0..abi::MAX_SEND_SGE {
                         let at = SEND_DATA + 16 * i;
                         let s = sge_at(&b, at);
                         b[at + 8..at + 12].copy_from_slice(&(s.length >> 3).to_ne_bytes());
                         if s.lkey & 0xff == 0xff {
                             b[at + 12..at + 16].copy_from_slice(&wqe::INLINE_LKEY.to_ne_bytes());
+                        } else if s.lkey & 0xff == 0xfe {
+                            b[at + 12..at + 16].copy_from_slice(&wqe::LIST_LKEY.to_ne_bytes());
                         }
                     }
                 }
                 check_send(&b, flag(3), flag(4));
                 check_ud_send(&b, flag(3));
             }
-            // A receive WQE; flags: tame fields (up to 5 SGEs, reserved mostly 0), tame SGEs.
+            // A receive WQE; flags: tame fields (up to one SGE more than the device carries,
+            // reserved mostly 0), tame SGEs.
             1 => {
                 let mut b: [u8; RECV_WQE_SIZE] = inp.bytes();
                 if flag(3) {
-                    let n = u32_at(&b, 8) % 6;
+                    let n = u32_at(&b, 8) % (limits::MAX_RECV_SGE + 2);
                     b[8..12].copy_from_slice(&n.to_ne_bytes());
                     let r = u32_at(&b, 12);
                     b[12..16].copy_from_slice(&(r & (r >> 31)).to_ne_bytes());
@@ -918,6 +930,8 @@ fuzz_target!(|data: &[u8]| {
                         b[at + 8..at + 12].copy_from_slice(&(s.length >> 3).to_ne_bytes());
                         if s.lkey & 0xff == 0xff {
                             b[at + 12..at + 16].copy_from_slice(&wqe::INLINE_LKEY.to_ne_bytes());
+                        } else if s.lkey & 0xff == 0xfe {
+                            b[at + 12..at + 16].copy_from_slice(&wqe::LIST_LKEY.to_ne_bytes());
                         }
                     }
                 }
@@ -966,8 +980,8 @@ fuzz_target!(|data: &[u8]| {
                 if flag(4) {
                     c.max_send_wr %= 2 * limits::MAX_QP_WR + 2;
                     c.max_recv_wr %= 2 * limits::MAX_QP_WR + 2;
-                    c.max_send_sge %= limits::MAX_SGE + 2;
-                    c.max_recv_sge %= limits::MAX_SGE + 2;
+                    c.max_send_sge %= limits::MAX_SEND_SGE + 2;
+                    c.max_recv_sge %= limits::MAX_RECV_SGE + 2;
                     c.max_inline_data %= limits::MAX_INLINE + 2;
                 }
                 check_caps(&c, flag(3));
