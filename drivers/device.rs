@@ -14,6 +14,7 @@ use crate::{
     sys::netdev::NetDev,
     verbs_core::ib::mtu,
 };
+use core::sync::atomic::{AtomicU32, Ordering};
 use kernel::{prelude::*, sync::Arc};
 
 /// Bytes a MetaRoCE packet adds on top of the payload, at most: IPv6 (40) + UDP (8) + the
@@ -40,6 +41,8 @@ pub(crate) struct Device {
     /// Each plane's socket counters (port `k + 1` for plane `k` > 0), which add to `counters`.
     plane_counters: [Arc<Counters>; MAX_PLANES as usize],
     node_guid: u64,
+    /// User contexts open (`ibv_open_device`).
+    contexts: AtomicU32,
 }
 
 impl Device {
@@ -59,7 +62,23 @@ impl Device {
             counters,
             plane_counters,
             node_guid: node_guid_from_mac(ndev.mac()),
+            contexts: AtomicU32::new(0),
         })
+    }
+
+    /// A user context was opened.
+    pub(crate) fn context_opened(&self) {
+        self.contexts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A user context was closed.
+    pub(crate) fn context_closed(&self) {
+        self.contexts.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// User contexts open.
+    pub(crate) fn contexts(&self) -> u32 {
+        self.contexts.load(Ordering::Relaxed)
     }
 
     /// The device's hardware counters, to share.

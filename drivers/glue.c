@@ -28,6 +28,11 @@ struct ib_device *metaroce_glue_device_to_ibdev(struct device *dev)
 	return rdma_device_to_ibdev(dev);
 }
 
+bool metaroce_glue_ib_device_try_get(struct ib_device *dev)
+{
+	return ib_device_try_get(dev);
+}
+
 enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev)
 {
 	return ib_get_curr_port_state(ndev);

@@ -12,6 +12,7 @@
 struct net *metaroce_glue_dev_net(const struct net_device *ndev);
 struct net_device *metaroce_glue_notifier_info_to_dev(void *info);
 struct ib_device *metaroce_glue_device_to_ibdev(struct device *dev);
+bool metaroce_glue_ib_device_try_get(struct ib_device *dev);
 enum ib_port_state metaroce_glue_curr_port_state(struct net_device *ndev);
 unsigned int metaroce_glue_num_possible_cpus(void);
 unsigned int metaroce_glue_nr_cpu_ids(void);

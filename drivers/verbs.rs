@@ -251,6 +251,11 @@ enum Slot<T> {
 }
 
 impl<T> Table<T> {
+    /// Slots taken (reserved or holding an object).
+    pub(crate) fn live(&self) -> u32 {
+        self.live
+    }
+
     pub(crate) const fn new(max: u32) -> Self {
         Table {
             slots: KVec::new(),

@@ -153,7 +153,7 @@ pub(super) unsafe fn port_netdev(ibdev: *mut bindings::ib_device, port: u32) -> 
     unsafe { HeldNetDev::from_held(bindings::ib_device_get_netdev(ibdev, port)) }
 }
 
-/// `rdma link add NAME type metaroce netdev NDEV`.
+/// `rdma link add NAME type metaroce netdev NDEV`: a device of one port (plane 0 on `ndev`).
 pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
     // SAFETY: `ndev` is alive for the call; a non-null result is a reference we must put.
     let existing = unsafe { bindings::ib_device_get_by_netdev(ndev.as_ptr(), DRIVER_ID) };
@@ -162,7 +162,24 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         unsafe { bindings::ib_device_put(existing) };
         return Err(EEXIST);
     }
+    create(name, &[ndev], None)
+}
 
+/// The settings a device keeps when it is made again with one more plane (`grow`).
+#[derive(Clone, Copy)]
+struct Settings {
+    paths: u32,
+    max_peers: u32,
+}
+
+/// Registers a device called `name` with one port per netdev of `ndevs` (plane `k` on
+/// `ndevs[k]`, port `k + 1`) and, if given, `settings`.
+fn create(name: *const c_char, ndevs: &[&NetDev<'_>], settings: Option<Settings>) -> Result {
+    let ndev = *ndevs.first().ok_or(EINVAL)?;
+    let ports = u32::try_from(ndevs.len()).map_err(|_| EINVAL)?;
+    if ports > crate::device::MAX_PLANES {
+        return Err(ENOSPC);
+    }
     let state = Device::new(ndev)?;
     // SAFETY: `_ib_alloc_device` allocates and zeroes at least `size_of::<MetaDev>()` bytes
     // with the `ib_device` at offset 0; `init_net` is the initial namespace, always alive (the
@@ -198,9 +215,8 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         ptr::addr_of_mut!((*dev).engine).write(ManuallyDrop::new(engine));
         let ib = &mut *ibdev;
         ib.node_type = bindings::RDMA_NODE_IB_CA as u8;
-        // One port per plane: port 1 is plane 0 (this netdev), the others get theirs when a
-        // plane is added (`sys::planes`) and are down until then.
-        ib.phys_port_cnt = crate::device::MAX_PLANES;
+        // One port per plane: port `k + 1` is plane `k` (`sys::planes`).
+        ib.phys_port_cnt = ports;
         ib.num_comp_vectors = bindings::metaroce_glue_num_possible_cpus() as c_int;
         // Kernel consumers' SGEs (virtual DMA) name this key (`sys::kverbs`).
         ib.local_dma_lkey = super::kverbs::KERNEL_LKEY;
@@ -214,10 +230,28 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         ib.uverbs_cmd_mask |= (1u64 << bindings::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_POST_SEND)
             | (1u64 << bindings::ib_uverbs_write_cmds_IB_USER_VERBS_CMD_REQ_NOTIFY_CQ);
     }
-
-    // SAFETY: `ibdev` is ours and not yet registered; `ndev` is alive for the call and the
-    // core takes its own reference on it.
-    let mut err = unsafe { bindings::ib_device_set_netdev(ibdev, ndev.as_ptr(), 1) };
+    let mut err = 0;
+    // SAFETY: the engine was written above and lives as long as the device.
+    if let Some(engine) = unsafe { engine_of(ibdev) } {
+        let mut planes = ndevs.iter().enumerate().skip(1);
+        let set = planes.try_for_each(|(k, n)| engine.add_plane(k, n));
+        let set = set.and_then(|()| match settings {
+            Some(s) => engine
+                .set_paths(s.paths)
+                .and_then(|()| engine.set_max_peers(s.max_peers)),
+            None => Ok(()),
+        });
+        if let Err(e) = set {
+            err = e.to_errno();
+        }
+    }
+    for (port, n) in (1..).zip(ndevs) {
+        if err == 0 {
+            // SAFETY: `ibdev` is ours and not yet registered, `port` is one of its ports;
+            // `n` is alive for the call and the core takes its own reference.
+            err = unsafe { bindings::ib_device_set_netdev(ibdev, n.as_ptr(), port) };
+        }
+    }
     if err == 0 {
         // SAFETY: as above; a null DMA device means virtual DMA, as rxe and siw do.
         err = unsafe { bindings::ib_register_device(ibdev, name, ptr::null_mut()) };
@@ -227,6 +261,91 @@ pub(super) fn add_device(name: *const c_char, ndev: &NetDev<'_>) -> Result {
         // `dealloc_driver`, which drops our state, then frees the memory.
         unsafe { bindings::ib_dealloc_device(ibdev) };
         return Err(Error::from_errno(err));
+    }
+    Ok(())
+}
+
+/// Whether the device has anything of a user's or a kernel consumer's: a user context, a
+/// QP, an MR, a memory window or an SRQ (the RDMA core's own GSI QPs, PDs and CQs do not
+/// count: they are made again with the device).
+///
+/// # Safety
+///
+/// `ibdev` must be a live device of ours.
+unsafe fn in_use(ibdev: *mut bindings::ib_device) -> bool {
+    // SAFETY: per the contract.
+    let (dev, verbs) = unsafe { (state(ibdev), verbs_of(ibdev)) };
+    dev.contexts() != 0
+        || verbs.qps.lock().live() != 0
+        || verbs.mrs.lock().live() != 0
+        || verbs.mws.lock().live() != 0
+        || verbs.srqs.lock().live() != 0
+}
+
+/// Makes the device `ibdev` again with one port more, whose plane is `ndev`: the RDMA core
+/// fixes a device's ports when it registers it, and a device shows exactly its planes as
+/// ports. `EBUSY` while the device is in use ([`in_use`]), `ENOSPC` with `MAX_PLANES` ports
+/// already. The new device has the old one's name, planes and settings (`paths`,
+/// `max_peers`), and counters from zero; if it cannot be registered, the old configuration
+/// is registered again.
+///
+/// # Safety
+///
+/// `ibdev` must be a device of ours on which the caller holds a reference
+/// (`ib_device_try_get`), which this consumes. Process context, without RTNL (the RDMA core
+/// takes it to unregister and register), serialised with every other call (`sys::planes`).
+pub(super) unsafe fn grow(ibdev: *mut bindings::ib_device, ndev: &NetDev<'_>) -> Result {
+    // SAFETY: the caller's reference keeps the device and our state alive until the put.
+    let put = || unsafe { bindings::ib_device_put(ibdev) };
+    // SAFETY: as above.
+    let (ports, name, engine) =
+        unsafe { ((*ibdev).phys_port_cnt, (*ibdev).name, engine_of(ibdev)) };
+    let Some(engine) = engine else {
+        put();
+        return Err(ENODEV);
+    };
+    let settings = Settings {
+        paths: u32::from(engine.paths()),
+        max_peers: engine.max_peers(),
+    };
+    let mut held = KVec::new();
+    for port in 1..=ports {
+        // SAFETY: as above.
+        match unsafe { port_netdev(ibdev, port) } {
+            Some(n) => held.push(n, GFP_KERNEL)?,
+            // A port without a plane: the caller fills it instead.
+            None => {
+                put();
+                return Err(EINVAL);
+            }
+        }
+    }
+    if ports >= crate::device::MAX_PLANES {
+        put();
+        return Err(ENOSPC);
+    }
+    // SAFETY: as above.
+    if unsafe { in_use(ibdev) } {
+        put();
+        return Err(EBUSY);
+    }
+    let mut planes: KVec<&NetDev<'_>> = KVec::with_capacity(held.len() + 1, GFP_KERNEL)?;
+    for n in held.iter() {
+        planes.push(&**n, GFP_KERNEL)?;
+    }
+    planes.push(ndev, GFP_KERNEL)?;
+    // SAFETY: our reference, handed over; the core unregisters the device (disassociating
+    // nothing: it is not in use), which calls `dealloc_driver`, and frees it once the last
+    // reference is gone. `name` is a copy.
+    unsafe { bindings::ib_unregister_device_and_put(ibdev) };
+    let made = create(name.as_ptr(), &planes, Some(settings));
+    if let Err(e) = made {
+        pr_warn!("metaroce: a device could not be made again with one more plane ({e:?}); restoring it\n");
+        let old = planes.get(..planes.len() - 1).unwrap_or(&[]);
+        if let Err(e2) = create(name.as_ptr(), old, Some(settings)) {
+            pr_err!("metaroce: the device could not be restored ({e2:?}): it is gone\n");
+        }
+        return Err(e);
     }
     Ok(())
 }
@@ -375,20 +494,28 @@ unsafe extern "C" fn get_link_layer(
 ///
 /// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
 unsafe extern "C" fn alloc_ucontext(
-    _uctx: *mut bindings::ib_ucontext,
+    uctx: *mut bindings::ib_ucontext,
     udata: *mut bindings::ib_udata,
 ) -> c_int {
     // SAFETY: the core passes the live udata of the uverbs call.
     let Some(udata) = (unsafe { Udata::from_raw(udata) }) else {
         return EINVAL.to_errno();
     };
-    to_errno(udata.respond(&ucontext_response()))
+    let err = to_errno(udata.respond(&ucontext_response()));
+    if err == 0 {
+        // SAFETY: the core passes a context of its live device (`device` is set).
+        unsafe { state((*uctx).device) }.context_opened();
+    }
+    err
 }
 
 /// # Safety
 ///
 /// Called only by the RDMA core, with the pointers its `ib_device_ops` contract promises.
-unsafe extern "C" fn dealloc_ucontext(_uctx: *mut bindings::ib_ucontext) {}
+unsafe extern "C" fn dealloc_ucontext(uctx: *mut bindings::ib_ucontext) {
+    // SAFETY: a context `alloc_ucontext` counted, of a device that outlives its contexts.
+    unsafe { state((*uctx).device) }.context_closed();
+}
 
 /// The device is going (its netdev removed, `rdma link delete`, `rmmod`) while a process still
 /// has it open: the core has destroyed every object of the context (each through its destroy

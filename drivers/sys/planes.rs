@@ -5,8 +5,11 @@
 //! - `/sys/class/infiniband/<dev>/planes`, in the tradition of bonding's `slaves` file:
 //!   `echo +eth1 > planes` adds a plane on `eth1` (a netdev in the namespace of the device's
 //!   port 1 netdev), `echo -eth1 > planes` removes it; reading lists one line per plane,
-//!   `plane netdev address state`. Plane `k` is port `k + 1`: adding a plane gives the first
-//!   free port its netdev (`ib_device_set_netdev`), so `rdma link` and `ibv_devinfo` show it.
+//!   `plane netdev address state`. Plane `k` is port `k + 1`, and a device has as many ports
+//!   as planes were added: adding one makes the device again with a port more
+//!   (`ibdev::grow`; `EBUSY` while it is in use). Removing one leaves its port down, without
+//!   a netdev (as a pulled cable does, and so that no other plane changes number), and the
+//!   next plane added takes that port (`ib_device_set_netdev`), in use or not.
 //! - The netdev notifier: a plane whose netdev unregisters is removed (the whole device when
 //!   it is port 1's, as `rdma link add` made it); a plane's link going down or up sets that
 //!   plane down or up in every connection.
@@ -51,9 +54,17 @@ pub(super) fn attribute_group() -> *const bindings::attribute_group {
     GROUP.get()
 }
 
+kernel::sync::global_lock! {
+    // SAFETY: initialised in `init`, at module load, before any device (and so any store
+    // that takes it) exists.
+    unsafe(uninit) static PLANES_LOCK: Mutex<()> = ();
+}
+
 /// Fills in the `planes` attribute and its group. Called once at module load, before the
 /// link type is registered (so before any device, and so any reader, exists).
 pub(super) fn init() {
+    // SAFETY: called once, at module load, before any device exists.
+    unsafe { PLANES_LOCK.init() };
     // SAFETY: nothing reads the statics yet (see above) and this runs once, so the writes
     // race with nothing; the pointers stored point to statics, which live forever.
     unsafe {
@@ -325,16 +336,68 @@ unsafe fn store_u32(
 /// bytes of input at `buf`.
 unsafe extern "C" fn planes_store(
     dev: *mut bindings::device,
-    _attr: *mut bindings::device_attribute,
+    attr: *mut bindings::device_attribute,
     buf: *const c_char,
     count: usize,
 ) -> isize {
     // SAFETY: per the contract.
-    unsafe { store(dev, buf, count, command) }
+    unsafe {
+        store(dev, buf, count, |ibdev, input| match command(input)? {
+            (b'+', name) => match add_plane(ibdev, &name)? {
+                None => Ok(()),
+                // SAFETY: the store of `dev`'s `planes` file, `attr`.
+                Some(ndev) => grow(dev, attr, ibdev, &ndev),
+            },
+            (_, name) => remove_plane(ibdev, &name),
+        })
+    }
 }
 
-/// `+NAME` or `-NAME` (surrounding whitespace ignored).
-fn command(ibdev: *mut bindings::ib_device, input: &[u8]) -> Result {
+/// A device all of whose ports have a plane gets one more (`ibdev::grow`): a new device
+/// replaces it. Unregistering it waits for every sysfs call into it to return, this one
+/// included, so this one first steps out of that wait (`sysfs_break_active_protection`, as
+/// PCI's `remove` file does); from then on the device is held by a reference of its own.
+///
+/// # Safety
+///
+/// Called from the `planes` store of `dev` (the `struct device` of `ibdev`), `attr` its
+/// attribute, before it returns.
+unsafe fn grow(
+    dev: *mut bindings::device,
+    attr: *mut bindings::device_attribute,
+    ibdev: *mut bindings::ib_device,
+    ndev: &NetDev<'_>,
+) -> Result {
+    // SAFETY: per the contract both are live; this takes a reference on the device's kobject
+    // (so its memory, the `ib_device`'s, stays until the unbreak) and on the file's node.
+    let kn = unsafe {
+        bindings::sysfs_break_active_protection(
+            ptr::addr_of_mut!((*dev).kobj),
+            ptr::addr_of!((*attr).attr),
+        )
+    };
+    let grown = {
+        let _serial = PLANES_LOCK.lock();
+        // SAFETY: the `ib_device` is still in memory (see above); this fails once its
+        // unregistration has begun, and succeeds with a reference that holds it off.
+        if unsafe { bindings::metaroce_glue_ib_device_try_get(ibdev) } {
+            // SAFETY: our reference, handed over; process context, without RTNL, under
+            // `PLANES_LOCK`.
+            unsafe { ibdev::grow(ibdev, ndev) }
+        } else {
+            Err(ENODEV)
+        }
+    };
+    if !kn.is_null() {
+        // SAFETY: the node and reference `sysfs_break_active_protection` gave us.
+        unsafe { bindings::sysfs_unbreak_active_protection(kn) };
+    }
+    grown
+}
+
+/// `+NAME` or `-NAME` (surrounding whitespace ignored): the operation and the netdev name,
+/// NUL-terminated.
+fn command(input: &[u8]) -> Result<(u8, [u8; 16])> {
     let input = input.trim_ascii();
     let (&op, name) = input.split_first().ok_or(EINVAL)?;
     // A netdev name: 1 to 15 bytes, no '/', ':' or whitespace (`dev_valid_name`).
@@ -351,8 +414,7 @@ fn command(ibdev: *mut bindings::ib_device, input: &[u8]) -> Result {
         dst.copy_from_slice(name);
     }
     match op {
-        b'+' => add_plane(ibdev, &cname),
-        b'-' => remove_plane(ibdev, &cname),
+        b'+' | b'-' => Ok((op, cname)),
         _ => Err(EINVAL),
     }
 }
@@ -376,8 +438,9 @@ fn netdev_by_name(
     .ok_or(ENODEV)
 }
 
-/// `+NAME`: a new plane on the netdev `name`, on the first port without a netdev.
-fn add_plane(ibdev: *mut bindings::ib_device, name: &[u8; 16]) -> Result {
+/// `+NAME`: a new plane on the netdev `name`, on the first port without a netdev; if every
+/// port has one, the netdev (held) for [`grow`].
+fn add_plane(ibdev: *mut bindings::ib_device, name: &[u8; 16]) -> Result<Option<HeldNetDev>> {
     let port = {
         let rtnl = Rtnl::lock();
         // SAFETY: the device is live (see `planes_store`).
@@ -395,9 +458,12 @@ fn add_plane(ibdev: *mut bindings::ib_device, name: &[u8; 16]) -> Result {
             return Err(EEXIST);
         }
         // SAFETY: the device is live.
-        let port = (2..=MAX_PLANES)
-            .find(|&p| unsafe { ibdev::port_netdev(ibdev, p) }.is_none())
-            .ok_or(ENOSPC)?;
+        let ports = unsafe { (*ibdev).phys_port_cnt };
+        // SAFETY: the device is live.
+        let free = (2..=ports).find(|&p| unsafe { ibdev::port_netdev(ibdev, p) }.is_none());
+        let Some(port) = free else {
+            return Ok(Some(ndev));
+        };
         engine.add_plane((port - 1) as usize, &ndev)?;
         // SAFETY: the device is live and `port` valid; `ndev` is registered (found by name
         // under RTNL, which its unregistration takes) and the core takes its own reference.
@@ -413,7 +479,7 @@ fn add_plane(ibdev: *mut bindings::ib_device, name: &[u8; 16]) -> Result {
     // RTNL itself).
     // SAFETY: the device is live and `port` valid.
     unsafe { bindings::rdma_roce_rescan_port(ibdev, port) };
-    Ok(())
+    Ok(None)
 }
 
 /// `-NAME`: removes the plane on the netdev `name`. Plane 0 cannot be removed (`EBUSY`):

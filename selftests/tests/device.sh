@@ -22,6 +22,9 @@ check_output "ibv_devinfo -v: active MTU below the netdev's" 'active_mtu:[[:spac
 check_output "transport is InfiniBand verbs, uverbs device present" 'transport:[[:space:]]+InfiniBand' ibv_devinfo -d mroce2
 check_output "rdma link add on the same netdev again fails" 'File exists|exist' sh -c "$IP netns exec ns1 $RDMA link add mroceX type metaroce netdev veth1 2>&1; true"
 
+check_output "one port: a device has one per plane (planes.sh adds more)" '^1$' \
+	sh -c "ibv_devinfo -d mroce1 | grep -cE '^[[:space:]]+port:'"
+
 # Port state follows the netdev.
 $IP -n ns1 link set veth1 down
 check_output "netdev down: port DOWN" 'state:[[:space:]]+PORT_DOWN' ibv_devinfo -d mroce1

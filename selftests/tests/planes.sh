@@ -25,6 +25,23 @@ P1=/sys/class/infiniband/mroce1/planes
 P2=/sys/class/infiniband/mroce2/planes
 
 check_output "a new device lists plane 0 only" '^0 veth1 10\.77\.0\.1 up$' cat $P1
+ports_of() { ibv_devinfo -d "$1" | grep -cE '^[[:space:]]+port:'; }
+active_ports_of() { ibv_devinfo -d "$1" | grep -c PORT_ACTIVE; }
+check_output "a new device has one port (one per plane)" '^1$' ports_of mroce1
+
+# hold_device DEV: a process with DEV open (a user context) until unhold.
+hold_device() {
+	rm -f "$TAP_DIR/held"
+	python3 -c "
+import sys, time
+from pyverbs.device import Context
+c = Context(name='$1')
+open('$TAP_DIR/held', 'w').close()
+time.sleep(120)" &
+	HOLDER=$!
+	wait_for 20 test -f "$TAP_DIR/held"
+}
+unhold() { kill "$HOLDER" 2>/dev/null; wait "$HOLDER" 2>/dev/null; }
 
 # Paths per connection: the device's `paths` file (8..256, default 16), for connections made
 # from then on. Set before the first QP connects: 24 on both sides, so 6 per plane on 4 planes.
@@ -64,6 +81,16 @@ check_output "the planes file lists the 4 planes" \
 2 pl2a 10\.77\.2\.1 up
 3 pl3a 10\.77\.3\.1 up$' cat $P1
 check_output "metaroce-plane show lists them" '^mroce2 3 pl3b 10\.77\.3\.2 up$' $PLANE_CLI show
+check_output "4 planes: 4 ports, all active (each added plane made the device again with a port more)" \
+	'^4 4$' sh -c "echo \$(ports_of mroce1) \$(active_ports_of mroce1)"
+check_output "the device made again kept its paths setting" '^24$' cat $PATHS1
+$IP link add pl4a netns ns1 type veth peer name pl4b netns ns2
+$IP -n ns1 link set pl4a up
+hold_device mroce1
+check_output "a plane that needs a new port while the device is in use is refused (EBUSY)" \
+	'busy' sh -c "bash -c 'echo +pl4a >$P1' 2>&1; true"
+unhold
+check_output "the device in use kept its 4 ports" '^4$' ports_of mroce1
 # (rdma link names a port's netdev only to a caller in the netdev's namespace.)
 check_output "rdma link shows plane 3 as port 4 with its netdev" 'mroce1/4 state ACTIVE .*netdev pl3a' \
 	$IP netns exec ns1 $RDMA link show mroce1/4
@@ -197,6 +224,12 @@ check "remove plane 3 through metaroce-plane" sh -c "$PLANE_CLI del mroce1 pl3a 
 check_no_output "the planes file no longer lists it" 'pl3a' cat $P1
 check_output "its port is down again, without a netdev" 'mroce1/4 state DOWN physical_state DISABLED *$' \
 	$IP netns exec ns1 $RDMA link show mroce1/4
+hold_device mroce1
+check "a plane added while the device is in use takes the free port 4" sh -c "echo +pl4a >$P1"
+unhold
+check_output "port 4 is plane 3 on pl4a, the device still has 4 ports" '^4 .*mroce1/4 .*netdev pl4a' \
+	sh -c "echo \$(ports_of mroce1) \$($IP netns exec ns1 $RDMA link show mroce1/4)"
+check "and it is removed again" sh -c "echo -pl4a >$P1"
 perftest "ib_write_bw over the 3 remaining planes" ib_write_bw -s 65536 -n 100
 
 teardown_pair
