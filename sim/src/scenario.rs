@@ -158,7 +158,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
     let bdp = (fc.host_mbps * rtt / 8_000).div_ceil(wire);
     let (host_mbps, seed) = (fc.host_mbps, sc.seed);
     let planes = sc.planes.max(1);
-    let make_end = |h: u32, p: u32| -> Box<dyn End> {
+    let make_end = move |h: u32, p: u32| -> Box<dyn End> {
         let sports: Vec<u16> = (0..planes as u64)
             .map(|i| {
                 49_152 + (mix(seed ^ (u64::from(h) << 32 | u64::from(p)) ^ i << 56) % 16_384) as u16
@@ -183,7 +183,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
         rx_bytes: 0,
     };
     let t0 = Instant::now();
-    let mut sim = Sim::new(fc, flows, make_end, make_ctx);
+    let mut sim = Sim::new(fc, flows, Box::new(make_end), make_ctx);
     let completed = sim.run(sc.deadline_ns);
     let wall_s = t0.elapsed().as_secs_f64();
     let start = sim.start;
@@ -196,17 +196,12 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
             f.bytes as f64 * 8.0 / d.max(1) as f64
         })
         .collect();
-    let mut counters = EndCounters::default();
-    for e in &sim.ends {
-        let c = e.end.counters();
-        counters.data_packets += c.data_packets;
-        counters.retransmits += c.retransmits;
-        counters.timeouts += c.timeouts;
-        counters.failed += c.failed;
-    }
+    let counters = sim.counters();
     if std::env::var_os("METAROCE_SIM_DEBUG").is_some() {
-        for e in sim.ends.iter().filter(|e| e.end.counters().failed > 0) {
-            eprintln!("end {} -> {}: {}", e.host, e.peer, e.end.debug());
+        for e in &sim.ends {
+            if let Some(end) = e.end.as_ref().filter(|end| end.counters().failed > 0) {
+                eprintln!("end {} -> {}: {}", e.host, e.peer, end.debug());
+            }
         }
     }
     let rx_bytes = sim
