@@ -76,7 +76,7 @@ impl Params {
     fn scenario(&self, name: &str, kind: Kind, planes: usize) -> Scenario {
         let bytes = match kind {
             Kind::AllReduce => self.ar_bytes,
-            Kind::AllToAll => self.a2a_bytes,
+            Kind::AllToAll | Kind::AllToAllPairwise => self.a2a_bytes,
             Kind::Incast => self.incast_bytes,
         };
         let mut sc = Scenario::new(name, kind, self.nodes, planes, bytes);
@@ -270,6 +270,7 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
     for (name, kind) in [
         ("allreduce", Kind::AllReduce),
         ("alltoall", Kind::AllToAll),
+        ("a2a-pairwise", Kind::AllToAllPairwise),
         ("incast", Kind::Incast),
     ] {
         let sc = p.scenario(name, kind, 1);

@@ -231,7 +231,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
 }
 
 pub fn csv_header() -> &'static str {
-    "scenario,workload,nodes,planes,bytes,loss_ppm,core_loss_ppm,failure,seed,proto,completed,correct,flows,flows_done,cct_us,goodput_mean_gbps,goodput_min_gbps,jain,data_packets,retransmits,timeouts,failed,rx_bytes,expected_bytes,max_queue_bytes,drops,marks,fail_drops,loss_drops,sim_packets,events,wall_s,packets_per_s"
+    "scenario,workload,nodes,planes,bytes,loss_ppm,core_loss_ppm,failure,seed,proto,completed,correct,flows,flows_done,cct_us,goodput_mean_gbps,goodput_min_gbps,jain,data_packets,retransmits,timeouts,failed,rx_bytes,expected_bytes,max_queue_bytes,drops,marks,fail_drops,loss_drops,sim_packets,events,ends_made,peak_ends,late_packets,wall_s,packets_per_s"
 }
 
 pub fn fail_name(sc: &Scenario) -> String {
@@ -261,7 +261,7 @@ pub fn csv_row(sc: &Scenario, o: &Outcome, timing: bool) -> String {
         (String::new(), String::new())
     };
     format!(
-        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         sc.name,
         sc.kind.name(),
         sc.nodes,
@@ -293,6 +293,9 @@ pub fn csv_row(sc: &Scenario, o: &Outcome, timing: bool) -> String {
         o.net.loss_drops,
         o.net.packets,
         o.net.events,
+        o.net.ends_made,
+        o.net.peak_ends,
+        o.net.late_packets,
         wall,
         pps
     )

@@ -117,3 +117,30 @@ fn plane_dead_from_the_start_with_initial_rto_at_min_rto() {
     let o = run(&sc, Proto::Meta);
     assert!(o.correct(), "{o:?}");
 }
+
+/// Endpoints live only while their pair has flows: the pairwise All-to-All makes one per
+/// ordered pair over the run but keeps only a few rounds' worth alive; the ring All-Reduce
+/// makes its ring's and no more. Every byte still arrives.
+#[test]
+fn endpoints_live_only_while_their_pair_is_in_use() {
+    for nodes in [16, 12] {
+        let mut sc = small(Kind::AllToAllPairwise, 1);
+        sc.nodes = nodes;
+        sc.loss_ppm = 5_000;
+        for proto in Proto::ALL {
+            let o = run(&sc, proto);
+            assert!(o.correct(), "{nodes} {proto:?}: {o:?}");
+            assert_eq!(o.net.ends_made, (nodes * (nodes - 1)) as u64);
+            if nodes.is_power_of_two() {
+                assert!(
+                    o.net.peak_ends <= 4 * nodes as u64,
+                    "{proto:?}: {:?}",
+                    o.net
+                );
+            }
+        }
+    }
+    let o = run(&small(Kind::AllReduce, 1), Proto::Meta);
+    assert!(o.correct());
+    assert_eq!((o.net.ends_made, o.net.peak_ends), (16, 16));
+}
