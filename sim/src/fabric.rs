@@ -306,6 +306,8 @@ pub struct RunStats {
     /// Endpoints made (two per host pair used) and the most alive at once.
     pub ends_made: u64,
     pub peak_ends: u64,
+    /// Most bytes of transport state the endpoints alive at once held (`End::state_bytes`).
+    pub peak_state: u64,
     /// Packets that arrived for an endpoint already dropped (its pair was done).
     pub late_packets: u64,
 }
@@ -326,6 +328,8 @@ pub struct Sim {
     live_ends: u64,
     ends_made: u64,
     peak_ends: u64,
+    live_state: u64,
+    peak_state: u64,
     late_packets: u64,
     /// Endpoints to drop once the current instant's work is done.
     retire: Vec<u32>,
@@ -506,6 +510,8 @@ impl Sim {
             live_ends: 0,
             ends_made: 0,
             peak_ends: 0,
+            live_state: 0,
+            peak_state: 0,
             late_packets: 0,
             retire: Vec::new(),
             switch_seed,
@@ -598,6 +604,7 @@ impl Sim {
                 r.failed += c.failed;
                 slot.timer_at = None;
                 self.live_ends -= 1;
+                self.live_state -= end.state_bytes();
             }
         }
     }
@@ -608,12 +615,15 @@ impl Sim {
         for x in [e, twin] {
             let slot = &mut self.ends[x as usize];
             if slot.end.is_none() {
-                slot.end = Some((self.make_end)(slot.host, slot.peer));
+                let end = (self.make_end)(slot.host, slot.peer);
+                self.live_state += end.state_bytes();
+                slot.end = Some(end);
                 self.live_ends += 1;
                 self.ends_made += 1;
             }
         }
         self.peak_ends = self.peak_ends.max(self.live_ends);
+        self.peak_state = self.peak_state.max(self.live_state);
     }
 
     /// Counters of every endpoint, dropped ones included.
@@ -645,10 +655,10 @@ impl Sim {
         let now = self.now;
         let fl = &mut self.flows[f as usize];
         fl.start_ns = Some(now);
-        let (e, bytes) = (self.index[&(fl.src, fl.dst)], fl.bytes);
+        let (e, bytes, qp) = (self.index[&(fl.src, fl.dst)], fl.bytes, fl.qp);
         self.open(e);
         if let Some(end) = self.ends[e as usize].end.as_mut() {
-            end.post(now, f, bytes);
+            end.post(now, f, qp, bytes);
         }
         self.touch(e);
     }
@@ -903,6 +913,7 @@ impl Sim {
             packets: self.hosts.iter().map(|h| h.tx_packets).sum(),
             ends_made: self.ends_made,
             peak_ends: self.peak_ends,
+            peak_state: self.peak_state,
             late_packets: self.late_packets,
             ..RunStats::default()
         };
@@ -945,6 +956,7 @@ mod tests {
             wire: 100,
             ecn_capable: false,
             ce: false,
+            qp: 0,
             body: Body::Meta(Vec::new()),
         }
     }

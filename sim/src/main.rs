@@ -10,7 +10,8 @@ use metaroce_sim::workload::Kind;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage:
-  metaroce-sim run [--scenario incast|alltoall|allreduce] [--proto all|metaroce|rocev2|irn]
+  metaroce-sim run [--scenario incast|alltoall|alltoall-pairwise|allreduce|shift]
+                   [--proto all|metaroce|rocev2|irn] [--qps Q]
                    [--nodes N] [--planes P] [--seed S] [--loss PPM] [--core-loss PPM] [--bytes B]
                    [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US] [--fail-plane US]
                    [--fail-for US] [--meta-cc full|ecn-only|rate-only] [--initial-window PKTS]
@@ -71,6 +72,7 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
             "--nodes" => sc.nodes = num(v, "--nodes")? as usize,
             "--planes" => sc.planes = num(v, "--planes")? as usize,
             "--seed" => sc.seed = num(v, "--seed")?,
+            "--qps" => sc.qps = num(v, "--qps")?.clamp(1, 1024) as u16,
             "--loss" => sc.loss_ppm = num(v, "--loss")? as u32,
             "--core-loss" => sc.core_loss_ppm = num(v, "--core-loss")? as u32,
             "--bytes" => sc.bytes = num(v, "--bytes")?,

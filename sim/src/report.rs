@@ -31,6 +31,8 @@ struct Params {
     sizes: Vec<u64>,
     /// Seeds of the seeds' table (1 is the rest of the report's).
     seeds: Vec<u64>,
+    /// Bytes each host sends in the many-QPs table.
+    qps_bytes: u64,
     deadline_ns: u64,
 }
 
@@ -49,6 +51,7 @@ impl Params {
             speed_nodes: vec![16, 64, 256],
             speed_bytes: 8 << 20,
             seeds: (1..=8).collect(),
+            qps_bytes: 8 << 20,
             sizes: vec![8 << 10, 64 << 10, 1 << 20],
             deadline_ns: 200_000_000,
         }
@@ -68,6 +71,7 @@ impl Params {
             speed_nodes: vec![16],
             speed_bytes: 1 << 20,
             seeds: vec![1, 2, 3],
+            qps_bytes: 1 << 20,
             sizes: vec![8 << 10, 64 << 10],
             deadline_ns: 100_000_000,
         }
@@ -78,6 +82,7 @@ impl Params {
             Kind::AllReduce => self.ar_bytes,
             Kind::AllToAll | Kind::AllToAllPairwise => self.a2a_bytes,
             Kind::Incast => self.incast_bytes,
+            Kind::Shift => self.qps_bytes,
         };
         let mut sc = Scenario::new(name, kind, self.nodes, planes, bytes);
         sc.hosts_per_leaf = self.hosts_per_leaf;
@@ -141,6 +146,73 @@ impl Report {
         let label = format!("{} ({} planes)", sc.name, sc.planes);
         self.ratios.push((label, ratio(&outs[1]), ratio(&outs[2])));
         outs
+    }
+}
+
+/// Many QPs: the same bytes per host over N QPs (one per host, to the host N/4 further),
+/// over N(N-1) QPs (N-1 per pair of that permutation: 4,032 at 64 hosts) and over N(N-1) pairs
+/// (All-to-All, one QP each). Aggregate goodput: all bytes over the CCT.
+fn many_qps(r: &mut Report, p: &Params) {
+    let n = p.nodes;
+    let _ = writeln!(
+        r.md,
+        "\n## Many QPs ({n} hosts, 1 plane, {} MiB from each host)\n\n\
+         The same bytes over {n} QPs, over {} (N-1 QPs for each pair of the same permutation: \
+         MetaRoCE carries them as streams of one connection per host pair, the baselines as QPs \
+         of their own, each its own source port and DCQCN state), and over {} flows of an \
+         All-to-All (one per ordered pair). Goodput: all bytes / CCT, Gbit/s; kept: against the \
+         {n}-QP row. State: MetaRoCE's transport state (both ends, `Connection` with its paths \
+         and stream chunks) at its peak over the QPs.\n\n\
+         | traffic | QPs | metaroce CCT us | rocev2 CCT us | irn CCT us | metaroce goodput | kept | \
+         rocev2 goodput | kept | irn goodput | kept | metaroce state per QP KiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|",
+        p.qps_bytes >> 20,
+        n * (n - 1),
+        n * (n - 1)
+    );
+    let goodput = |o: &Outcome| {
+        if o.completed {
+            o.expected_bytes as f64 * 8.0 / o.cct_ns.max(1) as f64
+        } else {
+            0.0
+        }
+    };
+    let mut few: Option<Vec<f64>> = None;
+    for (name, kind, qps) in [
+        ("permutation", Kind::Shift, 1),
+        ("permutation", Kind::Shift, n - 1),
+        ("all-to-all", Kind::AllToAll, 1),
+    ] {
+        let mut sc = p.scenario(&format!("qps-{name}-{}", n * qps), kind, 1);
+        sc.qps = qps as u16;
+        if kind == Kind::AllToAll {
+            sc.bytes = p.qps_bytes.div_ceil(n as u64 - 1);
+        }
+        let outs = r.run_all(&sc);
+        let g: Vec<f64> = outs.iter().map(goodput).collect();
+        let base = few.get_or_insert_with(|| g.clone()).clone();
+        let kept = |i: usize| {
+            if base[i] > 0.0 && g[i] > 0.0 {
+                format!("{:.1}%", 100.0 * g[i] / base[i])
+            } else {
+                "-".into()
+            }
+        };
+        let _ = writeln!(
+            r.md,
+            "| {name} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} | {:.1} | {} | {:.1} |",
+            outs[0].flows,
+            us(&outs[0]),
+            us(&outs[1]),
+            us(&outs[2]),
+            g[0],
+            kept(0),
+            g[1],
+            kept(1),
+            g[2],
+            kept(2),
+            outs[0].net.peak_state as f64 / 1024.0 / outs[0].flows as f64
+        );
     }
 }
 
@@ -336,6 +408,8 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             o.net.max_queue as f64 / 1024.0
         );
     }
+
+    many_qps(&mut r, &p);
 
     // Message sizes.
     let _ = writeln!(

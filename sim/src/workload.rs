@@ -11,6 +11,8 @@ pub struct Flow {
     pub src: u32,
     pub dst: u32,
     pub bytes: u64,
+    /// The QP of the pair it goes on.
+    pub qp: u16,
     pub deps: Vec<u32>,
     /// Flows that depend on this one.
     pub dependents: Vec<u32>,
@@ -26,6 +28,7 @@ impl Flow {
             src: src as u32,
             dst: dst as u32,
             bytes,
+            qp: 0,
             pending: deps.len() as u32,
             deps,
             dependents: Vec::new(),
@@ -51,6 +54,9 @@ pub enum Kind {
     Incast,
     /// Every node writes `bytes` to every other node at once.
     AllToAll,
+    /// Every node writes `bytes` to node `s + N/4` (mod N) at once: a permutation whose pairs
+    /// each carry one direction.
+    Shift,
     /// All-to-All as a collective library runs it: N-1 rounds of pairwise exchange, a node's
     /// round k+1 starting when it sent and received round k. With a power-of-two N node `s`
     /// exchanges with `s ^ k` in round k, both directions at once (MPICH's pairwise
@@ -69,6 +75,7 @@ impl Kind {
         match self {
             Kind::Incast => "incast",
             Kind::AllToAll => "alltoall",
+            Kind::Shift => "shift",
             Kind::AllToAllPairwise => "alltoall-pairwise",
             Kind::AllReduce => "allreduce",
         }
@@ -78,6 +85,7 @@ impl Kind {
         match s {
             "incast" => Some(Kind::Incast),
             "alltoall" | "all-to-all" | "a2a" => Some(Kind::AllToAll),
+            "shift" | "permutation" => Some(Kind::Shift),
             "alltoall-pairwise" | "pairwise" | "a2a-pw" => Some(Kind::AllToAllPairwise),
             "allreduce" | "all-reduce" | "ar" => Some(Kind::AllReduce),
             _ => None,
@@ -90,6 +98,9 @@ pub fn build(kind: Kind, n: usize, bytes: u64, seed: u64) -> Vec<Flow> {
     assert!(n >= 2, "a collective needs two nodes");
     let flows = match kind {
         Kind::Incast => (1..n).map(|s| Flow::new(s, 0, bytes, Vec::new())).collect(),
+        Kind::Shift => (0..n)
+            .map(|s| Flow::new(s, (s + (n / 4).max(1)) % n, bytes, Vec::new()))
+            .collect(),
         Kind::AllToAll => {
             let mut v = Vec::new();
             for s in 0..n {
@@ -137,6 +148,32 @@ pub fn build(kind: Kind, n: usize, bytes: u64, seed: u64) -> Vec<Flow> {
         }
     };
     link(flows)
+}
+
+/// Each flow of a workload without dependencies cut into `qps` flows of a `qps`-th of its
+/// bytes (at least one), one on each of the pair's QPs `0..qps`, all at once.
+pub fn split(flows: Vec<Flow>, qps: u16) -> Vec<Flow> {
+    if qps <= 1 {
+        return flows;
+    }
+    assert!(
+        flows.iter().all(|f| f.deps.is_empty()),
+        "QPs split only workloads without dependencies"
+    );
+    let mut v = Vec::with_capacity(flows.len() * usize::from(qps));
+    for f in flows {
+        for q in 0..qps {
+            let mut g = Flow::new(
+                f.src as usize,
+                f.dst as usize,
+                f.bytes.div_ceil(u64::from(qps)).max(1),
+                Vec::new(),
+            );
+            g.qp = q;
+            v.push(g);
+        }
+    }
+    v
 }
 
 /// Jain's fairness index (1 = all equal).

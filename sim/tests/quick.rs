@@ -144,3 +144,19 @@ fn endpoints_live_only_while_their_pair_is_in_use() {
     assert!(o.correct());
     assert_eq!((o.net.ends_made, o.net.peak_ends), (16, 16));
 }
+
+/// Many QPs per host pair: a flow cut over 7 QPs (MetaRoCE: 7 streams of one connection in
+/// growable storage; baselines: 7 QPs) completes with every byte placed once, through loss.
+#[test]
+fn many_qps_per_pair_complete() {
+    let mut sc = small(Kind::Shift, 2);
+    sc.qps = 7;
+    sc.loss_ppm = 5_000;
+    for proto in Proto::ALL {
+        let o = run(&sc, proto);
+        assert!(o.correct(), "{proto:?}: {o:?}");
+        assert_eq!(o.flows, 8 * 7);
+        assert_eq!(o.rx_bytes, o.expected_bytes, "{proto:?}: bytes placed once");
+        assert_eq!(o.net.peak_ends, 16, "{proto:?}: one connection per pair");
+    }
+}
