@@ -310,7 +310,77 @@ fn kept(base: &Outcome, o: &Outcome) -> String {
     }
 }
 
-pub fn table(quick: bool, out: &Path) -> Result<(), String> {
+/// The core of the table at `n` hosts (the same fabric shape, more leaves): All-Reduce of
+/// 16 MiB per node, the pairwise All-to-All of the same 16 MiB from each node, All-Reduce
+/// through 1% loss and on 4 planes; then what each run cost the simulator.
+fn at_scale(r: &mut Report, p: &Params, n: usize) {
+    let mut q = Params {
+        nodes: n,
+        ..Params::full()
+    };
+    q.deadline_ns = p.deadline_ns;
+    let a2a = (q.ar_bytes / (n as u64 - 1)).max(4096) / 4096 * 4096;
+    let _ = writeln!(
+        r.md,
+        "\n## At {n} hosts\n\n\
+         The same fabric with {} leaves: All-Reduce of {} MiB per node, the pairwise \
+         All-to-All (N-1 rounds) of {} KiB per pair (the same bytes from each node), \
+         All-Reduce through 1% loss and on 4 planes.\n\n{}",
+        n.div_ceil(q.hosts_per_leaf),
+        q.ar_bytes >> 20,
+        a2a >> 10,
+        md_header().trim_end()
+    );
+    let mut cost = Vec::new();
+    for (name, kind, planes, loss) in [
+        ("allreduce", Kind::AllReduce, 1, 0),
+        ("a2a-pairwise", Kind::AllToAllPairwise, 1, 0),
+        ("loss1", Kind::AllReduce, 1, 10_000),
+        ("planes4", Kind::AllReduce, 4, 0),
+    ] {
+        let mut sc = q.scenario(&format!("{name}-n{n}"), kind, planes);
+        sc.loss_ppm = loss;
+        if kind == Kind::AllToAllPairwise {
+            sc.bytes = a2a;
+        }
+        let outs = r.run_all(&sc);
+        r.md.push_str(&md_row(&sc, &outs));
+        cost.push((sc, outs));
+    }
+    let _ = writeln!(
+        r.md,
+        "\nWhat the runs cost the simulator (wall time on this machine, shared; endpoints: \
+         connection ends alive at once, of those made; state: MetaRoCE's `Connection`s at \
+         their peak; the process's peak RSS per run, measured apart with `/usr/bin/time -v`, \
+         is in sim/README.md).\n\n\
+         | scenario | transport | wall s | packets | packets/s | endpoints (made) | state MiB |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    for (sc, outs) in &cost {
+        for o in outs {
+            let _ = writeln!(
+                r.md,
+                "| {} | {} | {:.1} | {} | {:.0} | {} ({}) | {} |",
+                sc.name,
+                o.proto.name(),
+                o.wall_s,
+                o.net.packets,
+                o.packets_per_s(),
+                o.net.peak_ends,
+                o.net.ends_made,
+                if o.net.peak_state > 0 {
+                    format!("{:.0}", o.net.peak_state as f64 / (1 << 20) as f64)
+                } else {
+                    "-".into()
+                }
+            );
+        }
+    }
+}
+
+/// The scenario table (quick: a small fabric, with checks), then the core of it again at
+/// each of `scale` hosts.
+pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
     let p = if quick {
         Params::quick()
     } else {
@@ -659,6 +729,10 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             o.packets_per_s(),
             o.net.events as f64 / o.wall_s.max(1e-9)
         );
+    }
+
+    for &n in scale {
+        at_scale(&mut r, &p, n);
     }
 
     let _ = writeln!(
