@@ -22,10 +22,19 @@ fn small(kind: Kind, planes: usize) -> Scenario {
 
 #[test]
 fn same_seed_same_results() {
-    for kind in [Kind::AllReduce, Kind::AllToAll, Kind::Incast] {
+    for kind in [
+        Kind::AllReduce,
+        Kind::AllToAll,
+        Kind::Incast,
+        Kind::AllToAllPairwise,
+        Kind::Shift,
+    ] {
         let mut sc = small(kind, 2);
         sc.loss_ppm = 10_000;
         sc.seed = 7;
+        if kind == Kind::Shift {
+            sc.qps = 5;
+        }
         for proto in Proto::ALL {
             let a = run(&sc, proto);
             let b = run(&sc, proto);
