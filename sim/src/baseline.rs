@@ -368,7 +368,7 @@ impl BaseEnd {
 }
 
 impl End for BaseEnd {
-    fn post(&mut self, _now: u64, flow: u32, bytes: u64) {
+    fn post(&mut self, _now: u64, flow: u32, _qp: u16, bytes: u64) {
         let mtu = u64::from(self.cfg.mtu);
         let pkts = bytes.div_ceil(mtu).max(1);
         let last_len = (bytes.max(1) - (pkts - 1) * mtu) as u32;
@@ -461,6 +461,7 @@ impl End for BaseEnd {
             plane: 0,
             sport: self.sport,
             wire,
+            qp: 0,
             ecn_capable: ecn,
             ce: false,
             body: Body::Base(body),
@@ -495,7 +496,9 @@ impl End for BaseEnd {
 /// through its own single-path QP (own source port), and the transfer completes when every
 /// part did.
 pub struct Striped {
+    /// QP `q` on plane `p` is part `q * planes + p`.
     parts: Vec<BaseEnd>,
+    planes: usize,
     /// Transfers in progress: (flow, parts not yet complete).
     left: Vec<(u32, u32)>,
     rr: usize,
@@ -504,10 +507,12 @@ pub struct Striped {
 }
 
 impl Striped {
-    /// One QP per plane, with source ports `sports[plane]`.
-    pub fn new(cfg: BaseConfig, sports: &[u16]) -> Self {
+    /// One QP per plane for each of the pair's QPs, with source ports `sports[qp * planes +
+    /// plane]`.
+    pub fn new(cfg: BaseConfig, sports: &[u16], planes: usize) -> Self {
         Striped {
             parts: sports.iter().map(|&s| BaseEnd::new(cfg, s)).collect(),
+            planes: planes.max(1),
             left: Vec::new(),
             rr: 0,
             done: Vec::new(),
@@ -517,8 +522,9 @@ impl Striped {
 }
 
 impl End for Striped {
-    fn post(&mut self, now: u64, flow: u32, bytes: u64) {
-        let n = (self.parts.len() as u64).min(bytes.max(1));
+    fn post(&mut self, now: u64, flow: u32, qp: u16, bytes: u64) {
+        let first = usize::from(qp) * self.planes % self.parts.len();
+        let n = (self.planes as u64).min(bytes.max(1));
         let each = bytes.max(1) / n;
         for i in 0..n {
             let b = if i + 1 == n {
@@ -526,13 +532,13 @@ impl End for Striped {
             } else {
                 each
             };
-            self.parts[i as usize].post(now, flow, b);
+            self.parts[first + i as usize].post(now, flow, 0, b);
         }
         self.left.push((flow, n as u32));
     }
 
     fn on_packet(&mut self, now: u64, pkt: Packet, ctx: &mut HostCtx) {
-        let i = usize::from(pkt.plane) % self.parts.len();
+        let i = (usize::from(pkt.qp) * self.planes + usize::from(pkt.plane)) % self.parts.len();
         self.parts[i].on_packet(now, pkt, ctx);
     }
 
@@ -549,7 +555,8 @@ impl End for Striped {
         for k in 0..n {
             let i = (self.rr + k) % n;
             if let Some(mut pkt) = self.parts[i].poll_transmit(now, ctx) {
-                pkt.plane = i as u8;
+                pkt.plane = (i % self.planes) as u8;
+                pkt.qp = (i / self.planes) as u16;
                 self.rr = (i + 1) % n;
                 return Some(pkt);
             }

@@ -25,6 +25,8 @@ pub struct Packet {
     pub ecn_capable: bool,
     /// CE-marked by a queue on the way.
     pub ce: bool,
+    /// The sender's QP among the pair's (baselines; MetaRoCE's streams are in its header).
+    pub qp: u16,
     pub body: Body,
 }
 
@@ -99,8 +101,8 @@ pub struct EndCounters {
 /// One end of a host pair's connection (host `h` towards peer `p`): takes transfers to send,
 /// packets and timeouts; gives packets, a deadline and finished transfers.
 pub trait End {
-    /// Queue a transfer of `bytes` to the peer (identified by `flow`).
-    fn post(&mut self, now: u64, flow: u32, bytes: u64);
+    /// Queue a transfer of `bytes` to the peer (identified by `flow`) on QP `qp` of the pair.
+    fn post(&mut self, now: u64, flow: u32, qp: u16, bytes: u64);
     fn on_packet(&mut self, now: u64, pkt: Packet, ctx: &mut HostCtx);
     fn on_timeout(&mut self, now: u64, ctx: &mut HostCtx);
     /// The next packet to send now, if any (`src`/`dst` are filled in by the fabric).
@@ -113,5 +115,9 @@ pub trait End {
     /// A description of the endpoint's state for debugging (`METAROCE_SIM_DEBUG`).
     fn debug(&self) -> String {
         String::new()
+    }
+    /// Bytes of transport state the endpoint holds (0: not modelled).
+    fn state_bytes(&self) -> u64 {
+        0
     }
 }

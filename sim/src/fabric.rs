@@ -19,10 +19,14 @@
 //! `NIC_BACKLOG` packets per plane it takes the next packet from its endpoints in round
 //! robin (as a NIC's QP scheduler does), so a host never queues more than that locally.
 //!
+//! Endpoints: a host pair's two ends (one connection) are made when the pair's first flow
+//! starts and dropped when its last flow completed, so that only the pairs in use hold
+//! state; what arrives for a dropped end afterwards is discarded (a torn-down connection).
+//!
 //! Core: a binary heap of (time, sequence, event); the sequence number breaks ties in
 //! insertion order, so a run is a function of the configuration and the seed.
 
-use crate::endpoint::{End, HostCtx, Packet, DPORT};
+use crate::endpoint::{End, EndCounters, HostCtx, Packet, DPORT};
 use crate::rng::{ecmp_hash, Rng};
 use crate::workload::Flow;
 use std::cmp::Ordering;
@@ -257,11 +261,19 @@ impl Ord for Item {
     }
 }
 
+/// Makes host `h`'s end towards peer `p`.
+pub type MakeEnd = Box<dyn FnMut(u32, u32) -> Box<dyn End>>;
+
 /// One end of a host pair's connection.
 pub struct EndSlot {
     pub host: u32,
     pub peer: u32,
-    pub end: Box<dyn End>,
+    /// The endpoint while the pair is in use (made at its first flow, dropped after its last).
+    pub end: Option<Box<dyn End>>,
+    /// The slot of the pair's other end.
+    twin: u32,
+    /// Flows of the pair (either direction) not yet complete.
+    uses: u32,
     timer_at: Option<u64>,
     ready: bool,
     /// Its timer is re-armed when the current instant's work is done.
@@ -291,6 +303,13 @@ pub struct RunStats {
     pub marks: u64,
     pub fail_drops: u64,
     pub loss_drops: u64,
+    /// Endpoints made (two per host pair used) and the most alive at once.
+    pub ends_made: u64,
+    pub peak_ends: u64,
+    /// Most bytes of transport state the endpoints alive at once held (`End::state_bytes`).
+    pub peak_state: u64,
+    /// Packets that arrived for an endpoint already dropped (its pair was done).
+    pub late_packets: u64,
 }
 
 pub struct Sim {
@@ -303,6 +322,17 @@ pub struct Sim {
     pub hosts: Vec<Host>,
     pub ends: Vec<EndSlot>,
     index: HashMap<(u32, u32), u32>,
+    make_end: MakeEnd,
+    /// Counters of the endpoints already dropped.
+    retired: EndCounters,
+    live_ends: u64,
+    ends_made: u64,
+    peak_ends: u64,
+    live_state: u64,
+    peak_state: u64,
+    late_packets: u64,
+    /// Endpoints to drop once the current instant's work is done.
+    retire: Vec<u32>,
     switch_seed: Vec<u64>,
     rng: Rng,
     pub flows: Vec<Flow>,
@@ -318,12 +348,13 @@ pub struct Sim {
 }
 
 impl Sim {
-    /// Builds the fabric, one endpoint per (host, peer) that a flow needs (both directions),
-    /// made by `make_end(host, peer)`, and one context per host by `make_ctx(host)`.
+    /// Builds the fabric, a slot per (host, peer) that a flow needs (both directions), whose
+    /// endpoint `make_end(host, peer)` makes when the pair's first flow starts, and one
+    /// context per host by `make_ctx(host)`.
     pub fn new(
         cfg: FabricConfig,
         flows: Vec<Flow>,
-        mut make_end: impl FnMut(u32, u32) -> Box<dyn End>,
+        make_end: MakeEnd,
         mut make_ctx: impl FnMut(u32) -> HostCtx,
     ) -> Self {
         let (hosts, planes) = (cfg.hosts, cfg.planes.max(1));
@@ -430,21 +461,28 @@ impl Sim {
         }
         let mut rng = Rng::new(cfg.seed ^ 0x5157_5eed);
         let switch_seed = (0..planes * leaves).map(|_| rng.next_u64()).collect();
-        let mut ends = Vec::new();
+        let mut ends: Vec<EndSlot> = Vec::new();
         let mut index = HashMap::new();
         for f in &flows {
-            for (h, p) in [(f.src, f.dst), (f.dst, f.src)] {
-                index.entry((h, p)).or_insert_with(|| {
+            let mut slot = |h: u32, p: u32| {
+                *index.entry((h, p)).or_insert_with(|| {
                     ends.push(EndSlot {
                         host: h,
                         peer: p,
-                        end: make_end(h, p),
+                        end: None,
+                        twin: 0,
+                        uses: 0,
                         timer_at: None,
                         ready: false,
                         dirty: false,
                     });
                     (ends.len() - 1) as u32
-                });
+                })
+            };
+            let (a, b) = (slot(f.src, f.dst), slot(f.dst, f.src));
+            for (x, y) in [(a, b), (b, a)] {
+                ends[x as usize].twin = y;
+                ends[x as usize].uses += 1;
             }
         }
         let hosts_v = (0..hosts)
@@ -467,6 +505,15 @@ impl Sim {
             hosts: hosts_v,
             ends,
             index,
+            make_end,
+            retired: EndCounters::default(),
+            live_ends: 0,
+            ends_made: 0,
+            peak_ends: 0,
+            live_state: 0,
+            peak_state: 0,
+            late_packets: 0,
+            retire: Vec::new(),
             switch_seed,
             rng,
             flows,
@@ -520,9 +567,11 @@ impl Sim {
                     let slot = &mut self.ends[e as usize];
                     if slot.timer_at == Some(d) {
                         slot.timer_at = None;
-                        if slot.end.next_timeout().is_some_and(|t| t <= now) {
-                            let ctx = &mut self.hosts[slot.host as usize].ctx;
-                            slot.end.on_timeout(now, ctx);
+                        let Some(end) = slot.end.as_mut() else {
+                            continue;
+                        };
+                        if end.next_timeout().is_some_and(|t| t <= now) {
+                            end.on_timeout(now, &mut self.hosts[slot.host as usize].ctx);
                         }
                         self.touch(e);
                     }
@@ -544,6 +593,54 @@ impl Sim {
             self.ends[e as usize].dirty = false;
             self.rearm(e);
         }
+        while let Some(e) = self.retire.pop() {
+            let slot = &mut self.ends[e as usize];
+            if let Some(end) = slot.end.take() {
+                let c = end.counters();
+                let r = &mut self.retired;
+                r.data_packets += c.data_packets;
+                r.retransmits += c.retransmits;
+                r.timeouts += c.timeouts;
+                r.failed += c.failed;
+                slot.timer_at = None;
+                self.live_ends -= 1;
+                self.live_state -= end.state_bytes();
+            }
+        }
+    }
+
+    /// Makes the endpoints of the pair of slot `e` if they are not there yet.
+    fn open(&mut self, e: u32) {
+        let twin = self.ends[e as usize].twin;
+        for x in [e, twin] {
+            let slot = &mut self.ends[x as usize];
+            if slot.end.is_none() {
+                let end = (self.make_end)(slot.host, slot.peer);
+                self.live_state += end.state_bytes();
+                slot.end = Some(end);
+                self.live_ends += 1;
+                self.ends_made += 1;
+            }
+        }
+        self.peak_ends = self.peak_ends.max(self.live_ends);
+        self.peak_state = self.peak_state.max(self.live_state);
+    }
+
+    /// Counters of every endpoint, dropped ones included.
+    pub fn counters(&self) -> EndCounters {
+        let mut r = self.retired;
+        for c in self
+            .ends
+            .iter()
+            .filter_map(|s| s.end.as_ref())
+            .map(|e| e.counters())
+        {
+            r.data_packets += c.data_packets;
+            r.retransmits += c.retransmits;
+            r.timeouts += c.timeouts;
+            r.failed += c.failed;
+        }
+        r
     }
 
     fn mark_dirty(&mut self, e: u32) {
@@ -558,8 +655,11 @@ impl Sim {
         let now = self.now;
         let fl = &mut self.flows[f as usize];
         fl.start_ns = Some(now);
-        let e = self.index[&(fl.src, fl.dst)];
-        self.ends[e as usize].end.post(now, f, fl.bytes);
+        let (e, bytes, qp) = (self.index[&(fl.src, fl.dst)], fl.bytes, fl.qp);
+        self.open(e);
+        if let Some(end) = self.ends[e as usize].end.as_mut() {
+            end.post(now, f, qp, bytes);
+        }
         self.touch(e);
     }
 
@@ -568,7 +668,16 @@ impl Sim {
         let fl = &mut self.flows[f as usize];
         assert!(fl.end_ns.is_none(), "flow {f} completed twice");
         fl.end_ns = Some(now);
+        let e = self.index[&(fl.src, fl.dst)];
         self.flows_left -= 1;
+        let twin = self.ends[e as usize].twin;
+        for x in [e, twin] {
+            let slot = &mut self.ends[x as usize];
+            slot.uses -= 1;
+            if slot.uses == 0 {
+                self.retire.push(x);
+            }
+        }
         let deps = std::mem::take(&mut fl.dependents);
         for &d in &deps {
             let g = &mut self.flows[d as usize];
@@ -584,13 +693,18 @@ impl Sim {
     /// round robin, its timer.
     fn touch(&mut self, e: u32) {
         let mut done = std::mem::take(&mut self.done_buf);
-        self.ends[e as usize].end.take_done(&mut done);
+        if let Some(end) = self.ends[e as usize].end.as_mut() {
+            end.take_done(&mut done);
+        }
         for &f in &done {
             self.complete_flow(f);
         }
         done.clear();
         self.done_buf = done;
         let slot = &mut self.ends[e as usize];
+        if slot.end.is_none() {
+            return;
+        }
         if !slot.ready {
             slot.ready = true;
             self.hosts[slot.host as usize].ready.push_back(e);
@@ -602,7 +716,7 @@ impl Sim {
     fn rearm(&mut self, e: u32) {
         let now = self.now;
         let slot = &mut self.ends[e as usize];
-        if let Some(d) = slot.end.next_timeout() {
+        if let Some(d) = slot.end.as_ref().and_then(|end| end.next_timeout()) {
             // Due now but waiting for its turn at the NIC: its turn re-arms it.
             if d <= now && slot.ready {
                 return;
@@ -629,7 +743,11 @@ impl Sim {
                 break;
             };
             let slot = &mut self.ends[e as usize];
-            match slot.end.poll_transmit(now, &mut host.ctx) {
+            let Some(end) = slot.end.as_mut() else {
+                slot.ready = false;
+                continue;
+            };
+            match end.poll_transmit(now, &mut host.ctx) {
                 Some(mut pkt) => {
                     pkt.src = h;
                     pkt.dst = slot.peer;
@@ -643,7 +761,7 @@ impl Sim {
                 None => {
                     slot.ready = false;
                     let mut done = std::mem::take(&mut self.done_buf);
-                    slot.end.take_done(&mut done);
+                    end.take_done(&mut done);
                     for &f in &done {
                         self.complete_flow(f);
                     }
@@ -737,9 +855,11 @@ impl Sim {
                     return;
                 };
                 let now = self.now;
-                let slot = &mut self.ends[e as usize];
-                slot.end
-                    .on_packet(now, pkt, &mut self.hosts[h as usize].ctx);
+                let Some(end) = self.ends[e as usize].end.as_mut() else {
+                    self.late_packets += 1;
+                    return;
+                };
+                end.on_packet(now, pkt, &mut self.hosts[h as usize].ctx);
                 self.touch(e);
             }
             Node::Leaf(pl, l) => {
@@ -791,6 +911,10 @@ impl Sim {
         let mut r = RunStats {
             events: self.events,
             packets: self.hosts.iter().map(|h| h.tx_packets).sum(),
+            ends_made: self.ends_made,
+            peak_ends: self.peak_ends,
+            peak_state: self.peak_state,
+            late_packets: self.late_packets,
             ..RunStats::default()
         };
         for p in self.ports.iter().filter(|p| p.switch) {
@@ -814,7 +938,7 @@ mod tests {
         Sim::new(
             cfg,
             Vec::new(),
-            |_, _| unreachable!("no flows, no endpoints"),
+            Box::new(|_, _| unreachable!("no flows, no endpoints")),
             |_| HostCtx {
                 alloc: RateAllocator::new(0),
                 mem: CountingMemory::default(),
@@ -832,6 +956,7 @@ mod tests {
             wire: 100,
             ecn_capable: false,
             ce: false,
+            qp: 0,
             body: Body::Meta(Vec::new()),
         }
     }

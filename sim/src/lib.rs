@@ -14,4 +14,5 @@ pub mod meta;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod slots;
 pub mod workload;

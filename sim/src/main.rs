@@ -10,15 +10,18 @@ use metaroce_sim::workload::Kind;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage:
-  metaroce-sim run [--scenario incast|alltoall|allreduce] [--proto all|metaroce|rocev2|irn]
+  metaroce-sim run [--scenario incast|alltoall|alltoall-pairwise|allreduce|shift]
+                   [--proto all|metaroce|rocev2|irn] [--qps Q]
                    [--nodes N] [--planes P] [--seed S] [--loss PPM] [--core-loss PPM] [--bytes B]
                    [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US] [--fail-plane US]
                    [--fail-for US] [--meta-cc full|ecn-only|rate-only] [--initial-window PKTS]
                    [--initial-rto US] [--deadline-ms MS]
                    [--csv]
       one scenario, a Markdown table row per transport (--csv: CSV lines)
-  metaroce-sim table [--quick] [--out DIR]
+  metaroce-sim table [--quick] [--out DIR] [--nodes N[,N...]]
       the scenario table: DIR/report.md and DIR/results.csv (default build/sim);
+      --nodes: its core (All-Reduce, pairwise All-to-All, 1% loss, 4 planes) again at
+      each of these host counts (e.g. 256,1024; empty: none);
       --quick: a small fabric in seconds, asserting that every collective completes with
       every byte delivered and that a second run with the same seed gives the same results";
 
@@ -71,6 +74,7 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
             "--nodes" => sc.nodes = num(v, "--nodes")? as usize,
             "--planes" => sc.planes = num(v, "--planes")? as usize,
             "--seed" => sc.seed = num(v, "--seed")?,
+            "--qps" => sc.qps = num(v, "--qps")?.clamp(1, 1024) as u16,
             "--loss" => sc.loss_ppm = num(v, "--loss")? as u32,
             "--core-loss" => sc.core_loss_ppm = num(v, "--core-loss")? as u32,
             "--bytes" => sc.bytes = num(v, "--bytes")?,
@@ -125,12 +129,15 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
         print!("{}{}", md_header(), md_row(&sc, &outs));
         for o in &outs {
             println!(
-                "\n{}: {} packets in {:.2} s of wall time ({:.0} packets/s), {} events",
+                "\n{}: {} packets in {:.2} s of wall time ({:.0} packets/s), {} events, \
+                 {} endpoints alive at most ({} made)",
                 o.proto.name(),
                 o.net.packets,
                 o.wall_s,
                 o.packets_per_s(),
-                o.net.events
+                o.net.events,
+                o.net.peak_ends,
+                o.net.ends_made
             );
         }
     }
@@ -140,10 +147,25 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
 fn cmd_table(args: &[String]) -> Result<(), String> {
     let mut quick = false;
     let mut out = "build/sim".to_string();
+    let mut scale = Vec::new();
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
             "--quick" => quick = true,
+            "--nodes" => {
+                i += 1;
+                let v = args.get(i).ok_or("--nodes needs a value")?;
+                for n in v.split(',').filter(|s| !s.trim().is_empty()) {
+                    let n: usize = n
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("--nodes: not a number: {n}"))?;
+                    if !(2..=4096).contains(&n) {
+                        return Err("--nodes: 2 to 4096 hosts".into());
+                    }
+                    scale.push(n);
+                }
+            }
             "--out" => {
                 i += 1;
                 out = args.get(i).ok_or("--out needs a value")?.clone();
@@ -152,5 +174,5 @@ fn cmd_table(args: &[String]) -> Result<(), String> {
         }
         i += 1;
     }
-    metaroce_sim::report::table(quick, std::path::Path::new(&out))
+    metaroce_sim::report::table(quick, std::path::Path::new(&out), &scale)
 }

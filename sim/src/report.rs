@@ -31,6 +31,8 @@ struct Params {
     sizes: Vec<u64>,
     /// Seeds of the seeds' table (1 is the rest of the report's).
     seeds: Vec<u64>,
+    /// Bytes each host sends in the many-QPs table.
+    qps_bytes: u64,
     deadline_ns: u64,
 }
 
@@ -49,6 +51,7 @@ impl Params {
             speed_nodes: vec![16, 64, 256],
             speed_bytes: 8 << 20,
             seeds: (1..=8).collect(),
+            qps_bytes: 8 << 20,
             sizes: vec![8 << 10, 64 << 10, 1 << 20],
             deadline_ns: 200_000_000,
         }
@@ -68,6 +71,7 @@ impl Params {
             speed_nodes: vec![16],
             speed_bytes: 1 << 20,
             seeds: vec![1, 2, 3],
+            qps_bytes: 1 << 20,
             sizes: vec![8 << 10, 64 << 10],
             deadline_ns: 100_000_000,
         }
@@ -76,8 +80,9 @@ impl Params {
     fn scenario(&self, name: &str, kind: Kind, planes: usize) -> Scenario {
         let bytes = match kind {
             Kind::AllReduce => self.ar_bytes,
-            Kind::AllToAll => self.a2a_bytes,
+            Kind::AllToAll | Kind::AllToAllPairwise => self.a2a_bytes,
             Kind::Incast => self.incast_bytes,
+            Kind::Shift => self.qps_bytes,
         };
         let mut sc = Scenario::new(name, kind, self.nodes, planes, bytes);
         sc.hosts_per_leaf = self.hosts_per_leaf;
@@ -141,6 +146,73 @@ impl Report {
         let label = format!("{} ({} planes)", sc.name, sc.planes);
         self.ratios.push((label, ratio(&outs[1]), ratio(&outs[2])));
         outs
+    }
+}
+
+/// Many QPs: the same bytes per host over N QPs (one per host, to the host N/4 further),
+/// over N(N-1) QPs (N-1 per pair of that permutation: 4,032 at 64 hosts) and over N(N-1) pairs
+/// (All-to-All, one QP each). Aggregate goodput: all bytes over the CCT.
+fn many_qps(r: &mut Report, p: &Params) {
+    let n = p.nodes;
+    let _ = writeln!(
+        r.md,
+        "\n## Many QPs ({n} hosts, 1 plane, {} MiB from each host)\n\n\
+         The same bytes over {n} QPs, over {} (N-1 QPs for each pair of the same permutation: \
+         MetaRoCE carries them as streams of one connection per host pair, the baselines as QPs \
+         of their own, each its own source port and DCQCN state), and over {} flows of an \
+         All-to-All (one per ordered pair). Goodput: all bytes / CCT, Gbit/s; kept: against the \
+         {n}-QP row. State: MetaRoCE's transport state (both ends, `Connection` with its paths \
+         and stream chunks) at its peak over the QPs.\n\n\
+         | traffic | QPs | metaroce CCT us | rocev2 CCT us | irn CCT us | metaroce goodput | kept | \
+         rocev2 goodput | kept | irn goodput | kept | metaroce state per QP KiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|",
+        p.qps_bytes >> 20,
+        n * (n - 1),
+        n * (n - 1)
+    );
+    let goodput = |o: &Outcome| {
+        if o.completed {
+            o.expected_bytes as f64 * 8.0 / o.cct_ns.max(1) as f64
+        } else {
+            0.0
+        }
+    };
+    let mut few: Option<Vec<f64>> = None;
+    for (name, kind, qps) in [
+        ("permutation", Kind::Shift, 1),
+        ("permutation", Kind::Shift, n - 1),
+        ("all-to-all", Kind::AllToAll, 1),
+    ] {
+        let mut sc = p.scenario(&format!("qps-{name}-{}", n * qps), kind, 1);
+        sc.qps = qps as u16;
+        if kind == Kind::AllToAll {
+            sc.bytes = p.qps_bytes.div_ceil(n as u64 - 1);
+        }
+        let outs = r.run_all(&sc);
+        let g: Vec<f64> = outs.iter().map(goodput).collect();
+        let base = few.get_or_insert_with(|| g.clone()).clone();
+        let kept = |i: usize| {
+            if base[i] > 0.0 && g[i] > 0.0 {
+                format!("{:.1}%", 100.0 * g[i] / base[i])
+            } else {
+                "-".into()
+            }
+        };
+        let _ = writeln!(
+            r.md,
+            "| {name} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} | {:.1} | {} | {:.1} |",
+            outs[0].flows,
+            us(&outs[0]),
+            us(&outs[1]),
+            us(&outs[2]),
+            g[0],
+            kept(0),
+            g[1],
+            kept(1),
+            g[2],
+            kept(2),
+            outs[0].net.peak_state as f64 / 1024.0 / outs[0].flows as f64
+        );
     }
 }
 
@@ -238,7 +310,77 @@ fn kept(base: &Outcome, o: &Outcome) -> String {
     }
 }
 
-pub fn table(quick: bool, out: &Path) -> Result<(), String> {
+/// The core of the table at `n` hosts (the same fabric shape, more leaves): All-Reduce of
+/// 16 MiB per node, the pairwise All-to-All of the same 16 MiB from each node, All-Reduce
+/// through 1% loss and on 4 planes; then what each run cost the simulator.
+fn at_scale(r: &mut Report, p: &Params, n: usize) {
+    let mut q = Params {
+        nodes: n,
+        ..Params::full()
+    };
+    q.deadline_ns = p.deadline_ns;
+    let a2a = (q.ar_bytes / (n as u64 - 1)).max(4096) / 4096 * 4096;
+    let _ = writeln!(
+        r.md,
+        "\n## At {n} hosts\n\n\
+         The same fabric with {} leaves: All-Reduce of {} MiB per node, the pairwise \
+         All-to-All (N-1 rounds) of {} KiB per pair (the same bytes from each node), \
+         All-Reduce through 1% loss and on 4 planes.\n\n{}",
+        n.div_ceil(q.hosts_per_leaf),
+        q.ar_bytes >> 20,
+        a2a >> 10,
+        md_header().trim_end()
+    );
+    let mut cost = Vec::new();
+    for (name, kind, planes, loss) in [
+        ("allreduce", Kind::AllReduce, 1, 0),
+        ("a2a-pairwise", Kind::AllToAllPairwise, 1, 0),
+        ("loss1", Kind::AllReduce, 1, 10_000),
+        ("planes4", Kind::AllReduce, 4, 0),
+    ] {
+        let mut sc = q.scenario(&format!("{name}-n{n}"), kind, planes);
+        sc.loss_ppm = loss;
+        if kind == Kind::AllToAllPairwise {
+            sc.bytes = a2a;
+        }
+        let outs = r.run_all(&sc);
+        r.md.push_str(&md_row(&sc, &outs));
+        cost.push((sc, outs));
+    }
+    let _ = writeln!(
+        r.md,
+        "\nWhat the runs cost the simulator (wall time on this machine, shared; endpoints: \
+         connection ends alive at once, of those made; state: MetaRoCE's `Connection`s at \
+         their peak; the process's peak RSS per run, measured apart with `/usr/bin/time -v`, \
+         is in sim/README.md).\n\n\
+         | scenario | transport | wall s | packets | packets/s | endpoints (made) | state MiB |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    for (sc, outs) in &cost {
+        for o in outs {
+            let _ = writeln!(
+                r.md,
+                "| {} | {} | {:.1} | {} | {:.0} | {} ({}) | {} |",
+                sc.name,
+                o.proto.name(),
+                o.wall_s,
+                o.net.packets,
+                o.packets_per_s(),
+                o.net.peak_ends,
+                o.net.ends_made,
+                if o.net.peak_state > 0 {
+                    format!("{:.0}", o.net.peak_state as f64 / (1 << 20) as f64)
+                } else {
+                    "-".into()
+                }
+            );
+        }
+    }
+}
+
+/// The scenario table (quick: a small fabric, with checks), then the core of it again at
+/// each of `scale` hosts.
+pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
     let p = if quick {
         Params::quick()
     } else {
@@ -270,6 +412,7 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
     for (name, kind) in [
         ("allreduce", Kind::AllReduce),
         ("alltoall", Kind::AllToAll),
+        ("a2a-pairwise", Kind::AllToAllPairwise),
         ("incast", Kind::Incast),
     ] {
         let sc = p.scenario(name, kind, 1);
@@ -335,6 +478,8 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             o.net.max_queue as f64 / 1024.0
         );
     }
+
+    many_qps(&mut r, &p);
 
     // Message sizes.
     let _ = writeln!(
@@ -584,6 +729,10 @@ pub fn table(quick: bool, out: &Path) -> Result<(), String> {
             o.packets_per_s(),
             o.net.events as f64 / o.wall_s.max(1e-9)
         );
+    }
+
+    for &n in scale {
+        at_scale(&mut r, &p, n);
     }
 
     let _ = writeln!(

@@ -8,7 +8,8 @@ use crate::endpoint::{CountingMemory, End, EndCounters, HostCtx};
 use crate::fabric::{FabricConfig, FailTarget, Failure, RunStats, Sim};
 use crate::meta::{MetaConfig, MetaEnd};
 use crate::rng::mix;
-use crate::workload::{build, jain, Kind};
+use crate::slots::Slots;
+use crate::workload::{build, jain, split, Kind};
 use metaroce_transport::congestion::{CcConfig, RateAllocator};
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -71,6 +72,9 @@ pub struct Scenario {
     pub meta_cc: CcConfig,
     /// MetaRoCE's RTO for a path without an RTT sample, ns.
     pub meta_initial_rto_ns: u64,
+    /// QPs per flow: each flow's bytes are cut over this many QPs of its pair, all at once
+    /// (MetaRoCE: streams of the pair's connection; baselines: QPs of their own).
+    pub qps: u16,
 }
 
 impl Scenario {
@@ -90,6 +94,7 @@ impl Scenario {
             deadline_ns: 2_000_000_000,
             meta_cc: CcConfig::new(),
             meta_initial_rto_ns: 200_000,
+            qps: 1,
         }
     }
 
@@ -147,31 +152,47 @@ impl Outcome {
 
 pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
     let fc = sc.fabric();
-    let flows = build(sc.kind, sc.nodes, sc.bytes, sc.seed);
+    let flows = split(build(sc.kind, sc.nodes, sc.bytes, sc.seed), sc.qps);
     let expected: u64 = flows.iter().map(|f| f.bytes).sum();
     let mtu = 4096u32;
     let mut mc = MetaConfig::new(sc.planes, sc.seed);
     mc.cc = sc.meta_cc;
     mc.initial_rto_ns = sc.meta_initial_rto_ns;
+    mc.qps = sc.qps.max(1);
+    let qps = usize::from(mc.qps);
     let rtt = fc.base_rtt_ns(mtu + DATA_HEADER + OVERHEAD);
     let wire = u64::from(mtu + DATA_HEADER + OVERHEAD);
     let bdp = (fc.host_mbps * rtt / 8_000).div_ceil(wire);
     let (host_mbps, seed) = (fc.host_mbps, sc.seed);
     let planes = sc.planes.max(1);
-    let make_end = |h: u32, p: u32| -> Box<dyn End> {
-        let sports: Vec<u16> = (0..planes as u64)
+    let make_end = move |h: u32, p: u32| -> Box<dyn End> {
+        let sports: Vec<u16> = (0..(qps * planes) as u64)
             .map(|i| {
+                let i = (i % planes as u64) | ((i / planes as u64) << 8);
                 49_152 + (mix(seed ^ (u64::from(h) << 32 | u64::from(p)) ^ i << 56) % 16_384) as u16
             })
             .collect();
-        match proto {
-            Proto::Meta => match mc.paths {
+        match (proto, qps) {
+            (Proto::Meta, 1) => match mc.paths {
                 0..=16 => Box::new(MetaEnd::<16>::new(&mc, h, p)),
                 17..=32 => Box::new(MetaEnd::<32>::new(&mc, h, p)),
                 _ => Box::new(MetaEnd::<64>::new(&mc, h, p)),
             },
-            Proto::Roce => Box::new(Striped::new(BaseConfig::roce(host_mbps, mtu), &sports)),
-            Proto::Irn => Box::new(Striped::new(BaseConfig::irn(host_mbps, mtu, bdp), &sports)),
+            (Proto::Meta, _) => match mc.paths {
+                0..=16 => Box::new(MetaEnd::<16, Slots>::new(&mc, h, p)),
+                17..=32 => Box::new(MetaEnd::<32, Slots>::new(&mc, h, p)),
+                _ => Box::new(MetaEnd::<64, Slots>::new(&mc, h, p)),
+            },
+            (Proto::Roce, _) => Box::new(Striped::new(
+                BaseConfig::roce(host_mbps, mtu),
+                &sports,
+                planes,
+            )),
+            (Proto::Irn, _) => Box::new(Striped::new(
+                BaseConfig::irn(host_mbps, mtu, bdp),
+                &sports,
+                planes,
+            )),
         }
     };
     let cap = (fc.host_mbps * fc.planes as u64).min(u64::from(u32::MAX)) as u32;
@@ -183,7 +204,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
         rx_bytes: 0,
     };
     let t0 = Instant::now();
-    let mut sim = Sim::new(fc, flows, make_end, make_ctx);
+    let mut sim = Sim::new(fc, flows, Box::new(make_end), make_ctx);
     let completed = sim.run(sc.deadline_ns);
     let wall_s = t0.elapsed().as_secs_f64();
     let start = sim.start;
@@ -196,17 +217,12 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
             f.bytes as f64 * 8.0 / d.max(1) as f64
         })
         .collect();
-    let mut counters = EndCounters::default();
-    for e in &sim.ends {
-        let c = e.end.counters();
-        counters.data_packets += c.data_packets;
-        counters.retransmits += c.retransmits;
-        counters.timeouts += c.timeouts;
-        counters.failed += c.failed;
-    }
+    let counters = sim.counters();
     if std::env::var_os("METAROCE_SIM_DEBUG").is_some() {
-        for e in sim.ends.iter().filter(|e| e.end.counters().failed > 0) {
-            eprintln!("end {} -> {}: {}", e.host, e.peer, e.end.debug());
+        for e in &sim.ends {
+            if let Some(end) = e.end.as_ref().filter(|end| end.counters().failed > 0) {
+                eprintln!("end {} -> {}: {}", e.host, e.peer, end.debug());
+            }
         }
     }
     let rx_bytes = sim
@@ -236,7 +252,7 @@ pub fn run(sc: &Scenario, proto: Proto) -> Outcome {
 }
 
 pub fn csv_header() -> &'static str {
-    "scenario,workload,nodes,planes,bytes,loss_ppm,core_loss_ppm,failure,seed,proto,completed,correct,flows,flows_done,cct_us,goodput_mean_gbps,goodput_min_gbps,jain,data_packets,retransmits,timeouts,failed,rx_bytes,expected_bytes,max_queue_bytes,drops,marks,fail_drops,loss_drops,sim_packets,events,wall_s,packets_per_s"
+    "scenario,workload,nodes,planes,bytes,loss_ppm,core_loss_ppm,failure,seed,proto,completed,correct,flows,flows_done,cct_us,goodput_mean_gbps,goodput_min_gbps,jain,data_packets,retransmits,timeouts,failed,rx_bytes,expected_bytes,max_queue_bytes,drops,marks,fail_drops,loss_drops,sim_packets,events,ends_made,peak_ends,peak_state_bytes,late_packets,wall_s,packets_per_s"
 }
 
 pub fn fail_name(sc: &Scenario) -> String {
@@ -266,7 +282,7 @@ pub fn csv_row(sc: &Scenario, o: &Outcome, timing: bool) -> String {
         (String::new(), String::new())
     };
     format!(
-        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
         sc.name,
         sc.kind.name(),
         sc.nodes,
@@ -298,6 +314,10 @@ pub fn csv_row(sc: &Scenario, o: &Outcome, timing: bool) -> String {
         o.net.loss_drops,
         o.net.packets,
         o.net.events,
+        o.net.ends_made,
+        o.net.peak_ends,
+        o.net.peak_state,
+        o.net.late_packets,
         wall,
         pps
     )

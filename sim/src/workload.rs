@@ -11,6 +11,8 @@ pub struct Flow {
     pub src: u32,
     pub dst: u32,
     pub bytes: u64,
+    /// The QP of the pair it goes on.
+    pub qp: u16,
     pub deps: Vec<u32>,
     /// Flows that depend on this one.
     pub dependents: Vec<u32>,
@@ -26,6 +28,7 @@ impl Flow {
             src: src as u32,
             dst: dst as u32,
             bytes,
+            qp: 0,
             pending: deps.len() as u32,
             deps,
             dependents: Vec::new(),
@@ -51,6 +54,16 @@ pub enum Kind {
     Incast,
     /// Every node writes `bytes` to every other node at once.
     AllToAll,
+    /// Every node writes `bytes` to node `s + N/4` (mod N) at once: a permutation whose pairs
+    /// each carry one direction.
+    Shift,
+    /// All-to-All as a collective library runs it: N-1 rounds of pairwise exchange, a node's
+    /// round k+1 starting when it sent and received round k. With a power-of-two N node `s`
+    /// exchanges with `s ^ k` in round k, both directions at once (MPICH's pairwise
+    /// algorithm), so every pair is used in one round and about N/2 connections are alive
+    /// at a time; otherwise it sends to `s + k` and receives from `s - k` (mod N), and a
+    /// pair's connection lives from round k to round N-k.
+    AllToAllPairwise,
     /// Ring All-Reduce of `bytes` per node: 2(N-1) steps of `bytes / N` to the next node of
     /// a ring in a seeded random order (nodes scattered over the fabric, as a job's nodes
     /// are); a node's step k+1 starts when its step k and its predecessor's step k completed.
@@ -62,6 +75,8 @@ impl Kind {
         match self {
             Kind::Incast => "incast",
             Kind::AllToAll => "alltoall",
+            Kind::Shift => "shift",
+            Kind::AllToAllPairwise => "alltoall-pairwise",
             Kind::AllReduce => "allreduce",
         }
     }
@@ -70,6 +85,8 @@ impl Kind {
         match s {
             "incast" => Some(Kind::Incast),
             "alltoall" | "all-to-all" | "a2a" => Some(Kind::AllToAll),
+            "shift" | "permutation" => Some(Kind::Shift),
+            "alltoall-pairwise" | "pairwise" | "a2a-pw" => Some(Kind::AllToAllPairwise),
             "allreduce" | "all-reduce" | "ar" => Some(Kind::AllReduce),
             _ => None,
         }
@@ -81,11 +98,32 @@ pub fn build(kind: Kind, n: usize, bytes: u64, seed: u64) -> Vec<Flow> {
     assert!(n >= 2, "a collective needs two nodes");
     let flows = match kind {
         Kind::Incast => (1..n).map(|s| Flow::new(s, 0, bytes, Vec::new())).collect(),
+        Kind::Shift => (0..n)
+            .map(|s| Flow::new(s, (s + (n / 4).max(1)) % n, bytes, Vec::new()))
+            .collect(),
         Kind::AllToAll => {
             let mut v = Vec::new();
             for s in 0..n {
                 for k in 1..n {
                     v.push(Flow::new(s, (s + k) % n, bytes, Vec::new()));
+                }
+            }
+            v
+        }
+        Kind::AllToAllPairwise => {
+            let pof2 = n.is_power_of_two();
+            let to = |s: usize, k: usize| if pof2 { s ^ k } else { (s + k) % n };
+            let from = |s: usize, k: usize| if pof2 { s ^ k } else { (s + n - k) % n };
+            let id = |k: usize, s: usize| ((k - 1) * n + s) as u32;
+            let mut v = Vec::with_capacity(n * (n - 1));
+            for k in 1..n {
+                for s in 0..n {
+                    let deps = if k == 1 {
+                        Vec::new()
+                    } else {
+                        vec![id(k - 1, s), id(k - 1, from(s, k - 1))]
+                    };
+                    v.push(Flow::new(s, to(s, k), bytes, deps));
                 }
             }
             v
@@ -112,6 +150,32 @@ pub fn build(kind: Kind, n: usize, bytes: u64, seed: u64) -> Vec<Flow> {
     link(flows)
 }
 
+/// Each flow of a workload without dependencies cut into `qps` flows of a `qps`-th of its
+/// bytes (at least one), one on each of the pair's QPs `0..qps`, all at once.
+pub fn split(flows: Vec<Flow>, qps: u16) -> Vec<Flow> {
+    if qps <= 1 {
+        return flows;
+    }
+    assert!(
+        flows.iter().all(|f| f.deps.is_empty()),
+        "QPs split only workloads without dependencies"
+    );
+    let mut v = Vec::with_capacity(flows.len() * usize::from(qps));
+    for f in flows {
+        for q in 0..qps {
+            let mut g = Flow::new(
+                f.src as usize,
+                f.dst as usize,
+                f.bytes.div_ceil(u64::from(qps)).max(1),
+                Vec::new(),
+            );
+            g.qp = q;
+            v.push(g);
+        }
+    }
+    v
+}
+
 /// Jain's fairness index (1 = all equal).
 pub fn jain(xs: &[f64]) -> f64 {
     let s: f64 = xs.iter().sum();
@@ -120,4 +184,36 @@ pub fn jain(xs: &[f64]) -> f64 {
         return 0.0;
     }
     s * s / (xs.len() as f64 * q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// Every ordered pair once; round k+1 of a node waits for what it sent and received in
+    /// round k; with a power-of-two N a round's pairs exchange both ways.
+    #[test]
+    fn pairwise_all_to_all_covers_every_pair_once_in_rounds() {
+        for n in [8, 6] {
+            let flows = build(Kind::AllToAllPairwise, n, 100, 1);
+            assert_eq!(flows.len(), n * (n - 1));
+            let pairs: HashSet<(u32, u32)> = flows.iter().map(|f| (f.src, f.dst)).collect();
+            assert_eq!(pairs.len(), n * (n - 1));
+            for (i, f) in flows.iter().enumerate() {
+                let k = i / n + 1;
+                if k == 1 {
+                    assert!(f.deps.is_empty());
+                    continue;
+                }
+                let d: Vec<&Flow> = f.deps.iter().map(|&d| &flows[d as usize]).collect();
+                assert_eq!(d[0].src, f.src, "its own send of the round before");
+                assert_eq!(d[1].dst, f.src, "its receive of the round before");
+                if n.is_power_of_two() {
+                    let back = flows[(k - 1) * n + f.dst as usize].dst;
+                    assert_eq!(back, f.src, "both ways in the same round");
+                }
+            }
+        }
+    }
 }

@@ -22,10 +22,19 @@ fn small(kind: Kind, planes: usize) -> Scenario {
 
 #[test]
 fn same_seed_same_results() {
-    for kind in [Kind::AllReduce, Kind::AllToAll, Kind::Incast] {
+    for kind in [
+        Kind::AllReduce,
+        Kind::AllToAll,
+        Kind::Incast,
+        Kind::AllToAllPairwise,
+        Kind::Shift,
+    ] {
         let mut sc = small(kind, 2);
         sc.loss_ppm = 10_000;
         sc.seed = 7;
+        if kind == Kind::Shift {
+            sc.qps = 5;
+        }
         for proto in Proto::ALL {
             let a = run(&sc, proto);
             let b = run(&sc, proto);
@@ -116,4 +125,47 @@ fn plane_dead_from_the_start_with_initial_rto_at_min_rto() {
     });
     let o = run(&sc, Proto::Meta);
     assert!(o.correct(), "{o:?}");
+}
+
+/// Endpoints live only while their pair has flows: the pairwise All-to-All makes one per
+/// ordered pair over the run but keeps only a few rounds' worth alive; the ring All-Reduce
+/// makes its ring's and no more. Every byte still arrives.
+#[test]
+fn endpoints_live_only_while_their_pair_is_in_use() {
+    for nodes in [16, 12] {
+        let mut sc = small(Kind::AllToAllPairwise, 1);
+        sc.nodes = nodes;
+        sc.loss_ppm = 5_000;
+        for proto in Proto::ALL {
+            let o = run(&sc, proto);
+            assert!(o.correct(), "{nodes} {proto:?}: {o:?}");
+            assert_eq!(o.net.ends_made, (nodes * (nodes - 1)) as u64);
+            if nodes.is_power_of_two() {
+                assert!(
+                    o.net.peak_ends <= 4 * nodes as u64,
+                    "{proto:?}: {:?}",
+                    o.net
+                );
+            }
+        }
+    }
+    let o = run(&small(Kind::AllReduce, 1), Proto::Meta);
+    assert!(o.correct());
+    assert_eq!((o.net.ends_made, o.net.peak_ends), (16, 16));
+}
+
+/// Many QPs per host pair: a flow cut over 7 QPs (MetaRoCE: 7 streams of one connection in
+/// growable storage; baselines: 7 QPs) completes with every byte placed once, through loss.
+#[test]
+fn many_qps_per_pair_complete() {
+    let mut sc = small(Kind::Shift, 2);
+    sc.qps = 7;
+    sc.loss_ppm = 5_000;
+    for proto in Proto::ALL {
+        let o = run(&sc, proto);
+        assert!(o.correct(), "{proto:?}: {o:?}");
+        assert_eq!(o.flows, 8 * 7);
+        assert_eq!(o.rx_bytes, o.expected_bytes, "{proto:?}: bytes placed once");
+        assert_eq!(o.net.peak_ends, 16, "{proto:?}: one connection per pair");
+    }
 }
