@@ -26,8 +26,9 @@ pub const INLINE_LKEY: u32 = u32::MAX;
 const _: () = assert!((limits::MAX_MR as u64) << 8 < INLINE_LKEY as u64);
 
 /// The lkey that stands for a WQE's SGE list longer than the transport core carries, kept by
-/// the kernel ([`super::lists`]); never valid in a WQE from userspace either.
-pub const LIST_LKEY: u32 = u32::MAX - 1;
+/// the kernel ([`super::lists`]); never valid in a WQE from userspace either. (`u32::MAX - 1`
+/// is the module's `local_dma_lkey`, which kernel consumers' SGEs carry.)
+pub const LIST_LKEY: u32 = u32::MAX - 2;
 const _: () = assert!((limits::MAX_MR as u64) << 8 < LIST_LKEY as u64);
 
 /// SGEs a send WQE may carry.
