@@ -81,8 +81,9 @@ check_output "the planes file lists the 4 planes" \
 2 pl2a 10\.77\.2\.1 up
 3 pl3a 10\.77\.3\.1 up$' cat $P1
 check_output "metaroce-plane show lists them" '^mroce2 3 pl3b 10\.77\.3\.2 up$' $PLANE_CLI show
+got="$(ports_of mroce1) $(active_ports_of mroce1)"
 check_output "4 planes: 4 ports, all active (each added plane made the device again with a port more)" \
-	'^4 4$' sh -c "echo \$(ports_of mroce1) \$(active_ports_of mroce1)"
+	'^4 4$' echo "$got"
 check_output "the device made again kept its paths setting" '^24$' cat $PATHS1
 $IP link add pl4a netns ns1 type veth peer name pl4b netns ns2
 $IP -n ns1 link set pl4a up
@@ -227,8 +228,9 @@ check_output "its port is down again, without a netdev" 'mroce1/4 state DOWN phy
 hold_device mroce1
 check "a plane added while the device is in use takes the free port 4" sh -c "echo +pl4a >$P1"
 unhold
+got="$(ports_of mroce1) $($IP netns exec ns1 $RDMA link show mroce1/4)"
 check_output "port 4 is plane 3 on pl4a, the device still has 4 ports" '^4 .*mroce1/4 .*netdev pl4a' \
-	sh -c "echo \$(ports_of mroce1) \$($IP netns exec ns1 $RDMA link show mroce1/4)"
+	echo "$got"
 check "and it is removed again" sh -c "echo -pl4a >$P1"
 perftest "ib_write_bw over the 3 remaining planes" ib_write_bw -s 65536 -n 100
 
