@@ -133,6 +133,23 @@ def rtr_attrs(gid, sgid_index, dest_qp):
                   | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
 
 
+def connect_pairs(pairs, access, rd_atomic=1):
+    """Each (qp, peer) of `pairs`: RESET -> INIT (port 1, `access`) -> RTR toward peer on this
+    device's IPv4 GID -> RTS, `rd_atomic` READs/atomics outstanding each way."""
+    gid = ctx.query_gid(1, 1)
+    for qp, peer in pairs:
+        attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+        attr.pkey_index = 0
+        attr.port_num = 1
+        attr.qp_access_flags = access
+        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                  | e.IBV_QP_ACCESS_FLAGS)
+        attr, mask = rtr_attrs(gid, 1, peer.qp_num)
+        attr.max_dest_rd_atomic = rd_atomic
+        qp.modify(attr, mask)
+        to_rts(qp, 0, rd_atomic)
+
+
 def failed_modify_changes_nothing():
     # An RC QP cannot connect to a group: INIT -> RTR toward a multicast GID fails in the
     # driver's attach (the core resolves its MAC and lets it through), and the QP must still be
@@ -346,22 +363,12 @@ def memory_windows():
     target = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND)
     src = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE)
     cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
-    gid = ctx.query_gid(1, 1)
     remote = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LOCAL_WRITE
 
     def make_pair():
         a = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
         b = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
-        for qp, peer in ((a, b), (b, a)):
-            attr = QPAttr(qp_state=e.IBV_QPS_INIT)
-            attr.pkey_index = 0
-            attr.port_num = 1
-            attr.qp_access_flags = remote
-            qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
-                      | e.IBV_QP_ACCESS_FLAGS)
-            attr, mask = rtr_attrs(gid, 1, peer.qp_num)
-            qp.modify(attr, mask)
-            to_rts(qp, 0, 1)
+        connect_pairs(((a, b), (b, a)), remote)
         return a, b
 
     def one(wr_id):
@@ -502,7 +509,6 @@ def atomic_write_and_flush():
     ops = (e.IBV_QP_EX_WITH_ATOMIC_WRITE | e.IBV_QP_EX_WITH_FLUSH
            | e.IBV_QP_EX_WITH_RDMA_WRITE)
     cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
-    gid = ctx.query_gid(1, 1)
 
     def qpex():
         return QPEx(ctx, QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, pd=pd, cap=cap,
@@ -510,16 +516,7 @@ def atomic_write_and_flush():
                                       comp_mask=e.IBV_QP_INIT_ATTR_PD
                                       | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
     a, b = qpex(), qpex()
-    for qp, peer in ((a, b), (b, a)):
-        attr = QPAttr(qp_state=e.IBV_QPS_INIT)
-        attr.pkey_index = 0
-        attr.port_num = 1
-        attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
-        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
-                  | e.IBV_QP_ACCESS_FLAGS)
-        attr, mask = rtr_attrs(gid, 1, peer.qp_num)
-        qp.modify(attr, mask)
-        to_rts(qp, 0, 1)
+    connect_pairs(((a, b), (b, a)), e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE)
 
     def poll(n):
         got = []
@@ -604,19 +601,9 @@ def srq_resize():
         srq.post_recv(RecvWR(wr_id=100 + i, num_sge=1, sg=[SGE(mr.buf + 64 * (i % 32), 64,
                                                                 mr.lkey)]))
     cap = QPCap(max_send_wr=32, max_recv_wr=0, max_send_sge=1, max_recv_sge=0)
-    gid = ctx.query_gid(1, 1)
     recv = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, srq=srq))
     send = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
-    for qp, peer in ((recv, send), (send, recv)):
-        attr = QPAttr(qp_state=e.IBV_QPS_INIT)
-        attr.pkey_index = 0
-        attr.port_num = 1
-        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
-        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
-                  | e.IBV_QP_ACCESS_FLAGS)
-        attr, mask = rtr_attrs(gid, 1, peer.qp_num)
-        qp.modify(attr, mask)
-        to_rts(qp, 0, 1)
+    connect_pairs(((recv, send), (send, recv)), e.IBV_ACCESS_LOCAL_WRITE)
     for i in range(24):
         wr = SendWR(wr_id=i, opcode=e.IBV_WR_SEND, num_sge=1, sg=[SGE(mr.buf + 2048, 8, mr.lkey)])
         wr.send_flags = e.IBV_SEND_SIGNALED
@@ -673,24 +660,13 @@ def long_sge_lists():
     def gathered(mr, sges):
         return b"".join(mr.read(s.length, s.addr - mr.buf) for s in sges)
 
-    gid = ctx.query_gid(1, 1)
     big = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=12, max_recv_sge=7)
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=64, max_sge=7)))
     a = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
     b = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
     c = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big, srq=srq))
     d = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
-    for qp, peer in ((a, b), (b, a), (c, d), (d, c)):
-        qa = QPAttr(qp_state=e.IBV_QPS_INIT)
-        qa.pkey_index = 0
-        qa.port_num = 1
-        qa.qp_access_flags = flags
-        qp.modify(qa, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
-                  | e.IBV_QP_ACCESS_FLAGS)
-        ra, mask = rtr_attrs(gid, 1, peer.qp_num)
-        ra.max_dest_rd_atomic = 4
-        qp.modify(ra, mask)
-        to_rts(qp, 0, 4)
+    connect_pairs(((a, b), (b, a), (c, d), (d, c)), flags, rd_atomic=4)
 
     def wait(count):
         got = []
