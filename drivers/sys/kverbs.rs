@@ -23,9 +23,8 @@ use kernel::{ffi::c_int, prelude::*};
 /// MR has it (their keys are below 2^24), and user WQEs naming it find no MR.
 pub(crate) const KERNEL_LKEY: u32 = 0xffff_fffe;
 // The keys the kernel keeps for itself name different things.
-const _: () = assert!(
-    KERNEL_LKEY != crate::verbs::INLINE_LKEY && KERNEL_LKEY != crate::verbs::LIST_LKEY
-);
+const _: () =
+    assert!(KERNEL_LKEY != crate::verbs::INLINE_LKEY && KERNEL_LKEY != crate::verbs::LIST_LKEY);
 
 /// A buffer of a kernel consumer's work request: kernel memory (virtual DMA) that the consumer
 /// keeps valid until the request completes (the verbs contract for posted buffers).
