@@ -943,6 +943,15 @@ pub(crate) struct LongLists {
     recv: Option<(ListSlots, KVVec<WqeSge>)>,
 }
 
+/// A ring WQE's SGE as the transport names it.
+pub(crate) fn transport_sge(s: &WqeSge) -> Sge {
+    Sge {
+        addr: s.addr,
+        len: s.length,
+        lkey: s.lkey,
+    }
+}
+
 /// The transport's SGE list for `l`, a judged list of queue `queue` of QP `qpn`: the same
 /// SGEs if the transport carries that many, else one SGE under `LIST_LKEY` naming the slot
 /// where `lists` stages it. The bool says whether it was staged (then the caller commits it
@@ -962,11 +971,7 @@ pub(crate) fn transport_list(
     if sges.len() <= MAX_SGE {
         let mut list = [Sge::default(); MAX_SGE];
         for (d, s) in list.iter_mut().zip(sges) {
-            *d = Sge {
-                addr: s.addr,
-                len: s.length,
-                lkey: s.lkey,
-            };
+            *d = transport_sge(s);
         }
         return Some((SgList::new(list.get(..sges.len())?)?, false));
     }
@@ -1030,12 +1035,7 @@ impl LongLists {
         let (slots, storage) = self.queue(r.queue)?;
         let list = slots.list(storage, r.slot)?;
         for (i, d) in out.iter_mut().enumerate() {
-            let s = list.get(i).copied().unwrap_or_default();
-            *d = Sge {
-                addr: s.addr,
-                len: s.length,
-                lkey: s.lkey,
-            };
+            *d = transport_sge(&list.get(i).copied().unwrap_or_default());
         }
         Some(())
     }

@@ -10,11 +10,7 @@ use super::*;
 pub(super) fn sges(l: &vwqe::SgList) -> ([Sge; vwqe::MAX_LIST], usize) {
     let mut list = [Sge::default(); vwqe::MAX_LIST];
     for (d, s) in list.iter_mut().zip(l.sges()) {
-        *d = Sge {
-            addr: s.addr,
-            len: s.length,
-            lkey: s.lkey,
-        };
+        *d = verbs::transport_sge(s);
     }
     (list, l.sges().len())
 }
