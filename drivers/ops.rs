@@ -21,7 +21,7 @@ use crate::verbs::{
     MrMemory, Mw, MwObject, Qp, QpParts, QpQueues, QpState, Srq, MW_KEY_BIT,
 };
 use crate::verbs_core::{
-    caps, frwr,
+    abi, caps, frwr,
     ib::{self, access, QpType},
     mr::{judge_rereg, MrShape, Rereg, ReregError},
     mw::{mw_type, MwState},
@@ -145,9 +145,9 @@ impl VerbsOps for MetaRoceOps {
             return Err(EINVAL);
         }
         caps::srq_wr(attr.max_wr).map_err(|_| EINVAL)?;
-        let ring = UserRing::new(&uctx, attr.max_wr)?;
-        let srqn = dev.verbs.srqs.lock().reserve(1)?;
         let max_sge = attr.max_sge.max(1);
+        let ring = UserRing::with_stride(&uctx, attr.max_wr, abi::recv_entry_size(max_sge))?;
+        let srqn = dev.verbs.srqs.lock().reserve(1)?;
         let srq = match Arc::pin_init(Srq::new(srqn, max_sge, ring, events), GFP_KERNEL) {
             Ok(srq) => srq,
             Err(e) => {
@@ -184,7 +184,8 @@ impl VerbsOps for MetaRoceOps {
             let udata = udata.ok_or(EOPNOTSUPP)?;
             caps::srq_wr(attr.max_wr).map_err(|_| EINVAL)?;
             let out = udata.modify_srq_ring_out()?;
-            let ring = UserRing::new(&udata.ucontext()?, attr.max_wr)?;
+            let stride = abi::recv_entry_size(srq.max_sge);
+            let ring = UserRing::with_stride(&udata.ucontext()?, attr.max_wr, stride)?;
             out.write(ring.info())?;
             srq.resize(ring)?;
         }
@@ -632,9 +633,15 @@ fn create_user_qp(
     };
     let srq = init.srq.cloned();
     let cap = Caps::check(&init.caps, srq.is_some()).map_err(|_| EINVAL)?;
-    let sq = UserRing::new(&uctx, cap.max_send_wr)?;
+    // Entries as large as the QP's SGEs need (`uapi/metaroce-abi.h`, entry sizes).
+    let sq = UserRing::with_stride(
+        &uctx,
+        cap.max_send_wr,
+        abi::send_entry_size(cap.max_send_sge),
+    )?;
     let rq = if srq.is_none() {
-        Some(UserRing::new(&uctx, cap.max_recv_wr)?)
+        let stride = abi::recv_entry_size(cap.max_recv_sge);
+        Some(UserRing::with_stride(&uctx, cap.max_recv_wr, stride)?)
     } else {
         None
     };

@@ -700,6 +700,9 @@ pub(crate) struct Srq {
 
 /// What [`Srq::take`] took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// A WQE of up to 32 SGEs, taken out of a ring and used at once: boxing it would allocate
+// on the data path for every receive.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum SrqTake {
     Taken(RecvWork),
     /// A well-formed WQE the device cannot use (`Judged::Refused`): it left the ring, with

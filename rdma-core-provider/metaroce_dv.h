@@ -115,7 +115,10 @@ int metaroce_dv_set_qp_planes(struct ibv_qp *qp, uint32_t plane_mask);
  * (__atomic_store_n(p, v, __ATOMIC_RELEASE)). The kernel is the consumer and publishes its
  * consumer index after it has copied an entry out; the slot is free from then on (read it with
  * acquire ordering). Entries are struct metaroce_dv_send_wqe (SQ) and struct
- * metaroce_dv_recv_wqe (RQ) below.
+ * metaroce_dv_recv_wqe (RQ) below. An entry_size larger than the structure (a QP created with
+ * more than METAROCE_DV_MAX_SEND_SGE send or METAROCE_DV_MAX_RECV_SGE receive SGEs) makes
+ * room for a longer SGE list: it goes on past the structure's sge array, 16 bytes an SGE, up
+ * to the end of the entry (at most METAROCE_DV_MAX_SGE SGEs).
  *
  * The kernel validates everything: it copies each entry out before looking at it, never reads
  * its own index back from the mapping (rewriting consumer changes nothing in the kernel), and
@@ -168,6 +171,7 @@ int metaroce_dv_qp_doorbell(struct ibv_qp *qp);
 #define METAROCE_DV_MAX_INLINE 192
 #define METAROCE_DV_RECV_WQE_SIZE 128
 #define METAROCE_DV_MAX_RECV_SGE 7
+#define METAROCE_DV_MAX_SGE 32		/* in an entry of the largest size */
 
 struct metaroce_dv_sge {
 	uint64_t addr;

@@ -48,9 +48,9 @@ struct metaroce_alloc_ucontext_resp {
  * only publishes it here; it never reads it back, so rewriting it changes nothing in the kernel.
  * A `producer` that claims more than the ring holds (or lies behind `consumer`), or an SQ/RQ
  * entry the provider could not have written (an unknown opcode or send flag, a non-zero reserved
- * field, more SGEs than the device carries (a send: 12, its max_send_sge and max_sge_rd; a
- * receive: 7, its max_recv_sge and max_srq_sge) or more inline bytes than the entry holds) is
- * fatal: the QP moves to the error state, its work requests flush and
+ * field, more than METAROCE_MAX_SGE SGEs (the device's max_send_sge, max_sge_rd,
+ * max_recv_sge and max_srq_sge) or more inline bytes than the entry holds) is fatal: the QP
+ * moves to the error state, its work requests flush and
  * IB_EVENT_QP_FATAL is raised (an SRQ: IB_EVENT_SRQ_ERR, and it gives no more entries). An entry
  * the provider could have written but the device cannot carry out (an SGE naming no key the
  * device gave, lengths that overflow a message, more SGEs than the QP (or its SRQ) was created
@@ -74,9 +74,20 @@ struct metaroce_sge {
 	__u32 lkey;
 };
 
+/*
+ * Entry sizes. A ring's entry_size (struct metaroce_mmap_info) may be larger than its WQE
+ * structure: then the SGE array (data.sge of a send WQE, sge of a receive WQE) goes on past
+ * the structure to the end of the entry, 16 bytes an SGE. The kernel sizes a QP's SQ entries
+ * for its max_send_sge and its RQ's (an SRQ's) for max_recv_sge (max_sge): entry_size is
+ * the structure's size, or METAROCE_SEND_WQE_SIZE - METAROCE_SEND_WQE_DATA + 16 * max_send_sge
+ * (METAROCE_RECV_WQE_SIZE - 16 * METAROCE_MAX_RECV_SGE + 16 * max_recv_sge) if that is
+ * larger. No WQE carries more than METAROCE_MAX_SGE SGEs.
+ */
+#define METAROCE_MAX_SGE 32
+
 #define METAROCE_SEND_WQE_SIZE 256
 #define METAROCE_SEND_WQE_DATA 192
-#define METAROCE_MAX_SEND_SGE (METAROCE_SEND_WQE_DATA / 16)	/* 12 */
+#define METAROCE_MAX_SEND_SGE (METAROCE_SEND_WQE_DATA / 16)	/* 12: in the structure */
 #define METAROCE_MAX_INLINE METAROCE_SEND_WQE_DATA		/* 192 bytes */
 
 /* A send work request as posted (opcode and flags are the ibv_wr_opcode/ibv_send_flags values). */
@@ -144,7 +155,7 @@ struct metaroce_ud_av {
 };
 
 #define METAROCE_RECV_WQE_SIZE 128
-#define METAROCE_MAX_RECV_SGE 7
+#define METAROCE_MAX_RECV_SGE 7	/* in the structure */
 
 /* A receive work request (RQ and SRQ). */
 struct metaroce_recv_wqe {

@@ -13,7 +13,7 @@ use super::bindings;
 use crate::{
     gsi::{GsiRecv, GsiSend, KernelSgl, PostError, GSI_MAX_SGE},
     verbs::{KernelWc, RecvWqe, SendWqe},
-    verbs_core::abi::{Sge, MAX_RECV_SGE, MAX_SEND_SGE},
+    verbs_core::abi::{Sge, MAX_SGE},
     verbs_core::ib::wr_opcode as op,
 };
 use core::{marker::PhantomData, mem::offset_of, mem::size_of, ptr};
@@ -269,7 +269,7 @@ impl KernelWr for RcRecvWr {
     unsafe fn decode(&self) -> core::result::Result<RecvWqe, PostError> {
         let wr = &self.0;
         let num = usize::try_from(wr.num_sge).map_err(|_| PostError::Invalid)?;
-        if num > MAX_RECV_SGE || (num > 0 && wr.sg_list.is_null()) {
+        if num > MAX_SGE || (num > 0 && wr.sg_list.is_null()) {
             return Err(PostError::Invalid);
         }
         let mut w = RecvWqe {
@@ -315,7 +315,7 @@ unsafe fn rc_send(wr: &bindings::ib_send_wr) -> core::result::Result<SendWqe, Po
         ..SendWqe::default()
     };
     let num = usize::try_from(wr.num_sge).map_err(|_| PostError::Invalid)?;
-    if num > MAX_SEND_SGE || (num > 0 && wr.sg_list.is_null()) {
+    if num > MAX_SGE || (num > 0 && wr.sg_list.is_null()) {
         return Err(PostError::Invalid);
     }
     match wr.opcode {

@@ -59,6 +59,9 @@ pub(crate) struct UserRing<T> {
     /// None for a kernel ring (never mapped).
     entry: Option<NonNull<MmapEntry>>,
     num_entries: u32,
+    /// Bytes from one entry to the next: `size_of::<T>()`, or less for a ring whose entries
+    /// hold fewer SGEs than `T` has room for (a copied-out entry has zeroes past the stride).
+    stride: usize,
     length: usize,
     /// The kernel's index (a ring is used from one side only: consumer or producer); the
     /// header's copy is written from it, never read.
@@ -96,7 +99,20 @@ impl<T: RingEntry> UserRing<T> {
     /// A ring of at least `min_entries` entries (rounded up to a power of two), mappable in
     /// `uctx`.
     pub(crate) fn new(uctx: &Ucontext<'_>, min_entries: u32) -> Result<Self> {
-        let (num_entries, length) = Self::size(min_entries)?;
+        Self::with_stride(uctx, min_entries, size_of::<T>())
+    }
+
+    /// As [`UserRing::new`], with entries of `stride` bytes: a multiple of 8, at most
+    /// `size_of::<T>()` (`EINVAL` otherwise). Each entry is `T`'s first `stride` bytes.
+    pub(crate) fn with_stride(
+        uctx: &Ucontext<'_>,
+        min_entries: u32,
+        stride: usize,
+    ) -> Result<Self> {
+        if stride == 0 || stride % 8 != 0 || stride > size_of::<T>() {
+            return Err(EINVAL);
+        }
+        let (num_entries, length) = Self::size(min_entries, stride)?;
         // SAFETY: plain allocation; zeroed, so both indices start at 0.
         let memory = NonNull::new(unsafe { bindings::vmalloc_user_noprof(length) }.cast::<u8>())
             .ok_or(ENOMEM)?;
@@ -136,6 +152,7 @@ impl<T: RingEntry> UserRing<T> {
             memory,
             entry: Some(entry),
             num_entries,
+            stride,
             length,
             own: AtomicU32::new(0),
             _entries: core::marker::PhantomData,
@@ -145,7 +162,8 @@ impl<T: RingEntry> UserRing<T> {
     /// A ring of at least `min_entries` entries in kernel memory only: a kernel consumer's
     /// send or receive queue, which [`UserRing::produce`] fills.
     pub(crate) fn new_kernel(min_entries: u32) -> Result<Self> {
-        let (num_entries, length) = Self::size(min_entries)?;
+        let stride = size_of::<T>();
+        let (num_entries, length) = Self::size(min_entries, stride)?;
         // SAFETY: plain allocation; zeroed, so both indices start at 0.
         let memory = NonNull::new(unsafe { bindings::vmalloc_user_noprof(length) }.cast::<u8>())
             .ok_or(ENOMEM)?;
@@ -153,20 +171,22 @@ impl<T: RingEntry> UserRing<T> {
             memory,
             entry: None,
             num_entries,
+            stride,
             length,
             own: AtomicU32::new(0),
             _entries: core::marker::PhantomData,
         })
     }
 
-    /// Entries (a power of two) and bytes of a ring of at least `min_entries`.
-    fn size(min_entries: u32) -> Result<(u32, usize)> {
+    /// Entries (a power of two) and bytes of a ring of at least `min_entries` of `stride`
+    /// bytes.
+    fn size(min_entries: u32, stride: usize) -> Result<(u32, usize)> {
         let num_entries = min_entries
             .max(1)
             .checked_next_power_of_two()
             .ok_or(EINVAL)?;
         let bytes = (num_entries as usize)
-            .checked_mul(size_of::<T>())
+            .checked_mul(stride)
             .and_then(|b| b.checked_add(HDR))
             .ok_or(EINVAL)?;
         Ok((num_entries, bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE))
@@ -183,7 +203,7 @@ impl<T: RingEntry> UserRing<T> {
             offset,
             length: self.length as u64,
             num_entries: self.num_entries,
-            entry_size: size_of::<T>() as u32,
+            entry_size: self.stride as u32,
         }
     }
 
@@ -197,14 +217,48 @@ impl<T: RingEntry> UserRing<T> {
         unsafe { &*self.memory.as_ptr().add(at).cast::<AtomicU32>() }
     }
 
-    fn slot(&self, index: u32) -> *mut T {
+    fn slot(&self, index: u32) -> *mut u64 {
         let slot = queue::slot(index, self.num_entries);
-        // SAFETY: `slot < num_entries`, and the memory holds HDR + num_entries entries.
+        // SAFETY: `slot < num_entries`, and the memory holds HDR + num_entries entries of
+        // `stride` bytes; HDR and `stride` are multiples of 8, the memory page-aligned.
         unsafe {
             self.memory
                 .as_ptr()
-                .add(HDR + slot * size_of::<T>())
-                .cast::<T>()
+                .add(HDR + slot * self.stride)
+                .cast::<u64>()
+        }
+    }
+
+    /// One volatile copy of the entry at `index`: its `stride` bytes, the rest of `T` zero.
+    ///
+    /// # Safety
+    ///
+    /// `index`'s slot must be one this side may read now (the ring's protocol).
+    unsafe fn read_slot(&self, index: u32) -> T {
+        let mut out = core::mem::MaybeUninit::<T>::zeroed();
+        let src = self.slot(index);
+        let dst = out.as_mut_ptr().cast::<u64>();
+        for i in 0..self.stride / 8 {
+            // SAFETY: `i * 8 < stride <= size_of::<T>()`: inside the slot and inside `out`,
+            // both 8-byte aligned (`T` holds u64 fields). Userspace may be rewriting the slot:
+            // that yields a garbage entry, which validation rejects.
+            unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+        }
+        // SAFETY: zeroed, then written with bytes: every bit pattern is a `T` (`RingEntry`).
+        unsafe { out.assume_init() }
+    }
+
+    /// One volatile copy of `entry`'s first `stride` bytes into the slot of `index`.
+    ///
+    /// # Safety
+    ///
+    /// `index`'s slot must be one this side may write now (the ring's protocol).
+    unsafe fn write_slot(&self, index: u32, entry: &T) {
+        let src = ptr::from_ref(entry).cast::<u64>();
+        let dst = self.slot(index);
+        for i in 0..self.stride / 8 {
+            // SAFETY: as in `read_slot`; `T` has no padding (`RingEntry`).
+            unsafe { dst.add(i).write_volatile(src.add(i).read()) };
         }
     }
 
@@ -226,9 +280,8 @@ impl<T: RingEntry> UserRing<T> {
         if avail == 0 {
             return Ok(None);
         }
-        // SAFETY: a valid slot; one volatile whole-entry copy (userspace may be rewriting it,
-        // which only yields a garbage entry that validation rejects).
-        Ok(Some(unsafe { self.slot(consumer).read_volatile() }))
+        // SAFETY: a slot userspace posted and we have not taken.
+        Ok(Some(unsafe { self.read_slot(consumer) }))
     }
 
     /// Consumer side: the entry returned by `peek` is done with.
@@ -249,9 +302,8 @@ impl<T: RingEntry> UserRing<T> {
             return Err(EINVAL);
         }
         for i in 0..pending {
-            // SAFETY: a valid slot this ring produced and userspace has not consumed; one
-            // volatile whole-entry copy.
-            let entry = unsafe { self.slot(consumer.wrapping_add(i)).read_volatile() };
+            // SAFETY: a slot this ring produced and userspace has not consumed.
+            let entry = unsafe { self.read_slot(consumer.wrapping_add(i)) };
             to.push(&entry)?;
         }
         Ok(())
@@ -269,12 +321,12 @@ impl<T: RingEntry> UserRing<T> {
             return Err(EINVAL);
         }
         for i in 0..posted {
-            // SAFETY: valid slots of both rings (`i < posted <= to.num_entries`): one volatile
-            // whole-entry copy out of this one (userspace may be rewriting it: a garbage entry
-            // is judged when taken), one into `to`, which userspace has not mapped yet.
+            // SAFETY: slots of both rings (`i < posted <= to.num_entries`): one posted here and
+            // not taken (userspace may be rewriting it: a garbage entry is judged when taken),
+            // one of `to`, which userspace has not mapped yet.
             unsafe {
-                let entry = self.slot(consumer.wrapping_add(i)).read_volatile();
-                to.slot(i).write_volatile(entry);
+                let entry = self.read_slot(consumer.wrapping_add(i));
+                to.write_slot(i, &entry);
             }
         }
         // `to`'s consumer index stays 0; userspace owns its producer index from now on.
@@ -295,8 +347,8 @@ impl<T: RingEntry> UserRing<T> {
         if !queue::has_room(producer, consumer, self.num_entries) {
             return Err(ENOMEM);
         }
-        // SAFETY: a valid slot the consumer is done with; no one else writes a kernel ring.
-        unsafe { self.slot(producer).write_volatile(*entry) };
+        // SAFETY: a slot the consumer is done with; no one else writes a kernel ring.
+        unsafe { self.write_slot(producer, entry) };
         self.index(PRODUCER)
             .store(producer.wrapping_add(1), Ordering::Release);
         Ok(())
@@ -309,8 +361,8 @@ impl<T: RingEntry> UserRing<T> {
         if !queue::has_room(producer, consumer, self.num_entries) {
             return Err(ENOSPC);
         }
-        // SAFETY: a valid slot that userspace has consumed.
-        unsafe { self.slot(producer).write_volatile(*entry) };
+        // SAFETY: a slot that userspace has consumed.
+        unsafe { self.write_slot(producer, entry) };
         let p = producer.wrapping_add(1);
         self.own.store(p, Ordering::Relaxed);
         self.index(PRODUCER).store(p, Ordering::Release);

@@ -449,6 +449,7 @@ mod tests {
         assert_eq!(offset_of!(R, reserved), offset_of!(KR, reserved));
         assert_eq!(offset_of!(R, sge), offset_of!(KR, sge));
         assert_eq!(sys::METAROCE_DV_MAX_RECV_SGE, sys::METAROCE_MAX_RECV_SGE);
+        assert_eq!(sys::METAROCE_DV_MAX_SGE, sys::METAROCE_MAX_SGE);
 
         type G = sys::metaroce_dv_sge;
         type KG = sys::metaroce_sge;

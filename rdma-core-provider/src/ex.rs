@@ -191,13 +191,16 @@ impl WrOp {
 
 /// The work request a batch is building, between its builder and its last setter.
 #[derive(Clone, Copy)]
+// An entry of up to 32 SGEs kept for one work request of the open batch: boxing it would
+// allocate in the post path.
+#[allow(clippy::large_enum_variant)]
 enum Pending {
     /// A builder named it; its data setter has not come yet (on UD perhaps its address has).
     Op(WrOp),
     /// UD: its data setter came before `ibv_wr_set_ud_addr` (the verbs allow either order):
     /// encoded and checked with a zero address vector, which the address setter overwrites
     /// before it queues the WQE.
-    NeedsAddress(sys::metaroce_send_wqe),
+    NeedsAddress(wqe::SendEntry),
 }
 
 impl core::fmt::Debug for Pending {
@@ -279,10 +282,10 @@ impl WrBatch {
     }
 
     /// Queues `wqe` (a checked encoding) or fails the batch.
-    fn queue<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+    fn queue<M: RingMemory<Entry = wqe::SendEntry>>(
         &mut self,
         ring: &mut Producer<M>,
-        wqe: Result<sys::metaroce_send_wqe, PostError>,
+        wqe: Result<wqe::SendEntry, PostError>,
     ) {
         match wqe.and_then(|w| {
             ring.push_staged(&mut self.staged, &w)
@@ -294,7 +297,7 @@ impl WrBatch {
     }
 
     /// Queues the pending work request with no data, if there is one.
-    fn flush<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+    fn flush<M: RingMemory<Entry = wqe::SendEntry>>(
         &mut self,
         ring: &mut Producer<M>,
         limits: &SendLimits,
@@ -311,7 +314,7 @@ impl WrBatch {
 
     /// A builder (`ibv_wr_send`, `ibv_wr_rdma_write`, ...): `op` becomes the pending work
     /// request, after the one before it is queued.
-    pub fn build<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+    pub fn build<M: RingMemory<Entry = wqe::SendEntry>>(
         &mut self,
         ring: &mut Producer<M>,
         limits: &SendLimits,
@@ -326,7 +329,7 @@ impl WrBatch {
     /// A data setter: encodes the pending work request with `data` and queues it. A setter
     /// with no builder before it fails the batch (`EINVAL`). `copy_inline` is
     /// [`wqe::encode_send`]'s, for `IBV_SEND_INLINE` with SGEs.
-    pub fn set_data<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+    pub fn set_data<M: RingMemory<Entry = wqe::SendEntry>>(
         &mut self,
         ring: &mut Producer<M>,
         limits: &SendLimits,
@@ -357,7 +360,7 @@ impl WrBatch {
     /// `ibv_wr_set_ud_addr`: the pending work request's destination (`None`: the AH was NULL
     /// or not one of this context's, `EINVAL`). Only on a UD QP, once per work request, after
     /// its builder; anything else fails the batch (`EINVAL`).
-    pub fn set_ud_addr<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+    pub fn set_ud_addr<M: RingMemory<Entry = wqe::SendEntry>>(
         &mut self,
         ring: &mut Producer<M>,
         limits: &SendLimits,
@@ -391,7 +394,7 @@ impl WrBatch {
     /// `ibv_wr_complete`: publishes every queued WQE with one store (returning how many; the
     /// caller rings the doorbell if any), or, if anything failed, none (the ring is as before
     /// `wr_start`) and returns the error.
-    pub fn complete<M: RingMemory<Entry = sys::metaroce_send_wqe>>(
+    pub fn complete<M: RingMemory<Entry = wqe::SendEntry>>(
         mut self,
         ring: &mut Producer<M>,
         limits: &SendLimits,
@@ -416,7 +419,7 @@ impl WrBatch {
 mod tests {
     use super::*;
     use crate::ring::testing::VecRing;
-    use crate::wqe::{encode_send, MAX_SEND_SGE};
+    use crate::wqe::{encode_send, SendEntry, MAX_SEND_SGE};
 
     const RC: u32 = sys::ibv_qp_type_IBV_QPT_RC;
     const UC: u32 = sys::ibv_qp_type_IBV_QPT_UC;
@@ -604,7 +607,7 @@ mod tests {
     fn a_failed_batch_publishes_nothing() {
         let ring = VecRing::new(4, zero_wqe(), 0);
         let mut p = Producer::new(&ring).unwrap();
-        type Run = fn(&mut WrBatch, &mut Producer<&VecRing<sys::metaroce_send_wqe>>);
+        type Run = fn(&mut WrBatch, &mut Producer<&VecRing<SendEntry>>);
         let cases: [(&str, Run, PostError); 6] = [
             (
                 "too many SGEs",
@@ -744,7 +747,7 @@ mod tests {
     fn ud_batches_without_a_proper_address_fail() {
         let ring = VecRing::new(4, zero_wqe(), 0);
         let mut p = Producer::new(&ring).unwrap();
-        type Run = fn(&mut WrBatch, &mut Producer<&VecRing<sys::metaroce_send_wqe>>);
+        type Run = fn(&mut WrBatch, &mut Producer<&VecRing<SendEntry>>);
         let cases: [(&str, SendLimits, Run, PostError); 7] = [
             (
                 "no address, data",
@@ -888,8 +891,8 @@ mod tests {
         assert_eq!(MAX_SEND_SGE, 12);
     }
 
-    fn zero_wqe() -> sys::metaroce_send_wqe {
-        sys::metaroce_send_wqe {
+    fn zero_wqe() -> SendEntry {
+        SendEntry::new(sys::metaroce_send_wqe {
             wr_id: 0,
             opcode: 0,
             send_flags: 0,
@@ -905,10 +908,10 @@ mod tests {
             data: sys::metaroce_send_wqe__bindgen_ty_1 {
                 inline_data: [0; MAX_INLINE as usize],
             },
-        }
+        })
     }
 
-    fn wqe_bytes(w: &sys::metaroce_send_wqe) -> Vec<u8> {
+    fn wqe_bytes(w: &SendEntry) -> Vec<u8> {
         let mut v = Vec::new();
         for x in [w.wr_id, w.remote_addr, w.compare_add, w.swap] {
             v.extend(x.to_ne_bytes());
@@ -926,6 +929,11 @@ mod tests {
             v.extend(x.to_ne_bytes());
         }
         v.extend(crate::ffi::union_views::inline_of(w));
+        for s in &w.more {
+            v.extend(s.addr.to_ne_bytes());
+            v.extend(s.length.to_ne_bytes());
+            v.extend(s.lkey.to_ne_bytes());
+        }
         v
     }
 }

@@ -358,13 +358,25 @@ unsafe extern "C" fn query_port(
 /// Entry types that may live in a ring shared with the kernel.
 ///
 /// # Safety
-/// Plain old data: `repr(C)`, no padding-sensitive invariants, every bit pattern valid.
-unsafe trait RingEntry: Copy {}
-// SAFETY: bindgen'd structs of fixed-width integers (and a union of integer arrays).
-unsafe impl RingEntry for sys::metaroce_send_wqe {}
-// SAFETY: as above.
-unsafe impl RingEntry for sys::metaroce_recv_wqe {}
-// SAFETY: as above.
+/// Plain old data: `repr(C)`, a multiple of 8 bytes and 8-byte aligned, no padding-sensitive
+/// invariants, every bit pattern valid; `MIN_SIZE` a multiple of 8, at most its size.
+unsafe trait RingEntry: Copy {
+    /// The smallest `entry_size` a ring of these may have: a ring of smaller entries than the
+    /// type holds (send and receive entries, sized by the QP's SGEs) takes the type's first
+    /// `entry_size` bytes, and gives back those bytes with zeroes after them.
+    const MIN_SIZE: usize = size_of::<Self>();
+}
+// SAFETY: the bindgen'd WQE structure and plain SGEs (fixed-width integers and a union of
+// integer arrays, no padding: `wqe.rs` asserts the layout); its first 256 bytes are the ABI's
+// smallest send entry.
+unsafe impl RingEntry for wqe::SendEntry {
+    const MIN_SIZE: usize = size_of::<sys::metaroce_send_wqe>();
+}
+// SAFETY: as above (128 bytes: the smallest receive entry).
+unsafe impl RingEntry for wqe::RecvEntry {
+    const MIN_SIZE: usize = size_of::<sys::metaroce_recv_wqe>();
+}
+// SAFETY: a bindgen'd struct of fixed-width integers.
 unsafe impl RingEntry for sys::metaroce_cqe {}
 
 /// One ring inside a mapping shared with the kernel. Indices are accessed as atomics, entries
@@ -373,6 +385,8 @@ unsafe impl RingEntry for sys::metaroce_cqe {}
 struct MappedRing<T> {
     base: NonNull<u8>,
     geo: Geometry,
+    /// Bytes of an entry this ring holds: `T`'s size, or the stride if that is smaller.
+    copy: usize,
     _entry: PhantomData<T>,
 }
 
@@ -384,13 +398,14 @@ impl<T: RingEntry> MappedRing<T> {
     /// # Safety
     /// `base` must point to `geo.map_len` readable and writable bytes, 8-byte aligned, that
     /// stay mapped while the ring is used, and `geo` must come from
-    /// `Geometry::new(.., size_of::<T>())` (so every entry offset is in bounds).
+    /// `Geometry::new(.., T::MIN_SIZE)` (so every entry offset is in bounds).
     unsafe fn new(base: NonNull<u8>, geo: Geometry) -> Self {
-        debug_assert!(geo.stride >= size_of::<T>() && geo.map_len >= crate::ring::HDR_SIZE);
+        debug_assert!(geo.stride >= T::MIN_SIZE && geo.map_len >= crate::ring::HDR_SIZE);
         debug_assert!(base.as_ptr().align_offset(8) == 0);
         Self {
             base,
             geo,
+            copy: geo.stride.min(size_of::<T>()),
             _entry: PhantomData,
         }
     }
@@ -411,9 +426,9 @@ impl<T: RingEntry> MappedRing<T> {
         &self.geo
     }
 
-    fn entry(&self, index: u32) -> *mut T {
-        // SAFETY: entry_offset(index) + size_of::<T>() <= map_len for a checked geometry, and
-        // is 8-byte aligned (stride and header are multiples of 8).
+    fn entry(&self, index: u32) -> *mut u64 {
+        // SAFETY: entry_offset(index) + stride <= map_len for a checked geometry, and is
+        // 8-byte aligned (stride and header are multiples of 8).
         unsafe { self.base.as_ptr().add(self.geo.entry_offset(index)).cast() }
     }
 }
@@ -436,14 +451,36 @@ impl<T: RingEntry> RingMemory for MappedRing<T> {
         self.index(CONSUMER_OFFSET).store(value, Ordering::Release)
     }
     fn write_entry(&self, index: u32, entry: &T) {
-        // SAFETY: in-bounds aligned slot (see entry()); the consumer does not read this slot
-        // before the release store of `producer` that publishes it.
-        unsafe { ptr::write_volatile(self.entry(index), *entry) }
+        let dst = self.entry(index);
+        if self.copy == size_of::<T>() {
+            // SAFETY: an in-bounds aligned slot of at least T's size (see entry()); the
+            // consumer does not read this slot before the release store of `producer` that
+            // publishes it.
+            return unsafe { ptr::write_volatile(dst.cast::<T>(), *entry) };
+        }
+        let src = ptr::from_ref(entry).cast::<u64>();
+        for i in 0..self.copy / 8 {
+            // SAFETY: i * 8 < copy <= stride and size_of::<T>(): inside the slot and `entry`,
+            // both 8-byte aligned (RingEntry); the slot is ours as above.
+            unsafe { dst.add(i).write_volatile(src.add(i).read()) };
+        }
     }
     fn read_entry(&self, index: u32) -> T {
-        // SAFETY: in-bounds aligned slot; T accepts any bit pattern (RingEntry); the producer
-        // does not rewrite the slot before our release store of `consumer` frees it.
-        unsafe { ptr::read_volatile(self.entry(index)) }
+        let src = self.entry(index);
+        if self.copy == size_of::<T>() {
+            // SAFETY: in-bounds aligned slot; T accepts any bit pattern (RingEntry); the
+            // producer does not rewrite the slot before our release store of `consumer` frees
+            // it.
+            return unsafe { ptr::read_volatile(src.cast::<T>()) };
+        }
+        let mut out = MaybeUninit::<T>::zeroed();
+        let dst = out.as_mut_ptr().cast::<u64>();
+        for i in 0..self.copy / 8 {
+            // SAFETY: as in write_entry.
+            unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+        }
+        // SAFETY: zeroed, then bytes written: any bit pattern is a T (RingEntry).
+        unsafe { out.assume_init() }
     }
 }
 
@@ -468,7 +505,7 @@ fn map_ring<T: RingEntry>(
     info: &sys::metaroce_mmap_info,
     what: &str,
 ) -> Result<(Mapping, MappedRing<T>), c_int> {
-    let geo = Geometry::new(info, size_of::<T>()).map_err(|e| {
+    let geo = Geometry::new(info, T::MIN_SIZE).map_err(|e| {
         let _ = writeln!(std::io::stderr(), "metaroce: {what}: {e}");
         abi::ABI_MISMATCH_ERRNO
     })?;
@@ -517,8 +554,8 @@ fn new_object<T>() -> Box<MaybeUninit<T>> {
     Box::new_zeroed()
 }
 
-type SendRing = Producer<MappedRing<sys::metaroce_send_wqe>>;
-type RecvRing = Producer<MappedRing<sys::metaroce_recv_wqe>>;
+type SendRing = Producer<MappedRing<wqe::SendEntry>>;
+type RecvRing = Producer<MappedRing<wqe::RecvEntry>>;
 type CqRing = Consumer<MappedRing<sys::metaroce_cqe>>;
 
 #[repr(C)]
@@ -740,7 +777,7 @@ unsafe fn send_wr_view<'a>(
     // SAFETY: valid per contract.
     let w = unsafe { &*wr };
     // SAFETY: as above.
-    let sg = unsafe { sg_list(w.sg_list, w.num_sge, wqe::MAX_SEND_SGE) }?;
+    let sg = unsafe { sg_list(w.sg_list, w.num_sge, wqe::MAX_SGE) }?;
     let mut view = SendWr {
         wr_id: w.wr_id,
         opcode: w.opcode,
@@ -900,7 +937,7 @@ unsafe fn post_recv_list(
         // SAFETY: an element of the caller's list.
         let w = unsafe { &*wr };
         // SAFETY: num_sge SGEs at sg_list (verbs contract).
-        let sg = unsafe { sg_list(w.sg_list, w.num_sge, wqe::MAX_RECV_SGE) }?;
+        let sg = unsafe { sg_list(w.sg_list, w.num_sge, wqe::MAX_SGE) }?;
         wqe::encode_recv(w.wr_id, sg, max_sge)
     })
 }
@@ -1527,22 +1564,16 @@ unsafe fn finish_qp(
     let p = qp.as_mut_ptr();
     // SAFETY: readable per the contract.
     let kernel_cap = unsafe { cap.read() };
-    let limits = SendLimits {
-        qp_type,
-        max_sge: kernel_cap.max_send_sge.min(wqe::MAX_SEND_SGE),
-        max_inline: drv.max_inline_data.min(wqe::MAX_INLINE),
-    };
-    let max_recv_sge = kernel_cap.max_recv_sge.min(wqe::MAX_RECV_SGE);
     let rings = (|| -> Result<_, c_int> {
         let sq = if drv.sq.length != 0 {
-            let (m, r) = map_ring::<sys::metaroce_send_wqe>(cmd_fd, &drv.sq, "SQ")?;
+            let (m, r) = map_ring::<wqe::SendEntry>(cmd_fd, &drv.sq, "SQ")?;
             let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
             Some((m, r))
         } else {
             None
         };
         let rq = if drv.rq.length != 0 {
-            let (m, r) = map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &drv.rq, "RQ")?;
+            let (m, r) = map_ring::<wqe::RecvEntry>(cmd_fd, &drv.rq, "RQ")?;
             let r = Producer::new(r).map_err(|_| abi::ABI_MISMATCH_ERRNO)?;
             Some((m, r))
         } else {
@@ -1552,6 +1583,19 @@ unsafe fn finish_qp(
     })();
     match rings {
         Ok((sq, rq)) => {
+            // The SGEs a WQE may carry: the kernel's caps, at most what the entries hold.
+            let sq_stride = sq.as_ref().map(|(_, r)| r.ring().geometry().stride);
+            let rq_stride = rq.as_ref().map(|(_, r)| r.ring().geometry().stride);
+            let limits = SendLimits {
+                qp_type,
+                max_sge: kernel_cap
+                    .max_send_sge
+                    .min(sq_stride.map_or(wqe::MAX_SEND_SGE, wqe::send_sge_capacity)),
+                max_inline: drv.max_inline_data.min(wqe::MAX_INLINE),
+            };
+            let max_recv_sge = kernel_cap
+                .max_recv_sge
+                .min(rq_stride.map_or(wqe::MAX_RECV_SGE, wqe::recv_sge_capacity));
             let (sq_map, sq) = sq.map_or((None, None), |(m, r)| (Some(m), Some(SqState::new(r))));
             let (rq_map, rq) = rq.map_or((None, None), |(m, r)| (Some(m), Some(Mutex::new(r))));
             // SAFETY: writing our fields of the boxed Qp; cap is the caller's (contract).
@@ -1767,15 +1811,16 @@ unsafe extern "C" fn create_srq(
         let drv = resp.drv_payload;
         // SAFETY: ibpd is live; attr now holds the kernel's max_wr/max_sge.
         let (cmd_fd, max_sge) = unsafe { ((*(*ibpd).context).cmd_fd, (*attr).attr.max_sge) };
-        let max_sge = max_sge.min(wqe::MAX_RECV_SGE);
         let mapped =
-            map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &drv.ring, "SRQ").and_then(|(map, ring)| {
+            map_ring::<wqe::RecvEntry>(cmd_fd, &drv.ring, "SRQ").and_then(|(map, ring)| {
                 Producer::new(ring)
                     .map(|ring| (map, ring))
                     .map_err(|_| abi::ABI_MISMATCH_ERRNO)
             });
         match mapped {
             Ok((map, ring)) => {
+                // The kernel's max_sge, at most what the entries hold.
+                let max_sge = max_sge.min(wqe::recv_sge_capacity(ring.ring().geometry().stride));
                 // SAFETY: writing our fields of the boxed Srq; attr is the caller's.
                 unsafe {
                     ptr::addr_of_mut!((*p).max_sge).write(max_sge);
@@ -1832,7 +1877,7 @@ unsafe extern "C" fn modify_srq(
         // failure to map it leaves an SRQ that takes no more receives (as a CQ's resize).
         // SAFETY: ibsrq is live.
         let cmd_fd = unsafe { (*(*ibsrq).context).cmd_fd };
-        let mapped = map_ring::<sys::metaroce_recv_wqe>(cmd_fd, &info, "SRQ").and_then(|(m, r)| {
+        let mapped = map_ring::<wqe::RecvEntry>(cmd_fd, &info, "SRQ").and_then(|(m, r)| {
             Producer::new(r)
                 .map(|r| (m, r))
                 .map_err(|_| abi::ABI_MISMATCH_ERRNO)
@@ -1968,8 +2013,13 @@ mod tests {
     }
 
     /// Ring memory in ordinary (8-aligned) heap memory: the Vec owns it, rings point into it.
+    /// Its entries are of the smallest size (`T::MIN_SIZE`).
     pub(super) fn test_ring<T: RingEntry>(n: u32) -> (Vec<u64>, Geometry) {
-        let stride = size_of::<T>();
+        test_ring_of(n, T::MIN_SIZE)
+    }
+
+    /// A ring of `n` entries of `stride` bytes.
+    pub(super) fn test_ring_of(n: u32, stride: usize) -> (Vec<u64>, Geometry) {
         let len = crate::ring::HDR_SIZE + n as usize * stride;
         let info = sys::metaroce_mmap_info {
             offset: 0,
@@ -1983,6 +2033,59 @@ mod tests {
     pub(super) fn view<T: RingEntry>(buf: &mut [u64], geo: Geometry) -> MappedRing<T> {
         // SAFETY: buf is 8-aligned, geo.map_len bytes, outlives every use in the test.
         unsafe { MappedRing::new(NonNull::new(buf.as_mut_ptr().cast()).unwrap(), geo) }
+    }
+
+    #[test]
+    fn entries_larger_than_the_ring_stride_keep_their_first_stride_bytes() {
+        let mut e = wqe::encode_send(
+            &SendWr {
+                wr_id: 7,
+                opcode: sys::ibv_wr_opcode_IBV_WR_SEND,
+                send_flags: 0,
+                sg_list: &[],
+                imm_data: 0,
+                remote_addr: 0,
+                rkey: 0,
+                compare_add: 0,
+                swap: 0,
+                ud: None,
+            },
+            &RC,
+            |_, _| {},
+        )
+        .unwrap();
+        for (i, s) in e.more.iter_mut().enumerate() {
+            s.addr = 0x1000 + i as u64;
+            s.length = 1;
+        }
+        // The smallest entries: the structure only; the neighbours are not touched and what
+        // is read back has zero SGEs past the structure.
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(4);
+        assert_eq!(geo.stride, 256);
+        {
+            let r = view::<wqe::SendEntry>(&mut buf, geo);
+            r.write_entry(1, &e);
+            let back = r.read_entry(1);
+            assert_eq!(back.wr_id, 7);
+            assert!(back.more.iter().all(|s| s.addr == 0));
+            assert_eq!(r.read_entry(2).wr_id, 0);
+        }
+        let hdr = crate::ring::HDR_SIZE / 8;
+        assert!(buf[hdr..hdr + 32].iter().all(|&w| w == 0));
+        assert!(buf[hdr + 64..].iter().all(|&w| w == 0));
+        // Entries of 20 SGEs: 8 of `more` kept.
+        let (mut buf, geo) = test_ring_of(4, 64 + 16 * 20);
+        let r = view::<wqe::SendEntry>(&mut buf, geo);
+        r.write_entry(3, &e);
+        let back = r.read_entry(3);
+        assert_eq!(back.more[7].addr, 0x1007);
+        assert_eq!(back.more[8].addr, 0);
+        assert_eq!(r.read_entry(0).wr_id, 0);
+        // The largest: all of it.
+        let (mut buf, geo) = test_ring_of(2, 576);
+        let r = view::<wqe::SendEntry>(&mut buf, geo);
+        r.write_entry(0, &e);
+        assert_eq!(r.read_entry(0).more[19].addr, 0x1013);
     }
 
     pub(super) fn send_wr(opcode: u32, sg: &mut [sys::ibv_sge]) -> sys::ibv_send_wr {
@@ -2011,7 +2114,7 @@ mod tests {
 
     #[test]
     fn post_send_list_writes_wqes_and_stops_at_the_first_bad_wr() {
-        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(8);
         let sq = SqState::new(Producer::new(view(&mut buf, geo)).unwrap());
         let payload = *b"hello, metaroce!";
         let mut inline_sg = [sys::ibv_sge {
@@ -2065,7 +2168,7 @@ mod tests {
         assert_eq!(unsafe { finish_post(&out, &mut bad) }, sys::EINVAL as c_int);
         assert_eq!(bad, bad_expected);
 
-        let r = view::<sys::metaroce_send_wqe>(&mut buf, geo);
+        let r = view::<wqe::SendEntry>(&mut buf, geo);
         assert_eq!((r.load_producer(), r.load_consumer()), (2, 0));
         let w0 = r.read_entry(0);
         assert_eq!(
@@ -2089,7 +2192,7 @@ mod tests {
 
     #[test]
     fn post_send_list_enomem_when_full_and_einval_for_negative_num_sge() {
-        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(2);
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(2);
         let sq = SqState::new(Producer::new(view(&mut buf, geo)).unwrap());
         let mut sg = [sys::ibv_sge {
             addr: 0x3000,
@@ -2109,7 +2212,7 @@ mod tests {
         assert_eq!(out.failed, Some((third, PostError::QueueFull)));
         assert_eq!(out.failed.unwrap().1.errno(), sys::ENOMEM as c_int);
         // The kernel consumes one; a WR with a negative num_sge is refused untouched.
-        view::<sys::metaroce_send_wqe>(&mut buf, geo).store_consumer(1);
+        view::<wqe::SendEntry>(&mut buf, geo).store_consumer(1);
         let mut neg = send_wr(sys::ibv_wr_opcode_IBV_WR_SEND, &mut sg);
         neg.num_sge = -1;
         // SAFETY: a one-element list.
@@ -2124,10 +2227,7 @@ mod tests {
     }
 
     /// A Qp as create_qp builds it, with an SQ in heap memory and a socket as "cmd_fd".
-    pub(super) fn test_qp(
-        sq: MappedRing<sys::metaroce_send_wqe>,
-        ctx: *mut sys::ibv_context,
-    ) -> *mut Qp {
+    pub(super) fn test_qp(sq: MappedRing<wqe::SendEntry>, ctx: *mut sys::ibv_context) -> *mut Qp {
         let mut qp = new_object::<Qp>();
         let p = qp.as_mut_ptr();
         // SAFETY: writing the fields of a zeroed Qp, as create_qp does.
@@ -2154,7 +2254,7 @@ mod tests {
         // SAFETY: all-zero is a valid ibv_context for reading cmd_fd.
         let mut ctx: Box<sys::ibv_context> = Box::new(unsafe { core::mem::zeroed() });
         ctx.cmd_fd = user.as_raw_fd();
-        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(4);
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(4);
         let qp = test_qp(view(&mut buf, geo), &mut *ctx);
         // SAFETY: qp is live.
         let ibqp = unsafe { ptr::addr_of_mut!((*qp).vqp.__bindgen_anon_1.qp) };
@@ -2230,7 +2330,7 @@ mod tests {
         let mut ctx: Box<sys::ibv_context> = Box::new(unsafe { core::mem::zeroed() });
         ctx.device = &mut dev.device;
         ctx.cmd_fd = user.as_raw_fd();
-        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(8);
         let base = buf.as_mut_ptr().cast::<u8>() as usize;
         let qp = test_qp(view(&mut buf, geo), &mut *ctx);
         // SAFETY: qp is live.
@@ -2252,7 +2352,7 @@ mod tests {
         assert_eq!((rings.rq.entry_size, rings.rq.num_entries), (0, 0));
 
         // An application posts two WQEs itself, from slot 7 on (wrapping to slot 0).
-        let kernel_view = view::<sys::metaroce_send_wqe>(&mut buf, geo);
+        let kernel_view = view::<wqe::SendEntry>(&mut buf, geo);
         kernel_view.store_producer(7);
         kernel_view.store_consumer(7);
         for (i, index) in [7u32, 8].into_iter().enumerate() {
@@ -2306,8 +2406,8 @@ mod tests {
         use std::sync::atomic::AtomicBool;
         const THREADS: u64 = 4;
         const PER_THREAD: u64 = 2000;
-        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(16);
-        let kernel = view::<sys::metaroce_send_wqe>(&mut buf, geo);
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(16);
+        let kernel = view::<wqe::SendEntry>(&mut buf, geo);
         // Start just below the u32 wrap.
         kernel.store_producer(u32::MAX - 5);
         kernel.store_consumer(u32::MAX - 5);
@@ -2373,7 +2473,7 @@ mod tests {
 
     #[test]
     fn post_recv_list_checks_sges() {
-        let (mut buf, geo) = test_ring::<sys::metaroce_recv_wqe>(4);
+        let (mut buf, geo) = test_ring::<wqe::RecvEntry>(4);
         let rq = Mutex::new(Producer::new(view(&mut buf, geo)).unwrap());
         let mut sg = [sys::ibv_sge {
             addr: 0x5000,
@@ -2514,7 +2614,7 @@ mod tests {
         let mut ctx = test_context(1, user.as_raw_fd());
         let mut pd = test_pd(&mut ctx);
         let ah = make_ah(&mut pd, &mut ah_attr(GID_V4));
-        let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(8);
+        let (mut buf, geo) = test_ring::<wqe::SendEntry>(8);
         let qp = test_qp(view(&mut buf, geo), &mut ctx.ibv_ctx.context);
         // SAFETY: qp is live and not shared yet; a UD QP.
         let ibqp = unsafe {
@@ -2615,10 +2715,7 @@ mod tests {
             std::io::Read::read(&mut &kernel, &mut db).is_err(),
             "no doorbell"
         );
-        assert_eq!(
-            view::<sys::metaroce_send_wqe>(&mut buf, geo).load_producer(),
-            2
-        );
+        assert_eq!(view::<wqe::SendEntry>(&mut buf, geo).load_producer(), 2);
         // SAFETY: the AHs and the Box leaked by test_qp, each freed once.
         unsafe {
             assert_eq!(destroy_ah(ah), 0);

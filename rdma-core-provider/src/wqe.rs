@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 //! Work queue entries of `uapi/metaroce-abi.h` in safe Rust: checking a send / receive work
-//! request and encoding it as `struct metaroce_send_wqe` / `struct metaroce_recv_wqe`, and
-//! translating a `struct metaroce_cqe` into an `ibv_wc`.
+//! request and encoding it as a ring entry ([`SendEntry`], [`RecvEntry`]: `struct
+//! metaroce_send_wqe` / `struct metaroce_recv_wqe` and the SGEs past them), and translating a
+//! `struct metaroce_cqe` into an `ibv_wc`.
 //!
 //! The FFI layer turns the caller's `ibv_send_wr` / `ibv_recv_wr` into the borrowed views
 //! below (reading only the union members the opcode uses) and copies inline data through the
@@ -10,13 +11,90 @@
 use crate::ffi::sys;
 use crate::ring::{Batch, PushError, RingMemory};
 use core::ffi::c_int;
+use core::mem::size_of;
+use core::ops::{Deref, DerefMut};
 
-/// Largest SGE list of a send WQE (12).
+/// SGEs in `struct metaroce_send_wqe` itself (12): a send entry of the smallest size.
 pub const MAX_SEND_SGE: u32 = sys::METAROCE_MAX_SEND_SGE;
 /// Largest inline payload of a send WQE (192 bytes).
 pub const MAX_INLINE: u32 = sys::METAROCE_MAX_INLINE;
-/// Largest SGE list of a receive WQE (7).
+/// SGEs in `struct metaroce_recv_wqe` itself (7).
 pub const MAX_RECV_SGE: u32 = sys::METAROCE_MAX_RECV_SGE;
+/// The most SGEs a WQE carries (32), in a ring whose entries have room for them.
+pub const MAX_SGE: u32 = sys::METAROCE_MAX_SGE;
+
+/// A send queue entry of the largest size: the WQE structure and the SGEs 12.. that go on
+/// past its SGE array in a ring whose `entry_size` has room (`uapi/metaroce-abi.h`, entry
+/// sizes). A ring of smaller entries takes its first `entry_size` bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SendEntry {
+    pub wqe: sys::metaroce_send_wqe,
+    pub more: [sys::metaroce_sge; (MAX_SGE - MAX_SEND_SGE) as usize],
+}
+
+/// A receive queue entry of the largest size: the WQE and the SGEs 7.. past it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RecvEntry {
+    pub wqe: sys::metaroce_recv_wqe,
+    pub more: [sys::metaroce_sge; (MAX_SGE - MAX_RECV_SGE) as usize],
+}
+
+// The SGEs past each structure continue its SGE array without a gap.
+const _: () = {
+    use core::mem::offset_of;
+    type S = sys::metaroce_send_wqe;
+    type R = sys::metaroce_recv_wqe;
+    assert!(offset_of!(SendEntry, more) == size_of::<S>());
+    assert!(offset_of!(S, data) + 16 * MAX_SEND_SGE as usize == size_of::<S>());
+    assert!(offset_of!(RecvEntry, more) == size_of::<R>());
+    assert!(offset_of!(R, sge) + 16 * MAX_RECV_SGE as usize == size_of::<R>());
+    assert!(size_of::<SendEntry>() == size_of::<S>() + 16 * (MAX_SGE - MAX_SEND_SGE) as usize);
+    assert!(size_of::<RecvEntry>() == size_of::<R>() + 16 * (MAX_SGE - MAX_RECV_SGE) as usize);
+};
+
+impl Deref for SendEntry {
+    type Target = sys::metaroce_send_wqe;
+    fn deref(&self) -> &Self::Target {
+        &self.wqe
+    }
+}
+
+impl DerefMut for SendEntry {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.wqe
+    }
+}
+
+impl Deref for RecvEntry {
+    type Target = sys::metaroce_recv_wqe;
+    fn deref(&self) -> &Self::Target {
+        &self.wqe
+    }
+}
+
+impl SendEntry {
+    /// An entry holding `wqe` and no SGEs past it.
+    pub fn new(wqe: sys::metaroce_send_wqe) -> Self {
+        Self {
+            wqe,
+            more: [NO_SGE; (MAX_SGE - MAX_SEND_SGE) as usize],
+        }
+    }
+}
+
+/// The SGEs a send entry of `entry_size` bytes holds (at most [`MAX_SGE`]).
+pub fn send_sge_capacity(entry_size: usize) -> u32 {
+    let header = size_of::<sys::metaroce_send_wqe>() - 16 * MAX_SEND_SGE as usize;
+    (entry_size.saturating_sub(header) / 16).min(MAX_SGE as usize) as u32
+}
+
+/// The SGEs a receive entry of `entry_size` bytes holds (at most [`MAX_SGE`]).
+pub fn recv_sge_capacity(entry_size: usize) -> u32 {
+    let header = size_of::<sys::metaroce_recv_wqe>() - 16 * MAX_RECV_SGE as usize;
+    (entry_size.saturating_sub(header) / 16).min(MAX_SGE as usize) as u32
+}
 
 const WR_RDMA_WRITE: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE;
 const WR_RDMA_WRITE_WITH_IMM: u32 = sys::ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -218,7 +296,7 @@ impl From<PushError> for PostError {
 pub struct SendLimits {
     /// `ibv_qp_type` of the QP.
     pub qp_type: u32,
-    /// `cap.max_send_sge`, at most [`MAX_SEND_SGE`].
+    /// `cap.max_send_sge`, at most what the ring's entries hold ([`send_sge_capacity`]).
     pub max_sge: u32,
     /// `cap.max_inline_data`, at most [`MAX_INLINE`].
     pub max_inline: u32,
@@ -271,7 +349,7 @@ pub fn encode_send(
     wr: &SendWr<'_>,
     limits: &SendLimits,
     mut copy_inline: impl FnMut(&sys::ibv_sge, &mut [u8]),
-) -> Result<sys::metaroce_send_wqe, PostError> {
+) -> Result<SendEntry, PostError> {
     let (class, av) = check_op(wr, limits)?;
     if class == OpClass::Operands
         && wr.opcode == WR_ATOMIC_WRITE
@@ -285,10 +363,10 @@ pub fn encode_send(
             sge: [NO_SGE; MAX_SEND_SGE as usize],
         };
         let flags = wr.send_flags & !SEND_INLINE;
-        return Ok(assemble(wr, class, av, flags, data, 0, 0));
+        return Ok(SendEntry::new(assemble(wr, class, av, flags, data, 0, 0)));
     }
     let num_sge = u32::try_from(wr.sg_list.len()).map_err(|_| PostError::TooManySge)?;
-    if num_sge > limits.max_sge.min(MAX_SEND_SGE) {
+    if num_sge > limits.max_sge.min(MAX_SGE) {
         return Err(PostError::TooManySge);
     }
     let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
@@ -300,7 +378,7 @@ pub fn encode_send(
     if !inline {
         send_flags &= !SEND_INLINE;
     }
-    let (data, num_sge, inline_len) = if inline {
+    if inline {
         if total > u64::from(limits.max_inline.min(MAX_INLINE)) {
             return Err(PostError::InlineTooLong);
         }
@@ -311,25 +389,21 @@ pub fn encode_send(
             copy_inline(s, &mut bytes[at..at + len]);
             at += len;
         }
-        (
-            sys::metaroce_send_wqe__bindgen_ty_1 { inline_data: bytes },
-            0,
-            total as u32,
-        )
-    } else {
-        let mut sges = [NO_SGE; MAX_SEND_SGE as usize];
-        for (d, s) in sges.iter_mut().zip(wr.sg_list) {
-            *d = sge(s);
-        }
-        (
-            sys::metaroce_send_wqe__bindgen_ty_1 { sge: sges },
-            num_sge,
-            0,
-        )
+        let data = sys::metaroce_send_wqe__bindgen_ty_1 { inline_data: bytes };
+        let wqe = assemble(wr, class, av, send_flags, data, 0, total as u32);
+        return Ok(SendEntry::new(wqe));
     };
-    Ok(assemble(
-        wr, class, av, send_flags, data, num_sge, inline_len,
-    ))
+    let mut sges = [NO_SGE; MAX_SEND_SGE as usize];
+    let (here, past) = wr.sg_list.split_at(wr.sg_list.len().min(sges.len()));
+    for (d, s) in sges.iter_mut().zip(here) {
+        *d = sge(s);
+    }
+    let data = sys::metaroce_send_wqe__bindgen_ty_1 { sge: sges };
+    let mut entry = SendEntry::new(assemble(wr, class, av, send_flags, data, num_sge, 0));
+    for (d, s) in entry.more.iter_mut().zip(past) {
+        *d = sge(s);
+    }
+    Ok(entry)
 }
 
 /// Encodes `wr` with `data` as its inline payload (`wr.sg_list` is not looked at): the WQE
@@ -340,7 +414,7 @@ pub fn encode_send_inline(
     wr: &SendWr<'_>,
     data: &[u8],
     limits: &SendLimits,
-) -> Result<sys::metaroce_send_wqe, PostError> {
+) -> Result<SendEntry, PostError> {
     let (class, av) = check_op(wr, limits)?;
     if !carries_payload(wr.opcode) {
         return Err(PostError::BadOpcode);
@@ -350,7 +424,7 @@ pub fn encode_send_inline(
     }
     let mut bytes = [0u8; MAX_INLINE as usize];
     bytes[..data.len()].copy_from_slice(data);
-    Ok(assemble(
+    Ok(SendEntry::new(assemble(
         wr,
         class,
         av,
@@ -358,7 +432,7 @@ pub fn encode_send_inline(
         sys::metaroce_send_wqe__bindgen_ty_1 { inline_data: bytes },
         0,
         data.len() as u32,
-    ))
+    )))
 }
 
 /// Whether the opcode has a payload of its own, which `IBV_SEND_INLINE` can carry in the WQE.
@@ -447,21 +521,28 @@ pub fn encode_recv(
     wr_id: u64,
     sg_list: &[sys::ibv_sge],
     max_sge: u32,
-) -> Result<sys::metaroce_recv_wqe, PostError> {
+) -> Result<RecvEntry, PostError> {
     let num_sge = u32::try_from(sg_list.len()).map_err(|_| PostError::TooManySge)?;
-    if num_sge > max_sge.min(MAX_RECV_SGE) {
+    if num_sge > max_sge.min(MAX_SGE) {
         return Err(PostError::TooManySge);
     }
-    let mut sges = [NO_SGE; MAX_RECV_SGE as usize];
-    for (d, s) in sges.iter_mut().zip(sg_list) {
+    let mut entry = RecvEntry {
+        wqe: sys::metaroce_recv_wqe {
+            wr_id,
+            num_sge,
+            reserved: 0,
+            sge: [NO_SGE; MAX_RECV_SGE as usize],
+        },
+        more: [NO_SGE; (MAX_SGE - MAX_RECV_SGE) as usize],
+    };
+    let (here, past) = sg_list.split_at(sg_list.len().min(MAX_RECV_SGE as usize));
+    for (d, s) in entry.wqe.sge.iter_mut().zip(here) {
         *d = sge(s);
     }
-    Ok(sys::metaroce_recv_wqe {
-        wr_id,
-        num_sge,
-        reserved: 0,
-        sge: sges,
-    })
+    for (d, s) in entry.more.iter_mut().zip(past) {
+        *d = sge(s);
+    }
+    Ok(entry)
 }
 
 /// How posting a list of work requests ended.
@@ -911,9 +992,29 @@ mod tests {
                 .unwrap(),
             PostError::TooManySge
         );
-        // A QP claiming more than the WQE holds is clamped to the WQE.
+        // Past the structure's 12: SGEs 12.. follow it in the entry; never more than 32.
         let big = SendLimits { max_sge: 64, ..RC };
-        assert!(encode_send(&wr(WR_SEND, &list), &big, no_inline).is_err());
+        let long = sges(33);
+        let w = encode_send(&wr(WR_SEND, &long[..32]), &big, no_inline).unwrap();
+        assert_eq!(w.num_sge, 32);
+        assert_eq!(crate::ffi::union_views::sge_of(&w)[11].addr, long[11].addr);
+        assert_eq!(w.more.len(), 20);
+        for (got, want) in w.more.iter().zip(&long[12..32]) {
+            assert_eq!(
+                (got.addr, got.length, got.lkey),
+                (want.addr, want.length, want.lkey)
+            );
+        }
+        assert_eq!(
+            encode_send(&wr(WR_SEND, &long), &big, no_inline).err(),
+            Some(PostError::TooManySge)
+        );
+        // Twelve or fewer leave the SGEs past the structure zero.
+        let w = encode_send(&wr(WR_SEND, &list[..12]), &big, no_inline).unwrap();
+        assert!(w
+            .more
+            .iter()
+            .all(|s| (s.addr, s.length, s.lkey) == (0, 0, 0)));
         // Zero SGEs: a zero-length send.
         let w = encode_send(&wr(WR_SEND, &[]), &RC, no_inline).unwrap();
         assert_eq!((w.num_sge, w.inline_len), (0, 0));
@@ -1040,6 +1141,21 @@ mod tests {
     }
 
     #[test]
+    fn sge_capacity_of_an_entry_size() {
+        // The ABI's sizes: 64 header bytes then 16 an SGE (send), 16 then 16 (receive).
+        assert_eq!(send_sge_capacity(256), 12);
+        assert_eq!(send_sge_capacity(64 + 16 * 20), 20);
+        assert_eq!(send_sge_capacity(576), 32);
+        assert_eq!(send_sge_capacity(4096), 32);
+        assert_eq!(send_sge_capacity(8), 0);
+        assert_eq!(recv_sge_capacity(128), 7);
+        assert_eq!(recv_sge_capacity(528), 32);
+        assert_eq!(recv_sge_capacity(16 + 16 * 9), 9);
+        assert_eq!(core::mem::size_of::<SendEntry>(), 576);
+        assert_eq!(core::mem::size_of::<RecvEntry>(), 528);
+    }
+
+    #[test]
     fn recv_wqes() {
         let list = sges(8);
         let r = encode_recv(42, &list[..7], 7).unwrap();
@@ -1052,8 +1168,19 @@ mod tests {
             encode_recv(1, &list, 7).err().unwrap(),
             PostError::TooManySge
         );
+        // Past the structure's 7: SGEs 7.. follow it in the entry; never more than 32.
+        let long = sges(33);
+        let r = encode_recv(1, &long[..32], 64).unwrap();
+        assert_eq!(r.num_sge, 32);
+        assert_eq!(r.sge[6].addr, long[6].addr);
+        for (got, want) in r.more.iter().zip(&long[7..32]) {
+            assert_eq!(
+                (got.addr, got.length, got.lkey),
+                (want.addr, want.length, want.lkey)
+            );
+        }
         assert_eq!(
-            encode_recv(1, &list, 64).err().unwrap(),
+            encode_recv(1, &long, 64).err().unwrap(),
             PostError::TooManySge
         );
         assert_eq!(
@@ -1062,7 +1189,11 @@ mod tests {
         );
         let r = encode_recv(1, &[], 0).unwrap();
         assert_eq!(r.num_sge, 0);
-        assert!(r.sge.iter().all(|s| s.addr == 0 && s.length == 0));
+        assert!(r
+            .sge
+            .iter()
+            .chain(&r.more)
+            .all(|s| s.addr == 0 && s.length == 0));
     }
 
     #[test]

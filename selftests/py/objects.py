@@ -626,15 +626,17 @@ def srq_resize():
 
 
 def long_sge_lists():
-    """SGE lists as long as the device carries (12 per send, 7 per receive: longer than the
-    transport keeps in a WQE, so the driver keeps them): 40 SENDs of 12 SGEs each into RQ
-    receives of 7, 40 more into an SRQ's, an RDMA WRITE gathered from 12 SGEs and an RDMA READ
-    scattered into 12, every byte checked (more WQEs than the driver has slots for lists, so
-    its slots go round); a QP or SRQ asking for one SGE more is refused."""
+    """SGE lists as long as the device carries (32, rxe's limit; the transport keeps 4 in a
+    WQE, so the driver keeps longer lists, and a ring entry holds 12 send or 7 receive SGEs in
+    its structure, more past it when the QP asks for them): for QPs created with 12/7, 20/9 and
+    32/32 send/receive SGEs, 40 SENDs of full lists into RQ receives of full lists, 40 more into
+    an SRQ's, an RDMA WRITE gathered from a full list and an RDMA READ scattered into one, every
+    byte checked (more WQEs than the driver has slots for lists, so its slots go round); a QP or
+    SRQ asking for one SGE more than 32 is refused."""
     import random
 
     attr = ctx.query_device()
-    assert (attr.max_sge, attr.max_sge_rd, attr.max_srq_sge) == (7, 12, 7), \
+    assert (attr.max_sge, attr.max_sge_rd, attr.max_srq_sge) == (32, 32, 32), \
         (attr.max_sge, attr.max_sge_rd, attr.max_srq_sge)
     pd = PD(ctx)
     cq = CQ(ctx, 256)
@@ -645,9 +647,10 @@ def long_sge_lists():
     dst = MR(pd, n * region, flags)
     rnd = random.Random(7)
     src.write(bytes(rnd.getrandbits(8) for _ in range(n * region)), n * region)
-    dst.write(bytes(n * region), n * region)
-    send_lens = [1, 3, 17, 64, 129, 255, 256, 300, 511, 700, 33, 2]
-    recv_lens = [5, 100, 250, 333, 700, 900, 1000]
+    # Every prefix of the receive lengths used below holds the send prefix it receives.
+    all_send = [1, 3, 17, 64, 129, 255, 256, 300, 511, 700, 33, 2,
+                7, 9, 40, 1, 90, 13, 5, 77, 2, 31, 8, 16, 4, 60, 3, 11, 29, 6, 50, 1]
+    all_recv = [5, 100, 250, 333, 700, 900, 1000] + [10] * 25
 
     def spread(mr, base, lens, gap):
         """SGEs of `lens` from `base` on, `gap` bytes apart."""
@@ -655,18 +658,11 @@ def long_sge_lists():
         for length in lens:
             sges.append(SGE(mr.buf + at, length, mr.lkey))
             at += length + gap
+        assert at <= base + region, (base, at)
         return sges
 
     def gathered(mr, sges):
         return b"".join(mr.read(s.length, s.addr - mr.buf) for s in sges)
-
-    big = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=12, max_recv_sge=7)
-    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=64, max_sge=7)))
-    a = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
-    b = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
-    c = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big, srq=srq))
-    d = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
-    connect_pairs(((a, b), (b, a), (c, d), (d, c)), flags, rd_atomic=4)
 
     def wait(count):
         got = []
@@ -678,60 +674,75 @@ def long_sge_lists():
             time.sleep(0.005)
         raise AssertionError(f"{len(got)} of {count} completions: {got[:8]}")
 
-    total = sum(send_lens)
-    for receiver, sender, post_recv, name in ((b, a, b.post_recv, "RQ"),
-                                              (c, d, srq.post_recv, "SRQ")):
+    for nsend, nrecv in ((12, 7), (20, 9), (32, 32)):
+        send_lens, recv_lens = all_send[:nsend], all_recv[:nrecv]
+        total = sum(send_lens)
+        big = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=nsend, max_recv_sge=nrecv)
+        srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=64, max_sge=nrecv)))
+        a = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
+        b = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
+        c = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big, srq=srq))
+        d = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=big))
+        connect_pairs(((a, b), (b, a), (c, d), (d, c)), flags, rd_atomic=4)
+        what = f"{nsend}/{nrecv} SGEs"
+        for receiver, sender, post_recv, name in ((b, a, b.post_recv, "RQ"),
+                                                  (c, d, srq.post_recv, "SRQ")):
+            dst.write(bytes(n * region), n * region)
+            recvs = [spread(dst, i * region, recv_lens, 5) for i in range(n)]
+            for i in range(n):
+                post_recv(RecvWR(wr_id=1000 + i, num_sge=nrecv, sg=recvs[i]))
+            sends = [spread(src, i * region, send_lens, 7) for i in range(n)]
+            for i in range(n):
+                wr = SendWR(wr_id=i, opcode=e.IBV_WR_SEND, num_sge=nsend, sg=sends[i])
+                wr.send_flags = e.IBV_SEND_SIGNALED
+                sender.post_send(wr)
+            got = wait(2 * n)
+            assert all(g[1] == e.IBV_WC_SUCCESS for g in got), \
+                (what, [g for g in got if g[1]][:4])
+            rx = sorted(g for g in got if g[0] >= 1000)
+            assert [(g[0], g[3]) for g in rx] == [(1000 + i, total) for i in range(n)], \
+                (what, rx[:4])
+            for i in range(n):
+                want = gathered(src, sends[i])
+                placed = gathered(dst, recvs[i])[:total]
+                assert placed == want, f"{what} {name} message {i}: the bytes placed differ"
+            assert gathered(dst, recvs[0])[total:] == bytes(sum(recv_lens) - total), \
+                (what, name)
+
+        # An RDMA WRITE gathered from a full list lands contiguous at the remote address; an
+        # RDMA READ of it scatters back into a full list.
         dst.write(bytes(n * region), n * region)
-        recvs = [spread(dst, i * region, recv_lens, 5) for i in range(n)]
-        for i in range(n):
-            post_recv(RecvWR(wr_id=1000 + i, num_sge=7, sg=recvs[i]))
-        sends = [spread(src, i * region, send_lens, 7) for i in range(n)]
-        for i in range(n):
-            wr = SendWR(wr_id=i, opcode=e.IBV_WR_SEND, num_sge=12, sg=sends[i])
-            wr.send_flags = e.IBV_SEND_SIGNALED
-            sender.post_send(wr)
-        got = wait(2 * n)
-        assert all(g[1] == e.IBV_WC_SUCCESS for g in got), [g for g in got if g[1]][:4]
-        rx = sorted(g for g in got if g[0] >= 1000)
-        assert [(g[0], g[3]) for g in rx] == [(1000 + i, total) for i in range(n)], rx[:4]
-        for i in range(n):
-            want = gathered(src, sends[i])
-            placed = gathered(dst, recvs[i])[:total]
-            assert placed == want, f"{name} message {i}: the bytes placed differ"
-        assert gathered(dst, recvs[0])[total:] == bytes(sum(recv_lens) - total), name
+        gather = spread(src, 0, send_lens, 11)
+        wr = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=nsend, sg=gather)
+        wr.send_flags = e.IBV_SEND_SIGNALED
+        wr.set_wr_rdma(dst.rkey, dst.buf + 3)
+        a.post_send(wr)
+        assert wait(1)[0][:2] == (1, e.IBV_WC_SUCCESS), what
+        want = gathered(src, gather)
+        assert dst.read(total, 3) == want, f"{what}: the gathered WRITE differs"
+        scatter = spread(dst, 2 * region, list(reversed(send_lens)), 13)
+        wr = SendWR(wr_id=2, opcode=e.IBV_WR_RDMA_READ, num_sge=nsend, sg=scatter)
+        wr.send_flags = e.IBV_SEND_SIGNALED
+        wr.set_wr_rdma(dst.rkey, dst.buf + 3)
+        a.post_send(wr)
+        assert wait(1)[0][:2] == (2, e.IBV_WC_SUCCESS), what
+        assert gathered(dst, scatter) == want, f"{what}: the scattered READ differs"
+        for o in (a, b, c, d, srq):
+            o.close()
 
-    # An RDMA WRITE gathered from 12 SGEs lands contiguous at the remote address; an RDMA
-    # READ of it scatters back into 12 SGEs.
-    dst.write(bytes(n * region), n * region)
-    gather = spread(src, 0, send_lens, 11)
-    wr = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=12, sg=gather)
-    wr.send_flags = e.IBV_SEND_SIGNALED
-    wr.set_wr_rdma(dst.rkey, dst.buf + 3)
-    a.post_send(wr)
-    assert wait(1)[0][:2] == (1, e.IBV_WC_SUCCESS)
-    want = gathered(src, gather)
-    assert dst.read(total, 3) == want, "the gathered WRITE differs"
-    scatter = spread(dst, 2 * region, list(reversed(send_lens)), 13)
-    wr = SendWR(wr_id=2, opcode=e.IBV_WR_RDMA_READ, num_sge=12, sg=scatter)
-    wr.send_flags = e.IBV_SEND_SIGNALED
-    wr.set_wr_rdma(dst.rkey, dst.buf + 3)
-    a.post_send(wr)
-    assert wait(1)[0][:2] == (2, e.IBV_WC_SUCCESS)
-    assert gathered(dst, scatter) == want, "the scattered READ differs"
-
-    for over in (QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=13, max_recv_sge=1),
-                 QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=8)):
+    for over in (QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=33, max_recv_sge=1),
+                 QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=33)):
         try:
             QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=over)).close()
             raise AssertionError(f"a QP with {over} was created")
         except PyverbsRDMAError as ex:
             assert ex.error_code == errno.EINVAL, ex.error_code
     try:
-        SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=8))).close()
-        raise AssertionError("an SRQ with 8 SGEs was created")
+        SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=33))).close()
+        raise AssertionError("an SRQ with 33 SGEs was created")
     except PyverbsRDMAError as ex:
         assert ex.error_code == errno.EINVAL, ex.error_code
-    for o in (a, b, c, d, srq, src, dst, cq, pd):
+    for o in (src, dst, cq, pd):
         o.close()
 
 
@@ -764,9 +775,9 @@ check("ATOMIC WRITE lands its 8 bytes in order, FLUSH of a range and of an MR co
 check("SRQ create/query/post, QP on an SRQ", srq_objects)
 check("ibv_modify_srq(IBV_SRQ_MAX_WR): receives posted move to the new ring in order, "
       "too small is EINVAL, a QP on the SRQ takes all 24 in order across the resize", srq_resize)
-check("SGE lists as long as the device carries (12 per send and READ, 7 per receive, RQ and "
-      "SRQ): 40 SENDs each way, a gathered WRITE and a scattered READ place every byte; one "
-      "SGE more is EINVAL", long_sge_lists)
+check("SGE lists as long as the device carries (32, send, READ and receive, RQ and SRQ; QPs of "
+      "12/7, 20/9 and 32/32): 40 SENDs each way, a gathered WRITE and a scattered READ place "
+      "every byte; 33 SGEs is EINVAL", long_sge_lists)
 check("destroy QP, CQ, MR, PD", close_all)
 ctx.close()
 sys.exit(1 if failures else 0)

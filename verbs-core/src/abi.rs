@@ -7,14 +7,57 @@
 
 /// `METAROCE_RING_HDR_SIZE`: the ring header (producer and consumer indices) before entry 0.
 pub const RING_HDR_SIZE: usize = 128;
-/// `METAROCE_SEND_WQE_DATA`: a send WQE's SGE / inline area.
+/// `METAROCE_SEND_WQE_SIZE`: a send WQE of the smallest entry size.
+pub const SEND_WQE_SIZE: usize = 256;
+/// `METAROCE_SEND_WQE_DATA`: that WQE's SGE / inline area.
 pub const SEND_WQE_DATA: usize = 192;
-/// `METAROCE_MAX_SEND_SGE`: SGEs a send WQE holds.
+/// `METAROCE_MAX_SEND_SGE`: SGEs a send WQE of the smallest entry size holds.
 pub const MAX_SEND_SGE: usize = SEND_WQE_DATA / 16;
 /// `METAROCE_MAX_INLINE`: inline bytes a send WQE holds.
 pub const MAX_INLINE: usize = SEND_WQE_DATA;
-/// `METAROCE_MAX_RECV_SGE`: SGEs a receive WQE holds.
+/// `METAROCE_RECV_WQE_SIZE`: a receive WQE of the smallest entry size.
+pub const RECV_WQE_SIZE: usize = 128;
+/// `METAROCE_MAX_RECV_SGE`: SGEs a receive WQE of the smallest entry size holds.
 pub const MAX_RECV_SGE: usize = 7;
+/// `METAROCE_MAX_SGE`: the most SGEs any WQE holds, in a ring whose entries are large enough
+/// (their SGE array goes on to the end of the entry: [`send_entry_size`],
+/// [`recv_entry_size`]).
+pub const MAX_SGE: usize = 32;
+/// Bytes of a send WQE before its SGE / inline area.
+pub const SEND_WQE_HEADER: usize = SEND_WQE_SIZE - SEND_WQE_DATA;
+/// Bytes of a receive WQE before its SGEs.
+pub const RECV_WQE_HEADER: usize = RECV_WQE_SIZE - 16 * MAX_RECV_SGE;
+
+/// The entry size of a send queue whose WQEs carry up to `max_sge` SGEs (at most
+/// [`MAX_SGE`]): the smallest WQE, or larger by 16 bytes an SGE.
+pub const fn send_entry_size(max_sge: u32) -> usize {
+    let n = if (max_sge as usize) < MAX_SGE {
+        max_sge as usize
+    } else {
+        MAX_SGE
+    };
+    let need = SEND_WQE_HEADER + 16 * n;
+    if need > SEND_WQE_SIZE {
+        need
+    } else {
+        SEND_WQE_SIZE
+    }
+}
+
+/// The entry size of a receive queue (RQ or SRQ) whose WQEs carry up to `max_sge` SGEs.
+pub const fn recv_entry_size(max_sge: u32) -> usize {
+    let n = if (max_sge as usize) < MAX_SGE {
+        max_sge as usize
+    } else {
+        MAX_SGE
+    };
+    let need = RECV_WQE_HEADER + 16 * n;
+    if need > RECV_WQE_SIZE {
+        need
+    } else {
+        RECV_WQE_SIZE
+    }
+}
 
 /// `struct metaroce_sge`.
 #[repr(C)]
@@ -26,8 +69,10 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// `struct metaroce_send_wqe` (256 bytes). `data` is the C union of `sge[12]` and
-/// `inline_data[192]`, kept as bytes; [`SendWqe::sge`] reads the SGE view.
+/// `struct metaroce_send_wqe` (256 bytes) as the kernel copies it out of an entry of any
+/// size: `data` is the C union of `sge[12]` and `inline_data[192]` and the SGEs that go on
+/// past it in a larger entry, `MAX_SGE` in all, kept as bytes (zero beyond the entry);
+/// [`SendWqe::sge`] reads the SGE view.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // The C header documents each field.
@@ -44,7 +89,7 @@ pub struct SendWqe {
     pub reserved1: u32,
     pub compare_add: u64,
     pub swap: u64,
-    pub data: [u8; SEND_WQE_DATA],
+    pub data: [u8; 16 * MAX_SGE],
 }
 
 impl Default for SendWqe {
@@ -62,7 +107,7 @@ impl Default for SendWqe {
             reserved1: 0,
             compare_add: 0,
             swap: 0,
-            data: [0; SEND_WQE_DATA],
+            data: [0; 16 * MAX_SGE],
         }
     }
 }
@@ -160,7 +205,9 @@ impl SendWqe {
     }
 }
 
-/// `struct metaroce_recv_wqe` (128 bytes).
+/// `struct metaroce_recv_wqe` (128 bytes) as the kernel copies it out of an entry of any
+/// size: its `sge[7]` and those that go on past it in a larger entry, `MAX_SGE` in all (zero
+/// beyond the entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
@@ -168,7 +215,7 @@ pub struct RecvWqe {
     pub wr_id: u64,
     pub num_sge: u32,
     pub reserved: u32,
-    pub sge: [Sge; MAX_RECV_SGE],
+    pub sge: [Sge; MAX_SGE],
 }
 
 /// `struct metaroce_cqe` (64 bytes).
@@ -206,9 +253,10 @@ impl Cqe {
 }
 
 const _: () = assert!(core::mem::size_of::<Sge>() == 16);
-const _: () = assert!(core::mem::size_of::<SendWqe>() == 256);
-const _: () = assert!(core::mem::offset_of!(SendWqe, data) == 64);
-const _: () = assert!(core::mem::size_of::<RecvWqe>() == 128);
+const _: () = assert!(core::mem::size_of::<SendWqe>() == send_entry_size(MAX_SGE as u32));
+const _: () = assert!(core::mem::offset_of!(SendWqe, data) == SEND_WQE_HEADER);
+const _: () = assert!(core::mem::size_of::<RecvWqe>() == recv_entry_size(MAX_SGE as u32));
+const _: () = assert!(core::mem::offset_of!(RecvWqe, sge) == RECV_WQE_HEADER);
 const _: () = assert!(core::mem::size_of::<Cqe>() == 64);
 
 const _: () = assert!(core::mem::offset_of!(SendWqe, remote_addr) == UD_AV_OFFSET);
@@ -235,18 +283,27 @@ mod tests {
     }
 
     #[test]
-    fn sge_view_round_trips_and_ends_at_the_union() {
+    fn entry_sizes_grow_with_the_sges_past_the_smallest() {
+        assert_eq!((send_entry_size(0), send_entry_size(12)), (256, 256));
+        assert_eq!((send_entry_size(13), send_entry_size(32)), (272, 576));
+        assert_eq!(send_entry_size(u32::MAX), 576);
+        assert_eq!((recv_entry_size(1), recv_entry_size(7)), (128, 128));
+        assert_eq!((recv_entry_size(8), recv_entry_size(32)), (144, 528));
+    }
+
+    #[test]
+    fn sge_view_round_trips_and_ends_at_the_largest_entry() {
         let mut w = SendWqe::default();
         let s = Sge {
             addr: 0x0102_0304_0506_0708,
             length: 77,
             lkey: 0xdead_beef,
         };
-        w.set_sge(MAX_SEND_SGE - 1, s);
-        assert_eq!(w.sge(MAX_SEND_SGE - 1), Some(s));
+        w.set_sge(MAX_SGE - 1, s);
+        assert_eq!(w.sge(MAX_SGE - 1), Some(s));
         assert_eq!(w.sge(0), Some(Sge::default()));
-        assert_eq!(w.sge(MAX_SEND_SGE), None);
+        assert_eq!(w.sge(MAX_SGE), None);
         assert_eq!(w.sge(usize::MAX), None);
-        w.set_sge(MAX_SEND_SGE, s); // past the union: nothing happens
+        w.set_sge(MAX_SGE, s); // past the largest entry: nothing happens
     }
 }

@@ -20,12 +20,12 @@ pub mod limits {
     pub const MAX_CQE: u32 = (1 << 16) - 1;
     /// Work requests per SRQ.
     pub const MAX_SRQ_WR: u32 = 1 << 14;
-    /// SGEs per send WQE (also an RDMA READ's, `max_sge_rd`): what a send WQE of the rings
-    /// holds. Lists longer than the transport core carries are kept by the driver
-    /// ([`super::super::lists`]).
-    pub const MAX_SEND_SGE: u32 = super::super::abi::MAX_SEND_SGE as u32;
-    /// SGEs per receive WQE (RQ and SRQ): what a receive WQE of the rings holds.
-    pub const MAX_RECV_SGE: u32 = super::super::abi::MAX_RECV_SGE as u32;
+    /// SGEs per send WQE (also an RDMA READ's, `max_sge_rd`): what the largest send entry of
+    /// the rings holds (a QP's entries are sized by its `max_send_sge`). Lists longer than
+    /// the transport core carries are kept by the driver ([`super::super::lists`]).
+    pub const MAX_SEND_SGE: u32 = super::super::abi::MAX_SGE as u32;
+    /// SGEs per receive WQE (RQ and SRQ), likewise.
+    pub const MAX_RECV_SGE: u32 = super::super::abi::MAX_SGE as u32;
     /// Inline payload per send WQE: what a WQE's data area holds.
     pub const MAX_INLINE: u32 = super::super::abi::MAX_INLINE as u32;
     /// Outstanding RDMA READ / atomic operations per QP, each way.

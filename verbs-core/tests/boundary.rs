@@ -45,6 +45,15 @@ fn sge_at(b: &[u8], at: usize) -> Sge {
     }
 }
 
+/// The SGE at `at` of an entry, zero past its end.
+fn sge_in(b: &[u8], at: usize) -> Sge {
+    if at + 16 <= b.len() {
+        sge_at(b, at)
+    } else {
+        Sge::default()
+    }
+}
+
 /// A send WQE from its ring entry's bytes (uapi/metaroce-abi.h's layout; `abi` asserts the
 /// struct's size, the fuzz target each offset).
 fn send_wqe(b: &[u8; SEND_WQE_SIZE]) -> SendWqe {
@@ -61,7 +70,9 @@ fn send_wqe(b: &[u8; SEND_WQE_SIZE]) -> SendWqe {
         reserved1: u32_at(b, 44),
         compare_add: u64_at(b, 48),
         swap: u64_at(b, 56),
-        data: b[SEND_DATA..].try_into().unwrap(),
+        // An entry of the smallest size: the SGEs past it read as zero, as the kernel's copy
+        // of such an entry has them.
+        data: core::array::from_fn(|i| b.get(SEND_DATA + i).copied().unwrap_or(0)),
     }
 }
 
@@ -71,7 +82,7 @@ fn recv_wqe(b: &[u8; RECV_WQE_SIZE]) -> RecvWqe {
         wr_id: u64_at(b, 0),
         num_sge: u32_at(b, 8),
         reserved: u32_at(b, 12),
-        sge: core::array::from_fn(|i| sge_at(b, RECV_SGE + 16 * i)),
+        sge: core::array::from_fn(|i| sge_in(b, RECV_SGE + 16 * i)),
     }
 }
 
@@ -134,7 +145,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     );
     let posted: Vec<Sge> = (0..w.num_sge as usize)
         .take(MAX_SEND_SGE)
-        .map(|i| sge_at(b, SEND_DATA + 16 * i))
+        .map(|i| sge_in(b, SEND_DATA + 16 * i))
         .collect();
     let refused = if inline {
         !inline_ok || !carries_payload

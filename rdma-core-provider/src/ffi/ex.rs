@@ -15,7 +15,7 @@ use super::{
 };
 use crate::ex::{self, WrBatch, WrData, WrOp};
 use crate::session::{Owner, Session};
-use crate::wqe::{self, PostError, SendLimits, MAX_SEND_SGE};
+use crate::wqe::{self, PostError, SendLimits, MAX_SGE};
 use core::ffi::{c_int, c_void};
 use core::mem::size_of;
 use core::ptr;
@@ -675,7 +675,7 @@ unsafe extern "C" fn wr_set_sge_list(
     sg_list: *const sys::ibv_sge,
 ) {
     guard((), || {
-        if num_sge > MAX_SEND_SGE as usize || (num_sge != 0 && sg_list.is_null()) {
+        if num_sge > MAX_SGE as usize || (num_sge != 0 && sg_list.is_null()) {
             // SAFETY: libibverbs calls this on our extended QP.
             return unsafe { fail(qpx, PostError::TooManySge) };
         }
@@ -1042,7 +1042,7 @@ mod tests {
             let (kernel, user) = UnixStream::pair().unwrap();
             kernel.set_nonblocking(true).unwrap();
             let mut ctx = test_context(1, user.as_raw_fd());
-            let (mut buf, geo) = test_ring::<sys::metaroce_send_wqe>(entries);
+            let (mut buf, geo) = test_ring::<wqe::SendEntry>(entries);
             let qp = test_qp(view(&mut buf, geo), &mut ctx.ibv_ctx.context);
             // SAFETY: qp is live and not shared.
             unsafe {

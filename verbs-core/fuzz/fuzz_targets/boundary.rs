@@ -66,6 +66,15 @@ fn sge_at(b: &[u8], at: usize) -> Sge {
     }
 }
 
+/// The SGE at `at` of an entry, zero past its end.
+fn sge_in(b: &[u8], at: usize) -> Sge {
+    if at + 16 <= b.len() {
+        sge_at(b, at)
+    } else {
+        Sge::default()
+    }
+}
+
 // The ring entries' layouts, as uapi/metaroce-abi.h has them: the byte offsets the entries
 // below are read at, checked against the Rust structs so the two cannot drift apart.
 const SEND_WQE_SIZE: usize = 256;
@@ -73,7 +82,7 @@ const SEND_DATA: usize = 64;
 const RECV_WQE_SIZE: usize = 128;
 const RECV_SGE: usize = 16;
 const _: () = {
-    assert!(core::mem::size_of::<SendWqe>() == SEND_WQE_SIZE);
+    assert!(SEND_WQE_SIZE == abi::SEND_WQE_SIZE && RECV_WQE_SIZE == abi::RECV_WQE_SIZE);
     assert!(offset_of!(SendWqe, wr_id) == 0);
     assert!(offset_of!(SendWqe, opcode) == 8);
     assert!(offset_of!(SendWqe, send_flags) == 12);
@@ -87,7 +96,6 @@ const _: () = {
     assert!(offset_of!(SendWqe, compare_add) == 48);
     assert!(offset_of!(SendWqe, swap) == 56);
     assert!(offset_of!(SendWqe, data) == SEND_DATA);
-    assert!(core::mem::size_of::<RecvWqe>() == RECV_WQE_SIZE);
     assert!(offset_of!(RecvWqe, wr_id) == 0);
     assert!(offset_of!(RecvWqe, num_sge) == 8);
     assert!(offset_of!(RecvWqe, reserved) == 12);
@@ -110,7 +118,9 @@ fn send_wqe(b: &[u8; SEND_WQE_SIZE]) -> SendWqe {
         reserved1: u32_at(b, 44),
         compare_add: u64_at(b, 48),
         swap: u64_at(b, 56),
-        data: b[SEND_DATA..].try_into().unwrap(),
+        // An entry of the smallest size: the SGEs past it read as zero, as the kernel's copy
+        // of such an entry has them.
+        data: core::array::from_fn(|i| b.get(SEND_DATA + i).copied().unwrap_or(0)),
     }
 }
 
@@ -120,7 +130,7 @@ fn recv_wqe(b: &[u8; RECV_WQE_SIZE]) -> RecvWqe {
         wr_id: u64_at(b, 0),
         num_sge: u32_at(b, 8),
         reserved: u32_at(b, 12),
-        sge: core::array::from_fn(|i| sge_at(b, RECV_SGE + 16 * i)),
+        sge: core::array::from_fn(|i| sge_in(b, RECV_SGE + 16 * i)),
     }
 }
 
@@ -197,7 +207,7 @@ fn check_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool, inline_ok: bool) {
     // The SGEs are read only when the entry is well formed (so num_sge <= MAX_SEND_SGE here).
     let posted: Vec<Sge> = (0..w.num_sge as usize)
         .take(MAX_SEND_SGE)
-        .map(|i| sge_at(b, SEND_DATA + 16 * i))
+        .map(|i| sge_in(b, SEND_DATA + 16 * i))
         .collect();
     let refused = if inline {
         !inline_ok || !carries_payload
@@ -318,7 +328,7 @@ fn check_ud_send(b: &[u8; SEND_WQE_SIZE], sq_sig_all: bool) {
     );
     let posted: Vec<Sge> = (0..w.num_sge as usize)
         .take(MAX_SEND_SGE)
-        .map(|i| sge_at(b, SEND_DATA + 16 * i))
+        .map(|i| sge_in(b, SEND_DATA + 16 * i))
         .collect();
     let refused = !inline && !sges_ok(&posted);
     assert_eq!(v == Judged::Refused, !fatal && refused, "UD refused: {w:?}");
