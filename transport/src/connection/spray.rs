@@ -134,7 +134,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
         let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
-        let mut earned: i32 = 0;
+        // What the paths at the cap could not earn: the pick's path does not pay it.
+        let mut unearned: i32 = 0;
         // One pass for the charges, and for the best health and RTT, among the usable paths
         // and among all that are up (those count when none is usable).
         let mut any_usable = false;
@@ -144,10 +145,14 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             if rounds > 0 && p.pick_weight > 0 {
                 let credit = p
                     .credit
-                    .saturating_add(p.pick_weight.saturating_mul(rounds))
-                    .min(owed.max(p.credit));
-                earned = earned.saturating_add(credit.saturating_sub(p.credit));
-                p.credit = credit;
+                    .saturating_add(p.pick_weight.saturating_mul(rounds));
+                if credit > owed {
+                    let capped = owed.max(p.credit);
+                    unearned = unearned.saturating_add(credit.saturating_sub(capped));
+                    p.credit = capped;
+                } else {
+                    p.credit = credit;
+                }
             }
             p.pick_weight = 0;
             if !up(p) {
@@ -167,8 +172,15 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 usable_srtt = usable_srtt.min(srtt);
             }
         }
-        if let Some(p) = paths.get_mut(self.burst_path) {
-            p.credit = p.credit.saturating_sub(earned).max(-CREDIT_BOUND);
+        if rounds > 0 {
+            // The weights' total per pick, less what the cap kept from the paths.
+            let earned = self
+                .run_total
+                .saturating_mul(rounds)
+                .saturating_sub(unearned);
+            if let Some(p) = paths.get_mut(self.burst_path) {
+                p.credit = p.credit.saturating_sub(earned).max(-CREDIT_BOUND);
+            }
         }
         let eligible = |p: &Path| up(p) && (p.usable() || !any_usable);
         let (best_health, best_srtt) = if any_usable {
