@@ -1232,3 +1232,72 @@ fn a_forged_packet_far_beyond_the_window_is_dropped_and_counted() {
     );
     assert_eq!(sim.ep[1].conn.stats().out_of_window_psn, 3);
 }
+
+/// A message's last packet (ACK_REQ) overtakes one of its others, as on another path or
+/// plane: the ACK it gets at once cannot report the message complete, and the packet that
+/// completes it is answered at once too, not after `ack_delay` (which held the requester's
+/// completion, and a collective's next step, that long).
+#[test]
+fn a_message_completed_after_its_ack_req_is_acknowledged_at_once() {
+    use metaroce_transport::wire::{Flags, Opcode, Packet};
+    let mut sim = Sim::new(LinkConfig::clean(), 22);
+    let delay = sim.ep[1].conn.config().path.ack_delay;
+    assert!(delay > 0);
+    // Three packets of 1 KiB (the simulator's MTU), taken from A without the fabric.
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 3 * 1024)).remote(B_BUF, 2),
+    );
+    let now = sim.now;
+    let mut buf = std::vec![0u8; 8192];
+    let mut packets = std::vec::Vec::new();
+    let ep = &mut sim.ep[0];
+    while let Some(t) = ep.conn.poll_transmit(now, &mut buf, &mut ep.mem) {
+        packets.push((buf[..t.len].to_vec(), t.src_port));
+    }
+    assert_eq!(packets.len(), 3);
+    let flags = |p: &[u8]| Packet::parse(p).unwrap().header.base.flags;
+    assert!(!flags(&packets[1].0).has(Flags::ACK_REQ));
+    assert!(flags(&packets[2].0).has(Flags::ACK_REQ));
+    // B: what it sends at `now`, and the completion point of the ACK among it.
+    let deliver = |sim: &mut Sim, k: usize| {
+        let ep = &mut sim.ep[1];
+        let (p, port) = &packets[k];
+        let arrival = Arrival {
+            ecn_ce: false,
+            src_port: *port,
+        };
+        ep.conn.handle_packet(now, p, arrival, &mut ep.mem).unwrap();
+    };
+    let acked_msn = |sim: &mut Sim| -> Option<u32> {
+        let ep = &mut sim.ep[1];
+        let mut buf = std::vec![0u8; 8192];
+        let mut msn = None;
+        while let Some(t) = ep.conn.poll_transmit(now, &mut buf, &mut ep.mem) {
+            let v = Packet::parse(&buf[..t.len]).unwrap();
+            if v.header.base.opcode == Opcode::Ack {
+                msn = v.ack_streams().map(|s| s.completed_msn).last().or(msn);
+            }
+        }
+        msn
+    };
+    deliver(&mut sim, 0);
+    assert_eq!(acked_msn(&mut sim), None, "a first packet waits for more");
+    deliver(&mut sim, 2);
+    assert_eq!(
+        acked_msn(&mut sim),
+        Some(0),
+        "ACK_REQ answered: not complete yet"
+    );
+    deliver(&mut sim, 1);
+    assert_eq!(
+        acked_msn(&mut sim),
+        Some(1),
+        "the packet that completes the message is answered at once, not {delay} ns later"
+    );
+    // No second ACK for the same news when the delay would have run out.
+    assert_eq!(
+        sim.ep[1].conn.poll_timeout().map(|t| t > now + delay),
+        Some(true)
+    );
+}

@@ -172,8 +172,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             return Err(RecvError::OutOfWindow);
         }
         let mtu = self.cfg.mtu;
-        let verdict = if let Ext::Probe = view.header.ext {
-            Verdict::Accept
+        let (verdict, completes) = if let Ext::Probe = view.header.ext {
+            (Verdict::Accept, false)
         } else {
             let Some(si) = self.stream_index(b.dst_qp) else {
                 // No such QP (closed, or never opened). Acknowledge the packet on its path so
@@ -195,6 +195,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 return Err(RecvError::UnknownStream);
             };
             let dups_before = s.resp.stats.duplicates;
+            let completed_before = s.resp.completed_msn();
             let rnr_us = s.cfg.rnr_timer_us;
             let solicited = b.flags.has(Flags::SOLICITED);
             if s.cfg.srq && s.error().is_none() {
@@ -294,6 +295,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 view.header.ext,
                 Ext::ReadResponse(_) | Ext::AtomicResponse(_)
             );
+            // The packet moved the completion point: see the ACK decision below.
+            let completes = report && s.resp.completed_msn() != completed_before;
             if report {
                 s.ack_dirty = true;
                 self.sched.push(&mut self.streams, ACK, si);
@@ -304,7 +307,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 Verdict::NakMsn(msn, code) => self.queue_nak(b.src_qp, b.dst_qp, msn, code, 0),
                 Verdict::Accept | Verdict::Drop => {}
             }
-            v
+            (v, completes)
         };
         if verdict == Verdict::Drop {
             self.stats.dropped_in += 1;
@@ -322,7 +325,15 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             self.rx_marked = self.rx_marked.saturating_add(u32::from(ecn_ce));
         }
         self.unacked = self.unacked.saturating_add(1);
+        // A packet that completes a message is answered at once, as its ACK_REQ asked: every
+        // message's last packet carries ACK_REQ, and messages complete in MSN order, so one
+        // completed by another packet had its ACK_REQ answered before it was complete (the
+        // last packet overtook others on another path, or an earlier message was not
+        // complete yet). That answer could not report it; waiting `ack_delay` for the next
+        // would hold the requester's completion that long (and a collective's next step). So
+        // no per-stream record of the unanswered ACK_REQ is needed.
         if b.flags.has(Flags::ACK_REQ)
+            || completes
             || self.unacked >= self.cfg.ack_every
             || matches!(verdict, Verdict::Nak(..) | Verdict::NakMsn(..))
         {

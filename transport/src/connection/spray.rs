@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 
 //! Spraying: which path the next data packet takes. Smooth weighted round-robin over the
-//! usable paths with window room, each weighted by its health; runs of packets on one path
-//! (`Config::path_burst`), whose later packets need no full pick while nothing changed.
+//! usable paths, each weighted by its health, picking among those with window room; runs of
+//! packets on one path (`Config::path_burst`), whose later packets need no full pick while
+//! nothing changed.
 
 use super::*;
 
-/// Bound of a path's round-robin credit: a path left out for long (no window) must not hoard
-/// credit.
+/// Bound of a path's round-robin credit. What a path earns while it waits is capped lower, at
+/// one round's total ([`Connection::spray`]); this bounds what a path picked often owes.
 const CREDIT_BOUND: i32 = 1 << 20;
 
 /// A path pick not charged yet: its planes mask and path (the weights of the full pick behind
@@ -37,12 +38,13 @@ impl Pick {
 }
 
 impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
-    /// Packet spraying: smooth weighted round-robin over the usable (Active or Probing) paths
-    /// with window room, each weighted by its score ([`Path::weight`]: recent loss, ECN, RTT
-    /// inflation). Equal paths take turns in index order, so the planes (path i is on plane
-    /// i % planes) stay evenly loaded; a degraded path gets a smaller share and a smaller
-    /// window. Only when no path is usable does data go out on Suspect/Failed paths (so a dead
-    /// peer still exhausts the retry count).
+    /// Packet spraying: smooth weighted round-robin over the usable (Active or Probing) paths,
+    /// each weighted by its score ([`Path::weight`]: recent loss, ECN, RTT inflation); the
+    /// packet goes on the one with the most credit among those with window room. Equal paths
+    /// take turns in index order, so the planes (path i is on plane i % planes) stay evenly
+    /// loaded; a degraded path gets a smaller share and a smaller window. Only when no path
+    /// is usable does data go out on Suspect/Failed paths (so a dead peer still exhausts the
+    /// retry count).
     ///
     /// Only paths on the planes in `mask` (bit per plane; `u32::MAX`: all) take part.
     pub(super) fn pick_path(&mut self, now: u64, mask: u32) -> Option<usize> {
@@ -103,9 +105,18 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     }
 
     /// One round of smooth weighted round-robin: every eligible path earns its weight, the
-    /// one with the most credit is picked and pays the total (charged at the next full pick;
-    /// with `commit` false only once `commit_path` says the packet leaves). Only paths on
-    /// the planes in `mask` take part.
+    /// one with the most credit among those with window room is picked and pays what they
+    /// earned (charged at the next full pick; with `commit` false only once `commit_path`
+    /// says the packet leaves). Only paths on the planes in `mask` take part.
+    ///
+    /// A path without window room earns its weight too, up to one round's total: so when
+    /// its room comes back it has its turn, and its share does not depend on when its ACKs
+    /// free its window (which the receiver's ACK timing moves: its delayed ACKs, an ACK at
+    /// once when a message completes). Earning only with room gave the paths whose ACKs
+    /// came back early more than their share, and a path that alone had room piled up
+    /// credit while the others waited and was picked again right after its run. A lossy path
+    /// (`Config::lossy_run_rate`) whose run ended is not picked for the next one while
+    /// another path has room: its runs stay `Config::lossy_path_burst` packets long.
     pub(super) fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
         // A pick that finds no path leaves nothing to charge.
         self.last_pick = Pick::NONE;
@@ -113,26 +124,40 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             self.picked(commit, mask, i);
             return Some(i);
         }
-        // The picks charged since the last full pick (`commit_path`): its path pays their
-        // total now, and each path it weighed earns its weight per pick in the pass below,
-        // before its new weight is taken.
+        // The picks charged since the last full pick (`commit_path`): each path it weighed
+        // earns its weight per pick, window room or not, but none beyond one round's total
+        // (what a path may be owed: its turn as soon as it has room, no more); its path
+        // pays what they earned, in the pass below, before the new weights are taken.
         let rounds = i32::try_from(core::mem::replace(&mut self.run_rounds, 0)).unwrap_or(i32::MAX);
-        if rounds > 0 {
-            let total = self.run_total.saturating_mul(rounds);
-            if let Some(p) = self.paths.as_mut().get_mut(self.burst_path) {
-                p.credit = p.credit.saturating_sub(total);
-            }
-        }
+        let owed = self.run_total.max(1);
         let n = self.send_paths;
         let planes_up = self.planes_up & mask;
         let paths = self.paths.as_mut().get_mut(..n)?;
         let up = |p: &Path| plane_bit(p.plane) & planes_up != 0;
-        // One pass for the best health and RTT, among the usable paths and among all that
-        // are up (those count when none is usable).
+        // What the paths at the cap could not earn: the pick's path does not pay it.
+        let mut unearned: i32 = 0;
+        // One pass for the charges, and for the best health and RTT, among the usable paths
+        // and among all that are up (those count when none is usable).
         let mut any_usable = false;
         let (mut usable_health, mut usable_srtt) = (0u16, u64::MAX);
         let (mut up_health, mut up_srtt) = (0u16, u64::MAX);
-        for p in paths.iter_mut().filter(|p| up(p)) {
+        for p in paths.iter_mut() {
+            if rounds > 0 && p.pick_weight > 0 {
+                let credit = p
+                    .credit
+                    .saturating_add(p.pick_weight.saturating_mul(rounds));
+                if credit > owed {
+                    let capped = owed.max(p.credit);
+                    unearned = unearned.saturating_add(credit.saturating_sub(capped));
+                    p.credit = capped;
+                } else {
+                    p.credit = credit;
+                }
+            }
+            p.pick_weight = 0;
+            if !up(p) {
+                continue;
+            }
             p.age(now);
             let srtt = if p.rtt.has_sample() {
                 p.rtt.srtt()
@@ -147,6 +172,16 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 usable_srtt = usable_srtt.min(srtt);
             }
         }
+        if rounds > 0 {
+            // The weights' total per pick, less what the cap kept from the paths.
+            let earned = self
+                .run_total
+                .saturating_mul(rounds)
+                .saturating_sub(unearned);
+            if let Some(p) = paths.get_mut(self.burst_path) {
+                p.credit = p.credit.saturating_sub(earned).max(-CREDIT_BOUND);
+            }
+        }
         let eligible = |p: &Path| up(p) && (p.usable() || !any_usable);
         let (best_health, best_srtt) = if any_usable {
             (usable_health, usable_srtt)
@@ -158,24 +193,31 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut best: Option<usize> = None;
         let mut best_credit = i32::MIN;
         let (burst_path, mut burst_ok) = (self.burst_path, false);
+        let limit = self.cfg.lossy_run_rate;
+        let lossy_done =
+            self.burst_left == 0 && paths.get(burst_path).is_some_and(|p| p.loss_rate() > limit);
+        let mut alone: Option<usize> = None;
         for (i, p) in paths.iter_mut().enumerate() {
-            if rounds > 0 && p.pick_weight != 0 {
-                p.credit = p
-                    .credit
-                    .saturating_add(p.pick_weight.saturating_mul(rounds))
-                    .clamp(-CREDIT_BOUND, CREDIT_BOUND);
-            }
-            p.pick_weight = 0;
-            if !eligible(p) || !p.has_window(best_health) {
+            if !eligible(p) {
                 continue;
             }
+            // Every eligible path earns its weight in this round (charged at the next full
+            // pick); only one with window room can be picked.
             let w = p.weight(best_srtt, now);
             p.pick_weight = w;
+            total = total.saturating_add(w);
+            if !p.has_window(best_health) {
+                continue;
+            }
             let credit = p
                 .credit
                 .saturating_add(w)
                 .clamp(-CREDIT_BOUND, CREDIT_BOUND);
-            total = total.saturating_add(w);
+            if lossy_done && i == burst_path {
+                // Its run ended: another path goes next, if one has room.
+                alone = Some(i);
+                continue;
+            }
             if credit > best_credit {
                 best_credit = credit;
                 best = Some(i);
@@ -186,7 +228,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let i = if burst_ok && self.burst_left > 0 {
             burst_path
         } else {
-            best?
+            best.or(alone)?
         };
         (self.run_total, self.run_health, self.run_mask) = (total, best_health, mask);
         (self.run_now, self.run_fresh) = (now, true);
