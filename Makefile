@@ -18,7 +18,7 @@ KDIR_FILE := $(BUILD)/kdir
 KERNEL_PROFILE ?= fast
 export KERNEL_PROFILE
 
-.PHONY: all setup kernel module provider image payload vm shell demo check check-host check-debug \
+.PHONY: all setup kernel module provider image payload vm cluster shell demo check check-host check-debug \
 	bench bench-quick sim sim-quick clean
 
 all: payload
@@ -69,6 +69,15 @@ payload: module provider
 VM_TIMEOUT ?= 1800
 vm: payload image
 	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --timeout $(VM_TIMEOUT) --payload $(GUEST) -- "$(CMD)"
+
+# make cluster CMD='...': GUESTS guests (default 3) on a fabric of PLANES planes (default 2),
+# each with its own kernel and a metaroce device over the planes; CMD runs on g1 while the
+# others serve (ALL=1: on every guest). See qemu-ci/run-cluster.sh and selftests/cluster/.
+GUESTS ?= 3
+PLANES ?= 2
+cluster: payload image
+	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-cluster.sh --guests $(GUESTS) --planes $(PLANES) \
+		$(if $(filter 1,$(ALL)),--all) --timeout $(VM_TIMEOUT) --payload $(GUEST) --out $(BUILD)/cluster -- "$(CMD)"
 
 shell: payload image
 	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) --interactive

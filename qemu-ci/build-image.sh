@@ -16,8 +16,9 @@ PKGS=(
 	python3 python3-pyverbs qperf iperf3
 	iproute2 kmod ethtool tcpdump iputils-ping procps util-linux strace linux-perf
 	nvme-cli fio nfs-kernel-server
+	openssh-server openssh-client openmpi-bin python3-mpi4py python3-numpy ucx-utils libfabric-bin
 )
-IMAGE_SIZE=1536M
+IMAGE_SIZE=2048M
 
 key=$(input_hash "$(sha256sum <"$QEMU_CI_DIR/build-image.sh")" "$GUEST_SUITE" "${PKGS[*]}")
 IMGDIR="$CACHE/image-$key"

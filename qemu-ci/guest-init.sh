@@ -14,6 +14,8 @@
 #                  metaroce.driver at the top
 #   out/           mount point of the second share 'ciout', the caller's result directory
 #   checkers       written back on a debug kernel (CHECKERS in env): the checkers' verdict
+# and, for a guest of a cluster (run-cluster.sh), the share 'cluster' mounted at /mnt/cluster
+# (CLUSTER_SHARE=1 in env) and its host name (GUEST_NAME).
 
 # No set -e: whatever happens, PID 1 must get to the power-off.
 set -uo pipefail
@@ -22,7 +24,7 @@ P=$CI/payload
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8 TERM=dumb
 export METAROCE_PAYLOAD=$P METAROCE_OUT=$CI/out METAROCE_SELFTESTS=/opt/metaroce/selftests
-MODE=batch CHECKERS=""
+MODE=batch CHECKERS="" GUEST_NAME=metaroce-ci CLUSTER_SHARE=0
 # shellcheck disable=SC1091
 [ -f $CI/env ] && . $CI/env
 
@@ -52,9 +54,13 @@ mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 [ -d /sys/kernel/debug ] && mount -t debugfs debugfs /sys/kernel/debug
 [ -d /sys/kernel/config ] && mount -t configfs configfs /sys/kernel/config
-echo metaroce-ci >/proc/sys/kernel/hostname
+echo "$GUEST_NAME" >/proc/sys/kernel/hostname
 ip link set lo up || setup_failed "cannot bring up lo"
 mount9p ciout $CI/out || setup_failed "cannot mount the result share 'ciout' at $CI/out"
+if [ "$CLUSTER_SHARE" = 1 ]; then
+	mkdir -p /mnt/cluster
+	mount9p cluster /mnt/cluster || setup_failed "cannot mount the cluster share at /mnt/cluster"
+fi
 ulimit -l unlimited
 
 kver=$(uname -r)

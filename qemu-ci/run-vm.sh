@@ -14,6 +14,12 @@
 #                    from $METAROCE_VM_OUT; default a temporary directory that is removed
 #   --append ARGS    extra kernel command line arguments (e.g. loglevel=8)
 #   --keep           keep the temporary share directory and print its path
+#   --name NAME      the guest's host name (default metaroce-ci)
+#   --nic GROUP:PORT,MAC   a virtio-net NIC on the UDP multicast "switch" GROUP:PORT of the
+#                    host's loopback (QEMU's socket netdev): every guest given the same one
+#                    shares an Ethernet segment with it, and nothing else (repeatable)
+#   --cluster-dir D  a directory shared by several guests, mounted at /mnt/cluster
+#   --env NAME=VALUE exported to the command (repeatable)
 #   --interactive    a root shell on the console (after COMMAND, if given); Ctrl-A X quits QEMU
 #
 # One COMMAND argument is a bash script ('modprobe x && ibv_devices; exit 3'); several are run
@@ -28,7 +34,7 @@ source "$(dirname "$0")/common.sh"
 usage() { sed -n '3,/^source/{/^source/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
 
 TIMEOUT="" MEMORY=2048 CPUS=2 PAYLOAD="" OUT="${METAROCE_VM_OUT:-}" APPEND="" KEEP=0 MODE=batch
-CMD_FILE=""
+CMD_FILE="" NAME="" NICS=() CLUSTER_DIR="" ENVS=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--timeout) TIMEOUT="$2"; shift 2 ;;
@@ -39,6 +45,10 @@ while [ $# -gt 0 ]; do
 	--append) APPEND="$2"; shift 2 ;;
 	--cmd-file) CMD_FILE="$2"; shift 2 ;;
 	--keep) KEEP=1; shift ;;
+	--name) NAME="$2"; shift 2 ;;
+	--nic) NICS+=("$2"); shift 2 ;;
+	--cluster-dir) CLUSTER_DIR="$2"; shift 2 ;;
+	--env) ENVS+=("$2"); shift 2 ;;
 	--interactive) MODE=interactive; shift ;;
 	-h | --help) usage ;;
 	--) shift; break ;;
@@ -53,6 +63,15 @@ done
 [ "$MODE" = batch ] || [ -t 0 ] || die "--interactive needs a terminal on stdin"
 if [ -z "$PAYLOAD" ] && [ -d "$REPO_DIR/build/guest" ]; then PAYLOAD="$REPO_DIR/build/guest"; fi
 [ -z "$PAYLOAD" ] || [ -d "$PAYLOAD" ] || die "payload directory $PAYLOAD does not exist"
+[ -z "$CLUSTER_DIR" ] || [ -d "$CLUSTER_DIR" ] || die "cluster directory $CLUSTER_DIR does not exist"
+[ -z "$NAME" ] || [[ "$NAME" =~ ^[a-z][a-z0-9-]*$ ]] || die "--name wants a host name"
+for nic in "${NICS[@]}"; do
+	[[ "$nic" =~ ^239\.[0-9]+\.[0-9]+\.[0-9]+:[0-9]+,([0-9a-f]{2}:){5}[0-9a-f]{2}$ ]] ||
+		die "--nic wants 239.X.Y.Z:PORT,MAC (an administratively scoped group), not $nic"
+done
+for e in "${ENVS[@]}"; do
+	[[ "$e" =~ ^[A-Z_][A-Z0-9_]*= ]] || die "--env wants NAME=VALUE, not $e"
+done
 
 KDIR="${KDIR:-$("$QEMU_CI_DIR/build-kernel.sh")}"
 [ -f "$KDIR/arch/x86/boot/bzImage" ] || die "no bzImage in $KDIR"
@@ -100,6 +119,9 @@ fi
 {
 	echo "MODE=$MODE"
 	printf 'CHECKERS=%q\n' "$CHECKERS"
+	[ -z "$NAME" ] || echo "GUEST_NAME=$NAME"
+	[ -z "$CLUSTER_DIR" ] || echo "CLUSTER_SHARE=1"
+	for e in "${ENVS[@]}"; do printf 'export %s=%q\n' "${e%%=*}" "${e#*=}"; done
 	if [ "$MODE" = interactive ]; then
 		printf 'HOST_TERM=%q\n' "${TERM:-vt100}"
 		read -r rows cols < <(stty size 2>/dev/null || true)
@@ -144,6 +166,18 @@ qemu=(
 	-virtfs "local,path=$SHARE,mount_tag=ci,security_model=none,id=ci"
 	-virtfs "local,path=$OUT,mount_tag=ciout,security_model=none,id=ciout"
 )
+if [ -n "$CLUSTER_DIR" ]; then
+	qemu+=(-virtfs "local,path=$CLUSTER_DIR,mount_tag=cluster,security_model=none,id=cluster")
+fi
+# Each NIC a member of a multicast group on the host's loopback: the frames one guest sends
+# reach every other guest on the group (a hub; the virtio-net device drops unicast for other
+# MACs), and nothing leaves the host (the groups are joined and sent to on the loopback).
+i=0
+for nic in "${NICS[@]}"; do
+	qemu+=(-netdev "socket,id=nic$i,mcast=${nic%%,*},localaddr=127.0.0.1"
+		-device "virtio-net-pci,netdev=nic$i,mac=${nic#*,}")
+	i=$((i + 1))
+done
 
 start=$SECONDS
 if [ "$MODE" = interactive ]; then

@@ -1,0 +1,77 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+# The cluster's fabric and RDMA between guests, run on g1 (qemu-ci/run-cluster.sh; TAP): every
+# guest answers on the control network and on every plane, ssh reaches it, and metaroce carries
+# verbs traffic (ibv_rc_pingpong, ib_write_bw) and rdma_cm (rping) from g1 to each other guest
+# on every port (plane).
+set -u
+. /opt/metaroce/selftests/lib.sh
+# shellcheck disable=SC1091
+. /mnt/cluster/cluster.env
+N=$CLUSTER_GUESTS P=$CLUSTER_PLANES
+
+# ipv4_gid DEV PORT: the GID index of the port's IPv4 GID (::ffff:a.b.c.d).
+ipv4_gid() {
+	local f
+	for f in $(ls /sys/class/infiniband/"$1"/ports/"$2"/gids/ | sort -n); do
+		if grep -q '^0000:0000:0000:0000:0000:ffff:' /sys/class/infiniband/"$1"/ports/"$2"/gids/"$f"; then
+			echo "$f"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# remote HOST CMD: CMD on HOST through ssh (a login shell would not be needed: PATH is set).
+remote() { ssh -o BatchMode=yes -o ConnectTimeout=20 "$1" "$2"; }
+
+# pair_run "what" HOST SERVER CLIENT: SERVER on HOST (in the background, through ssh), then
+# CLIENT here after it is listening; both must succeed. Output goes to files named after what.
+pair_run() {
+	local what="$1" host="$2" server="$3" client="$4" log srv rc
+	log=$(echo "$what" | tr -c 'a-zA-Z0-9\n' '_')
+	remote "$host" "$server" >"$log.server" 2>&1 &
+	srv=$!
+	sleep 2
+	rc=0
+	timeout 120 bash -c "$client" >"$log.client" 2>&1 || rc=$?
+	wait_for 30 sh -c "! kill -0 $srv" || { kill "$srv" 2>/dev/null; rc=1; }
+	wait "$srv" || rc=$?
+	if [ "$rc" != 0 ]; then
+		sed 's/^/# server: /' "$log.server" | tail -n 15
+		sed 's/^/# client: /' "$log.client" | tail -n 15
+	fi
+	_tap "$rc" "$what"
+}
+
+for j in $(seq 2 "$N"); do
+	check "g$j answers on the control network" ping -c 2 -W 5 g$j
+	for p in $(seq 1 "$P"); do
+		check "g$j answers on plane $p" ping -c 2 -W 5 -I p$p g$j-p$p
+	done
+	check_output "ssh g$j runs a command there" "^g$j\$" remote g$j hostname
+	check_output "g$j has mroce0 with $P ACTIVE ports" "^$P\$" \
+		remote g$j "rdma link show | grep -c '^link mroce0/.* state ACTIVE'"
+done
+
+for j in $(seq 2 "$N"); do
+	for p in $(seq 1 "$P"); do
+		gid=$(ipv4_gid mroce0 "$p") || gid=1
+		pair_run "ibv_rc_pingpong g1 -> g$j on port $p (plane $p), 200 x 4 KiB" g$j \
+			"ibv_rc_pingpong -d mroce0 -i $p -g $gid -s 4096 -n 200" \
+			"ibv_rc_pingpong -d mroce0 -i $p -g $gid -s 4096 -n 200 g$j"
+	done
+	pair_run "ib_write_bw g1 -> g$j on port 1, 64 KiB x 2000" g$j \
+		"ib_write_bw -d mroce0 -i 1 -x $(ipv4_gid mroce0 1 || echo 1) -s 65536 -n 2000 -F" \
+		"ib_write_bw -d mroce0 -i 1 -x $(ipv4_gid mroce0 1 || echo 1) -s 65536 -n 2000 -F g$j"
+	for p in $(seq 1 "$P"); do
+		pair_run "rping (rdma_cm) g1 -> g$j over plane $p, 50 x 4 KiB verified" g$j \
+			"rping -s -a 10.$((100 + p)).0.$j -C 50 -S 4096 -V" \
+			"rping -c -a 10.$((100 + p)).0.$j -C 50 -S 4096 -V"
+	done
+done
+check_no_output "the kernel log has no oops, WARN or BUG on g1" "$KERNEL_TROUBLE" dmesg
+for j in $(seq 2 "$N"); do
+	check_no_output "the kernel log has no oops, WARN or BUG on g$j" "$KERNEL_TROUBLE" remote g$j dmesg
+done
+suite_end
