@@ -2041,14 +2041,7 @@ mod tests {
             &SendWr {
                 wr_id: 7,
                 opcode: sys::ibv_wr_opcode_IBV_WR_SEND,
-                send_flags: 0,
-                sg_list: &[],
-                imm_data: 0,
-                remote_addr: 0,
-                rkey: 0,
-                compare_add: 0,
-                swap: 0,
-                ud: None,
+                ..SendWr::default()
             },
             &RC,
             |_, _| {},

@@ -303,7 +303,7 @@ pub struct SendLimits {
 }
 
 /// A send work request as the FFI layer read it from `struct ibv_send_wr`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct SendWr<'a> {
     pub wr_id: u64,
     pub opcode: u32,

@@ -31,31 +31,26 @@ pub const RECV_WQE_HEADER: usize = RECV_WQE_SIZE - 16 * MAX_RECV_SGE;
 /// The entry size of a send queue whose WQEs carry up to `max_sge` SGEs (at most
 /// [`MAX_SGE`]): the smallest WQE, or larger by 16 bytes an SGE.
 pub const fn send_entry_size(max_sge: u32) -> usize {
-    let n = if (max_sge as usize) < MAX_SGE {
-        max_sge as usize
-    } else {
-        MAX_SGE
-    };
-    let need = SEND_WQE_HEADER + 16 * n;
-    if need > SEND_WQE_SIZE {
-        need
-    } else {
-        SEND_WQE_SIZE
-    }
+    entry_size(SEND_WQE_HEADER, SEND_WQE_SIZE, max_sge)
 }
 
 /// The entry size of a receive queue (RQ or SRQ) whose WQEs carry up to `max_sge` SGEs.
 pub const fn recv_entry_size(max_sge: u32) -> usize {
+    entry_size(RECV_WQE_HEADER, RECV_WQE_SIZE, max_sge)
+}
+
+/// `header` and 16 bytes for each of `max_sge` SGEs (at most [`MAX_SGE`]), at least `smallest`.
+const fn entry_size(header: usize, smallest: usize, max_sge: u32) -> usize {
     let n = if (max_sge as usize) < MAX_SGE {
         max_sge as usize
     } else {
         MAX_SGE
     };
-    let need = RECV_WQE_HEADER + 16 * n;
-    if need > RECV_WQE_SIZE {
+    let need = header + 16 * n;
+    if need > smallest {
         need
     } else {
-        RECV_WQE_SIZE
+        smallest
     }
 }
 

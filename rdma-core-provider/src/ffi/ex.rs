@@ -489,16 +489,8 @@ unsafe extern "C" fn wr_bind_mw(
         // SAFETY: the caller's bind description, if given.
         let info = unsafe { bind_info.as_ref() };
         let mut view = wqe::SendWr {
-            wr_id: 0,
             opcode: sys::ibv_wr_opcode_IBV_WR_BIND_MW,
-            send_flags: 0,
-            sg_list: &[],
-            imm_data: 0,
-            remote_addr: 0,
-            rkey: 0,
-            compare_add: 0,
-            swap: 0,
-            ud: None,
+            ..wqe::SendWr::default()
         };
         let ok = info.is_some_and(|i| super::bind_view(&mut view, mw, rkey, i).is_ok());
         let op = WrOp {
