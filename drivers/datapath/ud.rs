@@ -29,7 +29,7 @@ use crate::{
     transport::wire::{BaseHeader, DatagramExt, Ext, Flags, Header, Opcode},
     verbs::{Cqe, Qp, QpQueues, QpState, SrqTake, Verbs},
     verbs_core::{
-        ib::{access, mtu, wc_opcode, wc_status, QpType, WC_GRH, WC_WITH_IMM},
+        ib::{self, access, mtu, wc_opcode, wc_status, QpType, WC_GRH, WC_WITH_IMM},
         wqe::{judge_recv, judge_ud_send, Judged, Payload, RecvWork, UdSendWork},
     },
 };
@@ -253,7 +253,7 @@ impl Engine {
         d: &DatagramExt,
         payload: &[u8],
     ) -> core::result::Result<(), ()> {
-        let (grh, _) = gsi::make_grh(&from.src, &from.dst, from.len);
+        let (grh, network) = gsi::make_grh(&from.src, &from.dst, from.len);
         let solicited = b.flags.has(Flags::SOLICITED);
         self.verbs
             .with_qp(qpn, |qp| {
@@ -292,6 +292,7 @@ impl Engine {
                 cqe.byte_len = total as u32;
                 cqe.src_qp = b.src_qp;
                 cqe.wc_flags = WC_GRH;
+                cqe.sl = ib::ud_recv_sl(network);
                 if let Some(imm) = d.imm {
                     cqe.imm_data = imm;
                     cqe.wc_flags |= WC_WITH_IMM;

@@ -13,8 +13,9 @@
  *   attach_<fam>     A, B and C attach (A twice: no error); a unicast GID and a detach of a
  *                    group the QP is not in are EINVAL
  *   deliver_<fam>    S sends 8 datagrams (64 bytes, immediate i) to the group: A, B and C each
- *                    receive all 8, with the data, the immediate, S's QPN and a GRH whose
- *                    network header names the group as destination
+ *                    receive all 8, with the data, the immediate, S's QPN, a GRH whose
+ *                    network header names the group as destination and an sl that says
+ *                    which header it is (1 IPv6, 2 IPv4)
  *   detach_<fam>     after B detaches, 4 more reach A and C and none reaches B
  *
  * then the limits the device reports:
@@ -333,6 +334,12 @@ static int receive(struct ud *u, const struct ud *s, const union ibv_gid *g, int
 		/* The network header's destination: IPv4 (after 20 zero bytes) or IPv6. */
 		if (v6 ? memcmp(p + 24, g->raw, 16) : memcmp(p + 20 + 16, g->raw + 12, 4)) {
 			snprintf(why, whylen, "datagram %d: the GRH does not name the group", imm);
+			return 0;
+		}
+		/* sl says which (mlx5's L3 header type, 1 IPv6, 2 IPv4): UCX's UD reads it. */
+		if (wc.sl != (v6 ? 1 : 2)) {
+			snprintf(why, whylen, "datagram %d: sl %u, want %d (%s)", imm, wc.sl,
+				 v6 ? 1 : 2, v6 ? "IPv6" : "IPv4");
 			return 0;
 		}
 		got++;

@@ -53,7 +53,7 @@ mcast() { # NAME "what": the program printed "ok NAME"
 }
 for fam in ipv4 ipv6; do
 	mcast attach_$fam "multicast ($fam group): three UD QPs attach (one twice: no error); a unicast GID and a group not attached are EINVAL"
-	mcast deliver_$fam "multicast ($fam group): 8 datagrams reach each member, on the other host and on the sender's, data, immediate, source QP and GRH checked"
+	mcast deliver_$fam "multicast ($fam group): 8 datagrams reach each member, on the other host and on the sender's, data, immediate, source QP, GRH and sl (the header type) checked"
 	mcast detach_$fam "multicast ($fam group): after a detach 4 more reach the other members and none the detached QP"
 done
 mcast limits_reported "max_mcast_grp, max_mcast_qp_attach reported, max_total_mcast_qp_attach their product"

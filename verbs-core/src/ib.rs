@@ -324,6 +324,18 @@ pub mod network_type {
     pub const IPV6: u8 = 3;
 }
 
+/// The `sl` of a UD receive completion of a packet of `network` (a [`network_type`]): the L3
+/// header type, as mlx5 reports it there on RoCE (1 IPv6, 2 IPv4; RoCE has no service level
+/// on the wire). Consumers read it to tell how the 40-byte GRH area is laid out: an IPv4
+/// packet's holds the IPv4 header in its last 20 bytes. UCX's UD transport does: without it
+/// UCX takes every IPv4 datagram's GRH for an IPv6 header of another destination and drops it.
+pub const fn ud_recv_sl(network: u8) -> u8 {
+    match network {
+        network_type::IPV4 => 2,
+        _ => 1,
+    }
+}
+
 /// `IBV_WC_WITH_IMM`: libibverbs' `wc_flags` bit for a completion with immediate data (the
 /// CQ ring carries libibverbs' flags, which the provider passes through).
 pub const WC_WITH_IMM: u32 = 1 << 1;
