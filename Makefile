@@ -18,7 +18,7 @@ KDIR_FILE := $(BUILD)/kdir
 KERNEL_PROFILE ?= fast
 export KERNEL_PROFILE
 
-.PHONY: all setup kernel module provider image payload vm cluster shell demo check check-host check-debug \
+.PHONY: all setup kernel module provider image payload vm cluster demo-cluster shell demo check check-host check-debug \
 	bench bench-quick sim sim-quick clean
 
 all: payload
@@ -78,6 +78,14 @@ PLANES ?= 2
 cluster: payload image
 	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-cluster.sh --guests $(GUESTS) --planes $(PLANES) \
 		$(if $(filter 1,$(ALL)),--all) --timeout $(VM_TIMEOUT) --payload $(GUEST) --out $(BUILD)/cluster -- "$(CMD)"
+
+# make demo-cluster: the showcase on 3 guests and 2 planes (selftests/cluster/demo.sh): MPI
+# Allreduce and Alltoall over metaroce, rxe and TCP as a table, and a plane cut in the middle
+# of a long Allreduce; the table in build/cluster-demo/g1/demo.md.
+demo-cluster: payload image
+	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-cluster.sh --guests $(GUESTS) --planes $(PLANES) \
+		--timeout $(VM_TIMEOUT) --payload $(GUEST) --out $(BUILD)/cluster-demo -- \
+		"bash /opt/metaroce/selftests/cluster/demo.sh"
 
 shell: payload image
 	KDIR=$$(cat $(KDIR_FILE)) qemu-ci/run-vm.sh --payload $(GUEST) --interactive

@@ -44,7 +44,7 @@ step() { # name command...: one TAP line per step, its output in build/check/<na
 # guest_selftests TIMEOUT [SUITE...]: the guest selftests (all, or the SUITEs) in one boot, their
 # TAP lines folded into ours; the guest's run-vm.sh result directory is build/vm-out.
 guest_selftests() {
-	local timeout="$1" out="$REPO/build/vm-out" rc gp gf
+	local timeout="$1" out="$REPO/build/vm-out" rc
 	shift
 	rm -rf "$out" && mkdir -p "$out"
 	n=$((n + 1))
@@ -56,17 +56,39 @@ guest_selftests() {
 		>"$LOG/guest.log" 2>&1
 	rc=$?
 	grep -E '^(not )?ok [0-9]+ |^# ' "$LOG/guest.log" | sed 's/^/    /'
-	if [ -f "$out/summary" ]; then
-		read -r gp gf <"$out/summary"
+	fold_summary "guest selftests" "$out/summary" "$LOG/guest.log" "$rc"
+}
+
+# cluster_selftests TIMEOUT: selftests/cluster's suites (smoke.sh, check.sh) on g1 of 3 guests on
+# 2 planes (qemu-ci/run-cluster.sh), folded in likewise; results in build/cluster-out/gI.
+cluster_selftests() {
+	local out="$REPO/build/cluster-out" rc c=/opt/metaroce/selftests/cluster
+	rm -rf "$out" && mkdir -p "$out"
+	n=$((n + 1))
+	echo "# running: cluster selftests" >&2
+	KDIR=$(cat build/kdir) qemu-ci/run-cluster.sh --guests 3 --planes 2 --timeout "$1" \
+		--payload build/guest --out "$out" -- \
+		"/opt/metaroce/selftests/run.sh $c/smoke.sh $c/check.sh" >"$LOG/cluster.log" 2>&1
+	rc=$?
+	sed -n 's/^g1| //p' "$LOG/cluster.log" | grep -E '^(not )?ok [0-9]+ |^# ' | sed 's/^/    /'
+	fold_summary "cluster selftests" "$out/g1/summary" "$LOG/cluster.log" "$rc"
+}
+
+# fold_summary WHAT SUMMARY LOG RC: counts a guest run's "passed failed" SUMMARY into ours (one
+# more failure if the run failed with none counted); a run that left none is one failure.
+fold_summary() {
+	local gp gf
+	if [ -f "$2" ]; then
+		read -r gp gf <"$2"
 		passed=$((passed + gp))
 		failed=$((failed + gf))
 		n=$((n + gp + gf - 1))
-		[ "$rc" = 0 ] || [ "$gf" != 0 ] || { failed=$((failed + 1)); n=$((n + 1)); }
-		echo "# guest selftests: $gp passed, $gf failed (vm exit $rc)"
+		[ "$4" = 0 ] || [ "$gf" != 0 ] || { failed=$((failed + 1)); n=$((n + 1)); }
+		echo "# $1: $gp passed, $gf failed (exit $4)"
 	else
 		failed=$((failed + 1))
-		echo "not ok $n - guest selftests did not report (vm exit $rc)"
-		tail -n 60 "$LOG/guest.log" | sed 's/^/# /'
+		echo "not ok $n - $1 did not report (exit $4)"
+		tail -n 60 "$3" | sed 's/^/# /'
 	fi
 }
 
@@ -127,6 +149,9 @@ if [ "$MODE" != host ]; then
 		:
 	elif [ "$MODE" = all ]; then
 		guest_selftests "${SELFTEST_TIMEOUT:-2400}"
+		# Several guests, each its own kernel, on a two-plane fabric: MPI over metaroce
+		# and the faults (a lossy plane, a plane cut, a guest lost mid-job).
+		cluster_selftests "${CLUSTER_TIMEOUT:-1200}"
 		# make bench's quick profile, so the benchmark never rots: it must produce every
 		# scenario's table with a number measured on metaroce; speeds are not judged here.
 		if step bench-quick selftests/bench/bench.sh --check quick; then

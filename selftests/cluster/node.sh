@@ -13,7 +13,8 @@
 #             in the environment); /mnt/cluster is shared by all guests
 # The command runs from /mnt/ci/out (gI's results directory on the host) on g1, or on every
 # guest with --all; the others wait until it is done (every guest's, with --all). A guest that
-# failed leaves /mnt/cluster/abort and the others stop waiting.
+# failed leaves /mnt/cluster/abort and the others stop waiting; poweroff_guest (cluster/lib.sh)
+# powers a guest off mid-job.
 set -uo pipefail
 # shellcheck source=../lib.sh
 . /opt/metaroce/selftests/lib.sh
@@ -106,14 +107,22 @@ if [ "$CLUSTER_ALL" = 1 ] || [ "$I" = 1 ]; then
 	say "command exited with status $rc"
 	echo "$rc" >$SHARED/done.g$I
 fi
-# Serve (or, with --all, stay up for the others) until every command is done.
+# Serve (or, with --all, stay up for the others) until every command is done, or until a
+# test asks this guest to go: /mnt/cluster/poweroff.gI (a machine lost mid-job: the power goes
+# at once, its processes and QPs with it, and its run counts as a success).
 done_files=($SHARED/done.g1)
 if [ "$CLUSTER_ALL" = 1 ]; then
 	done_files=()
 	for j in $(seq 1 "$N"); do done_files+=($SHARED/done.g$j); done
 fi
-wait_files 86400 "${done_files[@]}"
-case $? in
-2) say "a guest failed; stopping" ;;
-esac
+while ! wait_files 1 "${done_files[@]}"; do
+	if [ -e $SHARED/abort ]; then
+		say "a guest failed; stopping"
+		break
+	fi
+	if [ -e $SHARED/poweroff.g$I ]; then
+		say "powering off on request"
+		break
+	fi
+done
 exit "$rc"
