@@ -3,13 +3,15 @@
 """MPI collectives with every result checked (mpi4py; run by mpirun on every guest).
 
     collectives.py [--sizes 8,4096,...] [--ops allreduce,alltoall,bcast] [--seconds S]
-                   [--label NAME] [--out FILE]
+                   [--min-reps N] [--give-up S] [--label NAME] [--out FILE]
 
 For each operation and message size (bytes per rank; for Alltoall the whole send buffer, split
 evenly among the ranks) rank 0 prints one line per size: label, operation, size, repetitions
 and the median, minimum and maximum time of one operation in microseconds (the slowest rank's
 time of each repetition). Every repetition's result is compared with what it must be; a wrong
-byte anywhere aborts the job with a non-zero status. --out appends the lines as CSV.
+byte anywhere aborts the job with a non-zero status. --out appends the lines as CSV. With
+--give-up S, an operation whose median took more than S seconds at one size is not run at the
+larger ones (its line says "gave up").
 """
 
 import argparse
@@ -66,6 +68,9 @@ def main():
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--seconds", type=float, default=2.0,
                     help="time budget per operation and size (at least 3 repetitions)")
+    ap.add_argument("--min-reps", type=int, default=3)
+    ap.add_argument("--give-up", type=float, default=0.0,
+                    help="seconds: larger sizes of an operation slower than this are not run")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -78,7 +83,12 @@ def main():
             sys.exit(f"unknown operation {o}")
     lines = []
     for op in ops:
+        too_slow = False
         for size in sizes:
+            if too_slow:
+                if rank == 0:
+                    print(f"{args.label},{op},{size},gave up", flush=True)
+                continue
             times, rep, start = [], 0, time.perf_counter()
             while True:
                 t, ok = run_op(comm, op, size, rep)
@@ -91,10 +101,13 @@ def main():
                 times.append(comm.allreduce(t, op=MPI.MAX))
                 rep += 1
                 # Every rank decides alike: rank 0's clock decides.
-                done = comm.bcast(rep >= 3 and time.perf_counter() - start >= args.seconds
+                done = comm.bcast(rep >= args.min_reps
+                                  and time.perf_counter() - start >= args.seconds
                                   or rep >= 1000, root=0)
                 if done:
                     break
+            median = sorted(times)[len(times) // 2]
+            too_slow = args.give_up > 0 and median > args.give_up
             if rank == 0:
                 us = sorted(x * 1e6 for x in times)
                 line = (f"{args.label},{op},{size},{len(us)},{us[len(us) // 2]:.1f},"
