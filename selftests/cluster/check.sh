@@ -72,7 +72,7 @@ check_output "mroce0 has its $CLUSTER_P ports ACTIVE again" "^$CLUSTER_P\$" \
 # wait to receive from a lost rank waits on any fabric: Open MPI's pml ucx does not ask UCX to
 # detect a peer's failure, so the job is not the probe here.)
 last=g$CLUSTER_N
-bw="ib_write_bw -d mroce0 -i 1 -x 1 -s 65536 -D 60 -F"
+bw="ib_write_bw -d mroce0 -i 1 -x $(ipv4_gid mroce0 1) -s 65536 -D 60 -F"
 for j in $(seq 1 $((CLUSTER_N - 1))); do
 	remote $last "$bw -p $((18515 + j))" >off-server-$j.log 2>&1 &
 done

@@ -12,6 +12,18 @@ COLLECTIVES=/opt/metaroce/selftests/cluster/collectives.py
 # remote HOST CMD: CMD on HOST (its control address) through ssh.
 remote() { ssh -o BatchMode=yes -o ConnectTimeout=20 "$1" "$2"; }
 
+# ipv4_gid DEV PORT: the GID index of the port's IPv4 GID (::ffff:a.b.c.d).
+ipv4_gid() {
+	local f
+	for f in $(ls /sys/class/infiniband/"$1"/ports/"$2"/gids/ | sort -n); do
+		if grep -q '^0000:0000:0000:0000:0000:ffff:' /sys/class/infiniband/"$1"/ports/"$2"/gids/"$f"; then
+			echo "$f"
+			return 0
+		fi
+	done
+	return 1
+}
+
 # on_all CMD: CMD on every guest (g1 here), all must succeed.
 on_all() {
 	local j rc=0

@@ -6,24 +6,8 @@
 # on every port (plane).
 set -u
 . /opt/metaroce/selftests/lib.sh
-# shellcheck disable=SC1091
-. /mnt/cluster/cluster.env
-N=$CLUSTER_GUESTS P=$CLUSTER_PLANES
-
-# ipv4_gid DEV PORT: the GID index of the port's IPv4 GID (::ffff:a.b.c.d).
-ipv4_gid() {
-	local f
-	for f in $(ls /sys/class/infiniband/"$1"/ports/"$2"/gids/ | sort -n); do
-		if grep -q '^0000:0000:0000:0000:0000:ffff:' /sys/class/infiniband/"$1"/ports/"$2"/gids/"$f"; then
-			echo "$f"
-			return 0
-		fi
-	done
-	return 1
-}
-
-# remote HOST CMD: CMD on HOST through ssh (a login shell would not be needed: PATH is set).
-remote() { ssh -o BatchMode=yes -o ConnectTimeout=20 "$1" "$2"; }
+. /opt/metaroce/selftests/cluster/lib.sh
+N=$CLUSTER_N P=$CLUSTER_P
 
 # pair_run "what" HOST SERVER CLIENT: SERVER on HOST (in the background, through ssh), then
 # CLIENT here after it is listening; both must succeed. Output goes to files named after what.
