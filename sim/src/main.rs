@@ -14,7 +14,7 @@ const USAGE: &str = "usage:
                    [--proto all|metaroce|rocev2|irn] [--qps Q]
                    [--nodes N] [--planes P] [--seed S] [--loss PPM] [--core-loss PPM] [--bytes B]
                    [--hosts-per-leaf H] [--spines S] [--fail-link US] [--fail-spine US] [--fail-plane US]
-                   [--fail-for US] [--meta-cc full|ecn-only|rate-only] [--initial-window PKTS]
+                   [--fail-for US] [--meta-cc full|ecn-only|rate-only] [--initial-window PKTS_PER_PLANE]
                    [--initial-rto US] [--deadline-ms MS]
                    [--csv]
       one scenario, a Markdown table row per transport (--csv: CSV lines)

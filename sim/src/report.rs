@@ -448,7 +448,7 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
         r.md,
         "\n## MetaRoCE congestion control on the incast ({} to 1)\n\n\
          Full: ECN windows and the receiver's grant; ecn-only: no grants; rate-only: windows \
-         ignore ECN. IW: `CcConfig::initial_window` (default 16 packets per connection).\n\n\
+         ignore ECN. IW: `CcConfig::initial_window` (default 16 packets per plane, here one).\n\n\
          | variant | IW | CCT us | retx % | timeouts | drops | max queue KiB |\n\
          |---|---|---|---|---|---|---|",
         p.nodes - 1

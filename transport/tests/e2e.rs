@@ -1301,3 +1301,35 @@ fn a_message_completed_after_its_ack_req_is_acknowledged_at_once() {
         Some(true)
     );
 }
+
+#[test]
+fn a_new_connection_puts_its_initial_window_on_each_plane() {
+    // Data packets A sends at one instant before any ACK, per plane, on `planes` planes of
+    // which those in `down` cannot carry packets.
+    let first_window = |planes: u8, down: &[u8]| -> Vec<u64> {
+        let mut sim = Sim::with_config(LinkConfig::clean(), 23, |c| c.planes = planes);
+        for &k in down {
+            sim.ep[0].conn.set_plane_up(k, false);
+        }
+        let iw = sim.ep[0].conn.config().cc.initial_window;
+        assert_eq!(iw, 16);
+        // 256 packets of 1 KiB (the simulator's MTU): more than any first window here.
+        for i in 0..16 {
+            post(
+                &mut sim,
+                SendWqe::new(i, WrOpcode::RdmaWrite, sge(1, A_BUF + i * 16_384, 16_384))
+                    .remote(B_BUF + i * 16_384, 2),
+            );
+        }
+        let now = sim.now;
+        let mut buf = std::vec![0u8; 8192];
+        let ep = &mut sim.ep[0];
+        while ep.conn.poll_transmit(now, &mut buf, &mut ep.mem).is_some() {}
+        (0..usize::from(planes))
+            .map(|k| sent_on_plane(&sim, k, usize::from(planes)))
+            .collect()
+    };
+    assert_eq!(first_window(1, &[]), [16]);
+    assert_eq!(first_window(4, &[]), [16, 16, 16, 16]);
+    assert_eq!(first_window(4, &[1, 3]), [16, 0, 16, 0]);
+}

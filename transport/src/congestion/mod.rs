@@ -41,8 +41,11 @@ pub struct CcConfig {
     /// Follow the receiver's grant: pace to its rate and bound the connection window by the
     /// rate's bandwidth-delay product. Off only for experiments.
     pub receiver_rate: bool,
-    /// Connection window before the first ACK, packets (over all paths): what a new sender
-    /// may put on the fabric before the receiver has told it its share.
+    /// Connection window before the first ACK, packets per plane that carries the
+    /// connection's paths: what a new sender may put on each plane before the receiver has
+    /// told it its share. Per plane, because each plane is a fabric of its own, with its own
+    /// last-hop port and buffer at the receiver, and spraying spreads the first window evenly
+    /// over the planes ([`ConnCc::set_planes`]).
     pub initial_window: u32,
     /// Largest connection window, packets.
     pub max_window: u32,
@@ -54,8 +57,8 @@ pub struct CcConfig {
 zero_valid!(struct CcConfig { ecn, receiver_rate, initial_window, max_window, pacing_burst_ns });
 
 impl CcConfig {
-    /// Defaults: both signals on; 16 packets before the first ACK; at most 2048 in flight;
-    /// bursts of 10 us.
+    /// Defaults: both signals on; 16 packets per plane before the first ACK; at most 2048 in
+    /// flight; bursts of 10 us.
     pub const fn new() -> Self {
         CcConfig {
             ecn: true,
@@ -99,24 +102,45 @@ pub struct ConnCc {
     packet_bytes: u32,
     /// Data is waiting for the pacer.
     held: bool,
+    /// Paths of the connection (the window's growth per RTT once slow start ended).
+    paths: u32,
+    /// An ACK arrived: the window is no longer the initial one.
+    acked: bool,
     /// Counters.
     pub stats: CcStats,
 }
-zero_valid!(struct ConnCc { cfg, window, pacer, grant, base_rtt, packet_bytes, held, stats });
+zero_valid!(struct ConnCc {
+    cfg, window, pacer, grant, base_rtt, packet_bytes, held, paths, acked, stats,
+});
 
 impl ConnCc {
     /// The congestion state of a fresh connection with `paths` paths whose full data packets
-    /// are `packet_bytes` long (payload and headers).
+    /// are `packet_bytes` long (payload and headers), on one plane until
+    /// [`ConnCc::set_planes`] says otherwise.
     pub fn new(cfg: CcConfig, packet_bytes: u32, paths: u32) -> Self {
+        let paths = paths.max(1);
         ConnCc {
             cfg,
-            window: Window::slow_start(cfg.initial_window, cfg.max_window, paths.max(1)),
+            window: Window::slow_start(cfg.initial_window, cfg.max_window, paths),
             pacer: Pacer::new(cfg.pacing_burst_ns),
             grant: Grant::default(),
             base_rtt: 0,
             packet_bytes: packet_bytes.saturating_add(PACKET_OVERHEAD).max(1),
             held: false,
+            paths,
+            acked: false,
             stats: CcStats::default(),
+        }
+    }
+
+    /// The connection's paths are on `planes` planes that may carry packets: before the first
+    /// ACK the window is `initial_window` packets per plane (each plane's last hop absorbs
+    /// its share of a new sender's first window, as one plane's does of a one-plane
+    /// sender's); after it the window goes its own way.
+    pub fn set_planes(&mut self, planes: u32) {
+        if !self.acked {
+            let initial = self.cfg.initial_window.saturating_mul(planes.max(1));
+            self.window = Window::slow_start(initial, self.cfg.max_window, self.paths);
         }
     }
 
@@ -151,6 +175,7 @@ impl ConnCc {
     /// An ACK acknowledged `acked` packets and echoed `marked` CE marks over all its path
     /// entries; `srtt` is the largest smoothed RTT of those paths, `min_srtt` the smallest.
     pub fn on_ack(&mut self, now: u64, acked: u32, marked: u32, srtt: u64, min_srtt: u64) {
+        self.acked = true;
         if min_srtt != 0 && (self.base_rtt == 0 || min_srtt < self.base_rtt) {
             self.base_rtt = min_srtt;
         }
@@ -273,6 +298,20 @@ mod tests {
         assert_eq!(off.pacing_rate(), 0);
         off.on_ack(10, 4, 4, 10, 10);
         assert_eq!(off.window(), 20);
+    }
+
+    #[test]
+    fn the_initial_window_is_per_plane_until_the_first_ack() {
+        let mut cc = ConnCc::new(CcConfig::new(), 1000, 8);
+        assert_eq!(cc.window(), 16);
+        cc.set_planes(4);
+        assert_eq!(cc.window(), 64);
+        cc.set_planes(2);
+        assert_eq!(cc.window(), 32, "a plane went down before any ACK");
+        cc.on_ack(0, 1, 0, 10_000, 10_000);
+        assert_eq!(cc.window(), 33, "slow start from the initial window");
+        cc.set_planes(4);
+        assert_eq!(cc.window(), 33, "after the first ACK the window is its own");
     }
 
     #[test]

@@ -588,6 +588,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         if self.rr_ack_path >= self.send_paths {
             self.rr_ack_path = 0;
         }
+        self.planes_changed();
     }
 
     /// Counters of path `path` (None beyond the paths in use).
@@ -878,6 +879,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         } else {
             self.planes_up &= !plane_bit(plane);
         }
+        self.planes_changed();
     }
 
     /// Spreads the paths over `planes` planes (path `i` on plane `i mod planes`), as when the
@@ -890,6 +892,18 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         for (i, p) in self.paths.as_mut().iter_mut().enumerate() {
             p.plane = (i % n) as u8;
         }
+        self.planes_changed();
+    }
+
+    /// The planes that carry paths changed: a connection that has not had an ACK yet may
+    /// put its initial window on each of them ([`ConnCc::set_planes`]).
+    fn planes_changed(&mut self) {
+        let planes_up = self.planes_up;
+        let n = usize::from(self.cfg.planes.max(1)).min(self.send_paths.max(1));
+        let carrying = (0..n)
+            .filter(|&k| plane_bit(k as u8) & planes_up != 0)
+            .count();
+        self.cc.set_planes(carrying.max(1) as u32);
     }
 
     /// Whether plane `plane` may carry packets.
@@ -942,9 +956,13 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     }
 }
 
+/// The congestion state of a fresh connection: its paths on `cfg.planes` planes, all up.
 fn new_cc(cfg: &Config, num_paths: usize) -> ConnCc {
     let packet = cfg.mtu.saturating_add(MAX_HEADER_LEN as u32);
-    ConnCc::new(cfg.cc, packet, num_paths as u32)
+    let mut cc = ConnCc::new(cfg.cc, packet, num_paths as u32);
+    let planes = usize::from(cfg.planes.max(1)).min(num_paths.max(1));
+    cc.set_planes(planes as u32);
+    cc
 }
 
 /// The stream refused a send WQE for want of room and now has room, or was asked to report
