@@ -65,6 +65,22 @@ def too_big_qp_fails():
     raise AssertionError("a QP beyond max_qp_wr was created")
 
 
+
+def cq_sizes():
+    """max_cqe is enough for libfabric's ofi_rxm (its MSG CQ by default: a universe of 1,024
+    peers times 128 send and 128 receive entries, 262,144); a CQ of max_cqe is created and
+    holds that many; one more than max_cqe is EINVAL."""
+    max_cqe = ctx.query_device().max_cqe
+    assert max_cqe >= 262144, max_cqe
+    cq = CQ(ctx, max_cqe)
+    assert cq.cqe >= max_cqe, (cq.cqe, max_cqe)
+    cq.close()
+    try:
+        CQ(ctx, max_cqe + 1).close()
+        raise AssertionError("a CQ beyond max_cqe was created")
+    except PyverbsRDMAError as ex:
+        assert ex.error_code == errno.EINVAL, ex.error_code
+
 def to_rts(qp, sq_psn, max_rd_atomic):
     """RTR -> RTS with the timeouts and retries every check here uses."""
     attr = QPAttr(qp_state=e.IBV_QPS_RTS)
@@ -756,6 +772,8 @@ def close_all():
 check("open PD, MR (lkey == rkey), CQ", open_objects)
 check("create an RC QP (qpn >= 256)", create_qp)
 check("a QP beyond the device's max_qp_wr is refused", too_big_qp_fails)
+check("a CQ of max_cqe (>= 262,144, ofi_rxm's default) entries is created, one more is EINVAL",
+      cq_sizes)
 check("QP RESET -> INIT -> RTR -> RTS, query_qp reads the attributes back", walk_states)
 check("an illegal transition (RTS -> INIT) is refused", bad_transition_fails)
 check("MR keys end in a random byte: 16 in a row do not count up, a reused slot gets a new key",

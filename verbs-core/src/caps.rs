@@ -16,8 +16,10 @@ pub mod limits {
     pub const MAX_MW: u32 = 1 << 16;
     /// Work requests per send or receive queue.
     pub const MAX_QP_WR: u32 = 1 << 14;
-    /// Entries per CQ.
-    pub const MAX_CQE: u32 = (1 << 16) - 1;
+    /// Entries per CQ (64 bytes each: the largest ring is 32 MiB). Room for what libfabric's
+    /// `ofi_rxm` asks of its MSG CQ by default: (128 send + 128 receive entries) times its
+    /// universe of 1,024 peers, 262,144 entries.
+    pub const MAX_CQE: u32 = (1 << 19) - 1;
     /// Work requests per SRQ.
     pub const MAX_SRQ_WR: u32 = 1 << 14;
     /// SGEs per send WQE (also an RDMA READ's, `max_sge_rd`): what the largest send entry of
