@@ -1,18 +1,20 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 # make check's cluster suite, run on g1 of 3 guests on 2 planes (TAP): MPI collectives over
-# metaroce between the guests with every result checked, then faults: a lossy plane, a plane
+# metaroce between the guests with every result checked (Open MPI over UCX and over
+# libfabric), ucx_perftest between two guests, then faults: a lossy plane, a plane
 # cut and restored in the middle of a job, and a guest powered off mid-job (the others get a
 # clean error, not a hang, and their devices keep working).
 set -u
 . /opt/metaroce/selftests/lib.sh
 . /opt/metaroce/selftests/cluster/lib.sh
 
-# job_bg LOG ARGS...: collectives.py as a metaroce MPI job in the background (pid in $JOB).
+# job_bg LOG ARGS...: collectives.py as an MPI job over metaroce (Open MPI's pml ucx; $JOB_T
+# for another of lib.sh's transports) in the background (pid in $JOB).
 job_bg() {
 	local log=$1
 	shift
-	mpi metaroce python3 $COLLECTIVES "$@" >"$log" 2>&1 &
+	mpi "${JOB_T:-metaroce}" python3 $COLLECTIVES "$@" >"$log" 2>&1 &
 	JOB=$!
 }
 
@@ -50,6 +52,25 @@ job_bg mpi.log --sizes 8,65536,1048576 --seconds 0.5 --label metaroce
 ok_job "MPI over metaroce (UCX rc_verbs): Allreduce, Alltoall, Bcast of 8 B, 64 KiB, 1 MiB \
 across $CLUSTER_N guests, every result right" 300 mpi.log
 
+JOB_T=ofi job_bg ofi.log --sizes 8,65536,1048576 --seconds 0.5 --label ofi
+ok_job "MPI over metaroce through libfabric (mtl ofi, verbs;ofi_rxm): Allreduce, Alltoall, \
+Bcast of 8 B, 64 KiB, 1 MiB (rendezvous by RDMA READ), every result right" 300 ofi.log
+
+# ucx_perftest between g1 and g2 (it takes its two processes from mpirun): UCP tagged
+# messages of 1 MiB over rc_verbs, UCT RDMA WRITE zero-copy over rc_verbs, UCT active-message
+# ping-pong over ud_verbs.
+perftest() { # what ARGS...
+	local what=$1
+	shift
+	check_output "ucx_perftest g1 <-> g2 over metaroce: $what" '^Final: +[0-9]+ ' \
+		timeout 120 mpirun --allow-run-as-root -H g1,g2 -np 2 --bind-to none \
+		-x UCX_NET_DEVICES=mroce0:1 -x UCX_TLS=rc_verbs,ud_verbs,self ucx_perftest "$@"
+}
+perftest "UCP tag_bw, 1 MiB, rc_verbs" -t tag_bw -s 1048576 -n 100
+perftest "UCT put_bw zero-copy, 64 KiB, rc_verbs" -d mroce0:1 -x rc_verbs -t put_bw -D zcopy \
+	-s 65536 -n 500
+perftest "UCT am_lat, ud_verbs" -d mroce0:1 -x ud_verbs -t am_lat -n 1000
+
 # A lossy plane: 1% of what g2 sends on plane 1 is lost.
 remote g2 "tc qdisc add dev p1 root netem loss 1%"
 job_bg lossy.log --sizes 1048576 --ops allreduce,alltoall --seconds 3 --label lossy
@@ -76,7 +97,9 @@ bw="ib_write_bw -d mroce0 -i 1 -x $(ipv4_gid mroce0 1) -s 65536 -D 60 -F"
 for j in $(seq 1 $((CLUSTER_N - 1))); do
 	remote $last "$bw -p $((18515 + j))" >off-server-$j.log 2>&1 &
 done
-sleep 3
+for j in $(seq 1 $((CLUSTER_N - 1))); do
+	wait_for 60 listening $last $((18515 + j)) || echo "# $last is not listening on $((18515 + j))"
+done
 pids=()
 for j in $(seq 1 $((CLUSTER_N - 1))); do
 	if [ "$j" = 1 ]; then

@@ -12,6 +12,13 @@ COLLECTIVES=/opt/metaroce/selftests/cluster/collectives.py
 # remote HOST CMD: CMD on HOST (its control address) through ssh.
 remote() { ssh -o BatchMode=yes -o ConnectTimeout=20 "$1" "$2"; }
 
+# listening HOST PORT: HOST has a TCP listener on PORT (perftest's and the pingpongs'
+# out-of-band exchange) or an rdma_cm listener on it (rping).
+listening() {
+	remote "$1" "ss -Hltn 'sport = :$2' | grep -q . ||
+		rdma resource show cm_id | grep -q 'state LISTEN .*:$2\b'"
+}
+
 # ipv4_gid DEV PORT: the GID index of the port's IPv4 GID (::ffff:a.b.c.d).
 ipv4_gid() {
 	local f
@@ -46,12 +53,20 @@ add_rxe() {
 #             datagram's GRH area as an IPv6 header unless the completion's sl says IPv4 (2,
 #             mlx5's convention, which metaroce follows: ib::ud_recv_sl); rxe's says 0, so UCX
 #             drops every IPv4 datagram as one for another GID and its wire-up times out
+#   ofi       Open MPI's pml cm with mtl ofi: libfabric's verbs;ofi_rxm (RC QPs through rdma_cm)
+#             on mroce0, with libfabric's MR cache off: no memory monitor here (neither the
+#             one Open MPI exports, memhooks nor uffd: the kernel has no userfaultfd) sees the
+#             buffers freed and mapped again, so a cached registration reads pages the buffer
+#             no longer has (1 MiB Allreduces came out wrong with it, on rxe as on metaroce)
 #   tcp       pml ob1, btl tcp over plane 1
 MPI_UCX=(-x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_WARN_UNUSED_ENV_VARS=n)
+MPI_OFI=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include 'verbs;ofi_rxm'
+	-x FI_MR_CACHE_MAX_COUNT=0)
 mpi_opts() { # transport: its mpirun options
 	case "$1" in
 	metaroce) echo "--mca pml ucx ${MPI_UCX[*]} -x UCX_NET_DEVICES=mroce0:1" ;;
 	rxe) echo "--mca pml ucx ${MPI_UCX[*]} -x UCX_NET_DEVICES=rxe0:1 -x UCX_UD_ETH_DGID_CHECK=n" ;;
+	ofi) echo "${MPI_OFI[*]} -x FI_VERBS_DEVICE_NAME=mroce0" ;;
 	tcp) echo "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include p1" ;;
 	*) return 1 ;;
 	esac

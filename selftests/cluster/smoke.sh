@@ -9,17 +9,26 @@ set -u
 . /opt/metaroce/selftests/cluster/lib.sh
 N=$CLUSTER_N P=$CLUSTER_P
 
-# pair_run "what" HOST SERVER CLIENT: SERVER on HOST (in the background, through ssh), then
-# CLIENT here after it is listening; both must succeed. Output goes to files named after what.
+# pair_run "what" HOST PORT SERVER CLIENT: SERVER on HOST (in the background, through ssh),
+# then CLIENT here once the server listens on PORT; both must succeed, and a server left
+# behind is killed (its port would answer the next client). Output goes to files named after
+# what.
 pair_run() {
-	local what="$1" host="$2" server="$3" client="$4" log srv rc
+	local what="$1" host="$2" port="$3" server="$4" client="$5" log srv rc=0
 	log=$(echo "$what" | tr -c 'a-zA-Z0-9\n' '_')
 	remote "$host" "$server" >"$log.server" 2>&1 &
 	srv=$!
-	sleep 2
-	rc=0
-	timeout 120 bash -c "$client" >"$log.client" 2>&1 || rc=$?
-	wait_for 30 sh -c "! kill -0 $srv" || { kill "$srv" 2>/dev/null; rc=1; }
+	if wait_for 60 listening "$host" "$port"; then
+		timeout 120 bash -c "$client" >"$log.client" 2>&1 || rc=$?
+	else
+		echo "the server did not listen on port $port within 60 s" >"$log.client"
+		rc=1
+	fi
+	if ! wait_for 30 sh -c "! kill -0 $srv"; then
+		remote "$host" "pkill -x ${server%% *}"
+		kill "$srv" 2>/dev/null
+		rc=1
+	fi
 	wait "$srv" || rc=$?
 	if [ "$rc" != 0 ]; then
 		sed 's/^/# server: /' "$log.server" | tail -n 15
@@ -41,15 +50,15 @@ done
 for j in $(seq 2 "$N"); do
 	for p in $(seq 1 "$P"); do
 		gid=$(ipv4_gid mroce0 "$p") || gid=1
-		pair_run "ibv_rc_pingpong g1 -> g$j on port $p (plane $p), 200 x 4 KiB" g$j \
+		pair_run "ibv_rc_pingpong g1 -> g$j on port $p (plane $p), 200 x 4 KiB" g$j 18515 \
 			"ibv_rc_pingpong -d mroce0 -i $p -g $gid -s 4096 -n 200" \
 			"ibv_rc_pingpong -d mroce0 -i $p -g $gid -s 4096 -n 200 g$j"
 	done
-	pair_run "ib_write_bw g1 -> g$j on port 1, 64 KiB x 2000" g$j \
+	pair_run "ib_write_bw g1 -> g$j on port 1, 64 KiB x 2000" g$j 18515 \
 		"ib_write_bw -d mroce0 -i 1 -x $(ipv4_gid mroce0 1 || echo 1) -s 65536 -n 2000 -F" \
 		"ib_write_bw -d mroce0 -i 1 -x $(ipv4_gid mroce0 1 || echo 1) -s 65536 -n 2000 -F g$j"
 	for p in $(seq 1 "$P"); do
-		pair_run "rping (rdma_cm) g1 -> g$j over plane $p, 50 x 4 KiB verified" g$j \
+		pair_run "rping (rdma_cm) g1 -> g$j over plane $p, 50 x 4 KiB verified" g$j 7174 \
 			"rping -s -a 10.$((100 + p)).0.$j -C 50 -S 4096 -V" \
 			"rping -c -a 10.$((100 + p)).0.$j -C 50 -S 4096 -V"
 	done
