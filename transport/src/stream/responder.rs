@@ -6,6 +6,12 @@
 //! its offset, a WRITE its address. Duplicates are recognised by placement (message number and
 //! segment), never by PSN, since a retransmission is a new packet. Messages complete strictly
 //! in MSN order; the completion point goes back to the requester in ACK stream entries.
+//!
+//! WRITEs to the same bytes end as in-order execution leaves them: a packet of a WRITE that
+//! arrives after a newer WRITE of the stream placed some of its bytes (same rkey) is placed
+//! around them ([`Responder::write_behind_newer`]). Applications rely on this (rxe and HCAs
+//! place in order): UCX's `put_bw` rewrites one buffer and polls a sequence number in its
+//! last bytes, which an older WRITE's late packet would turn back.
 
 use super::super::connection::retransmit::Outcome;
 use super::super::connection::sack::SegWindow;
@@ -65,7 +71,8 @@ struct Slot {
     has_imm: bool,
     solicited: bool,
     /// A request carried out at the completion point (atomics, ATOMIC WRITE, FLUSH): its
-    /// address, key and operands (as in its `AtomicExt`).
+    /// address, key and operands (as in its `AtomicExt`). A WRITE's: its first byte's address
+    /// and its key (for [`Responder::write_behind_newer`]).
     va: u64,
     rkey: u32,
     compare: u64,
@@ -202,9 +209,13 @@ pub struct ResponderStats {
     pub invalidate_errors: u64,
     /// Messages an unreliable (UC) stream dropped.
     pub dropped_messages: u64,
+    /// WRITE packets that arrived after a newer WRITE placed some of their bytes, and were
+    /// placed around them.
+    pub behind_newer: u64,
 }
 zero_valid!(struct ResponderStats {
     placed_bytes, duplicates, dropped, rnr_naks, completed, invalidate_errors, dropped_messages,
+    behind_newer,
 });
 
 #[derive(Clone, Debug)]
@@ -218,6 +229,9 @@ pub struct Responder {
     slots: [Slot; MSG_WINDOW as usize],
     /// Every MSN before this one is complete.
     completed: u32,
+    /// The newest WRITE that placed data (until one has, the first MSN expected): a packet
+    /// of an older one may find bytes it placed ([`Self::write_behind_newer`]).
+    newest_write: u32,
     resps: [Response; RESP_DEPTH],
     /// First failed message: nothing at or after it completes.
     /// First failed message (valid with `error_set`) and its NAK code.
@@ -230,8 +244,8 @@ pub struct Responder {
     pub stats: ResponderStats,
 }
 zero_valid!(struct Responder {
-    rq, rq_head, rq_tail, slots, completed, resps, error_set, error_msn, error_code,
-    unreliable, stats,
+    rq, rq_head, rq_tail, slots, completed, newest_write, resps, error_set, error_msn,
+    error_code, unreliable, stats,
 });
 
 impl Default for Responder {
@@ -256,6 +270,7 @@ impl Responder {
             rq_tail: 0,
             slots: [Slot::free(); MSG_WINDOW as usize],
             completed: 0,
+            newest_write: 0,
             resps: [Response {
                 used: false,
                 ready: false,
@@ -319,6 +334,7 @@ impl Responder {
             *s = Slot::free();
         }
         self.completed = start;
+        self.newest_write = start;
         for r in self.resps.iter_mut() {
             r.used = false;
         }
@@ -517,6 +533,9 @@ impl Responder {
                 n_segs: segments(total_len, mtu),
                 segs: SegWindow::new(),
                 rsn,
+                // (A WRITE's; checked against the others' in `write_behind_newer`.)
+                va: va.wrapping_sub(u64::from(offset)),
+                rkey,
                 ..Slot::free()
             };
             // An unreliable stream's refused message keeps its slot, dropped, so that it
@@ -543,6 +562,7 @@ impl Responder {
         if s.opcode != opcode
             || s.total_len != total_len
             || (consumes && s.rsn != rsn)
+            || (!is_send && (s.rkey != rkey || s.va != va.wrapping_sub(u64::from(offset))))
             || !offset.is_multiple_of(mtu)
             || data.len() != expect_len as usize
         {
@@ -572,7 +592,15 @@ impl Responder {
             Ok(())
         } else {
             match va.checked_add(data.len() as u64) {
-                Some(_) => mem.write_remote(rkey, va, data),
+                // An older WRITE than one that placed data: it may find that one's bytes.
+                // (Further ahead than the window is a value left from 2^31 messages ago.)
+                Some(_) if (1..MSG_WINDOW as i32).contains(&seq_diff(self.newest_write, msn)) => {
+                    self.write_behind_newer(msn, va, rkey, data, mtu, mem)
+                }
+                Some(_) => {
+                    self.newest_write = msn;
+                    mem.write_remote(rkey, va, data)
+                }
                 None => Err(AccessError::Bounds),
             }
         };
@@ -601,6 +629,96 @@ impl Responder {
             }
         }
         Verdict::Accept
+    }
+
+    /// Places WRITE data of message `msn` (`data` at `va` under `rkey`) around the bytes newer
+    /// WRITEs of the stream placed there already, under the same key: in-order execution
+    /// leaves theirs. Bytes a newer WRITE has not placed yet are written: its packet
+    /// overwrites them when it comes. A newer message that completed would mean `msn` did,
+    /// so every one that matters still has its slot, with its placed segments. The work is
+    /// bounded by the slot window: each pass over the slots finds the first newer placed
+    /// range left in the packet's, of at most two segments a slot (a packet is one MTU).
+    fn write_behind_newer(
+        &mut self,
+        msn: u32,
+        va: u64,
+        rkey: u32,
+        data: &[u8],
+        mtu: u32,
+        mem: &mut QpMem<'_, impl Memory>,
+    ) -> Result<(), AccessError> {
+        let len = u32::try_from(data.len()).map_err(|_| AccessError::Bounds)?;
+        let end = va.checked_add(u64::from(len)).ok_or(AccessError::Bounds)?;
+        let Some(first) = self.newer_placed(msn, rkey, va, end, mtu) else {
+            return mem.write_remote(rkey, va, data);
+        };
+        // Judged as a whole, as the packet written whole would be.
+        mem.check_remote(rkey, va, len, Access::Write)?;
+        self.stats.behind_newer += 1;
+        let (mut pos, mut next) = (va, Some(first));
+        while pos < end {
+            // Bytes up to the next newer range are written; the range is skipped.
+            let (stop, skip_to) = match next {
+                Some((start, stop)) => (start, stop.min(end)),
+                None => (end, end),
+            };
+            if stop > pos {
+                let piece = usize::try_from(pos - va)
+                    .ok()
+                    .zip(usize::try_from(stop - va).ok());
+                let bytes = piece.and_then(|(a, b)| data.get(a..b)).unwrap_or(&[]);
+                mem.write_remote(rkey, pos, bytes)?;
+            }
+            pos = skip_to;
+            next = self.newer_placed(msn, rkey, pos, end, mtu);
+        }
+        Ok(())
+    }
+
+    /// The first range in `[pos, end)` that a WRITE newer than `msn` placed under `rkey`
+    /// (of those starting first, the longest), cut to start at `pos` at the earliest.
+    fn newer_placed(
+        &self,
+        msn: u32,
+        rkey: u32,
+        pos: u64,
+        end: u64,
+        mtu: u32,
+    ) -> Option<(u64, u64)> {
+        let mtu = u64::from(mtu.max(1));
+        let mut first: Option<(u64, u64)> = None;
+        for t in self.slots.iter() {
+            if t.state == SlotState::Free
+                || !matches!(t.opcode, Opcode::RdmaWrite | Opcode::RdmaWriteWithImm)
+                || t.rkey != rkey
+                || seq_diff(t.msn, msn) <= 0
+            {
+                continue;
+            }
+            let Some(t_end) = t.va.checked_add(u64::from(t.total_len)) else {
+                continue;
+            };
+            let (lo, hi) = (pos.max(t.va), end.min(t_end));
+            if lo >= hi {
+                continue;
+            }
+            // The newer message's segments over [lo, hi).
+            for seg in (lo - t.va) / mtu..=(hi - 1 - t.va) / mtu {
+                let Ok(seg32) = u32::try_from(seg) else {
+                    break;
+                };
+                if !t.segs.is_done(seg32) {
+                    continue;
+                }
+                let s_start = t.va + seg * mtu;
+                let range = (s_start.max(pos), s_start.saturating_add(mtu).min(t_end));
+                first = match first {
+                    Some(f) if f.0 < range.0 || (f.0 == range.0 && f.1 >= range.1) => Some(f),
+                    _ => Some(range),
+                };
+            }
+        }
+        first
     }
 
     /// Claims a response slot for `msn`, or None when all are busy.
@@ -1058,6 +1176,7 @@ fn access_nak(e: AccessError) -> NakCode {
 mod tests {
     use super::super::super::memory::{SgList, Sge};
     use super::*;
+    use proptest::strategy::Strategy;
     use std::vec::Vec;
 
     /// One flat region: lkey/rkey 1 covers [0, len).
@@ -1241,7 +1360,8 @@ mod tests {
                     r: &mut Responder| {
             let len = total.saturating_sub(off).min(4) as usize;
             let d = std::vec![0x5a; len];
-            r.on_data(op, msn, rsn, 8, 1, off, total, imm, false, &d, 4, 100, mem)
+            let va = 8 + u64::from(off);
+            r.on_data(op, msn, rsn, va, 1, off, total, imm, false, &d, 4, 100, mem)
         };
         // Message 0, a WRITE (perhaps through the window message 1 invalidates), has its
         // second half missing when message 1, SEND_WITH_INV of rkey 7, is all there.
@@ -1401,7 +1521,7 @@ mod tests {
                 Opcode::RdmaWrite,
                 0,
                 0,
-                8,
+                8 + u64::from(off),
                 1,
                 off,
                 8,
@@ -1729,5 +1849,234 @@ mod tests {
             r.resps.iter().all(|x| !x.used),
             "its response slot is free again"
         );
+    }
+
+    /// Byte `k` of message `msn`'s data in the overlapping-WRITE tests: distinct per message
+    /// (for up to 7 messages) and per position (within 32 bytes).
+    fn pattern(msn: u32, k: u32) -> u8 {
+        ((msn as u8 + 1) << 5) | (k as u8 & 0x1f)
+    }
+
+    /// Packet `off` of WRITE `i`, one of `writes` (va, len), sent with MTU 4 and rkey 1 as
+    /// message `start + i`.
+    fn write_packet(
+        r: &mut Responder,
+        mem: &mut QpMem<'_, Flat>,
+        start: u32,
+        writes: &[(u64, u32)],
+        i: u32,
+        off: u32,
+    ) -> Verdict {
+        let (va, len) = writes[i as usize];
+        let data: Vec<u8> = (off..len.min(off + 4)).map(|k| pattern(i, k)).collect();
+        r.on_data(
+            Opcode::RdmaWrite,
+            start.wrapping_add(i),
+            0,
+            va + u64::from(off),
+            1,
+            off,
+            len,
+            None,
+            false,
+            &data,
+            4,
+            100,
+            mem,
+        )
+    }
+
+    /// Every packet (message, offset) of `writes` with MTU 4.
+    fn write_packets(writes: &[(u64, u32)]) -> Vec<(u32, u32)> {
+        let mut p = Vec::new();
+        for (msn, &(_, len)) in writes.iter().enumerate() {
+            for off in (0..len.max(1)).step_by(4) {
+                p.push((msn as u32, off));
+            }
+        }
+        p
+    }
+
+    /// Delivers the packets of `writes` (va, len), messages from `start` on, in `order` and
+    /// checks that memory ends as the WRITEs carried out one after the other leave it.
+    fn check_writes_in_order(start: u32, writes: &[(u64, u32)], order: &[(u32, u32)]) {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        r.reset(start);
+        for &(i, off) in order {
+            let v = write_packet(&mut r, &mut mem, start, writes, i, off);
+            assert_eq!(v, Verdict::Accept, "packet {i}/{off}");
+        }
+        let n = writes.len() as u32;
+        assert_eq!(r.completed_msn(), start.wrapping_add(n));
+        if order.windows(2).all(|w| w[0].0 <= w[1].0) {
+            assert_eq!(
+                r.stats.behind_newer, 0,
+                "messages in order: nothing to look for"
+            );
+        }
+        let mut expect = std::vec![0u8; 64];
+        for (msn, &(va, len)) in writes.iter().enumerate() {
+            for k in 0..len {
+                expect[va as usize + k as usize] = pattern(msn as u32, k);
+            }
+        }
+        assert_eq!(
+            mem.mem.0, expect,
+            "writes {writes:?}, packets in order {order:?}"
+        );
+    }
+
+    /// A packet of a WRITE that arrives after a later WRITE placed the same bytes does not
+    /// overwrite them: memory ends as in-order execution leaves it (an application rewriting
+    /// one buffer, whose last bytes it polls, sees the newest data).
+    #[test]
+    fn an_older_write_arriving_late_does_not_overwrite_a_newer_one() {
+        // Same va, one packet each; then three packets each, all of the newer one first.
+        check_writes_in_order(0, &[(8, 4), (8, 4)], &[(1, 0), (0, 0)]);
+        let same = [(8, 12), (8, 12)];
+        check_writes_in_order(0, &same, &[(1, 0), (1, 4), (1, 8), (0, 0), (0, 4), (0, 8)]);
+        // Interleaved: the older message's packets before, between and after the newer's.
+        check_writes_in_order(0, &same, &[(0, 0), (1, 4), (1, 0), (0, 4), (0, 8), (1, 8)]);
+        // In message order: no packet is older than the newest WRITE.
+        check_writes_in_order(0, &same, &write_packets(&same));
+        // Three WRITEs, the newest first: the middle one's late packets lose to the newest
+        // only where it placed, and beat the oldest.
+        let three = [(8, 12), (8, 12), (8, 12)];
+        check_writes_in_order(
+            0,
+            &three,
+            &[
+                (2, 4),
+                (1, 0),
+                (1, 4),
+                (1, 8),
+                (0, 8),
+                (0, 4),
+                (0, 0),
+                (2, 0),
+                (2, 8),
+            ],
+        );
+    }
+
+    /// Partial overlaps at offsets that are not multiples of the MTU: a late packet is placed
+    /// around what newer WRITEs placed.
+    #[test]
+    fn a_late_write_packet_is_placed_around_newer_partial_overlaps() {
+        // 0: [0, 16); 1: [6, 13); 2: [3, 8); 3: [14, 15).
+        let writes = [(0, 16), (6, 7), (3, 5), (14, 1)];
+        let mut newest_first = write_packets(&writes);
+        newest_first.reverse();
+        check_writes_in_order(0, &writes, &newest_first);
+        // The oldest message's packets last, the others in order.
+        let mut order: Vec<(u32, u32)> = write_packets(&writes)
+            .into_iter()
+            .filter(|p| p.0 != 0)
+            .collect();
+        order.extend(write_packets(&writes[..1]));
+        check_writes_in_order(0, &writes, &order);
+        // Unaligned on both: 0: [1, 11); 1: [5, 14).
+        let writes = [(1, 10), (5, 9)];
+        let mut order = write_packets(&writes);
+        order.reverse();
+        check_writes_in_order(0, &writes, &order);
+    }
+
+    /// A WRITE_WITH_IMM's late packet loses to a newer WRITE the same way, and its message
+    /// still completes with its immediate data.
+    #[test]
+    fn a_late_write_with_imm_packet_loses_to_a_newer_write() {
+        let mut flat = Flat(std::vec![0; 64]);
+        let mut mem = QpMem::new(&mut flat, 1);
+        let mut r = Responder::new();
+        r.post_recv(RecvWqe {
+            wr_id: 1,
+            local: SgList::single(Sge {
+                addr: 48,
+                len: 8,
+                lkey: 1,
+            }),
+        })
+        .unwrap();
+        let mut pkt = |op, msn, va, rkey, off: u32, byte: u8, imm| {
+            r.on_data(
+                op, msn, 0, va, rkey, off, 8, imm, false, &[byte; 4], 4, 100, &mut mem,
+            )
+        };
+        // 0: WRITE_WITH_IMM [16, 24); 1: WRITE [16, 24).
+        assert_eq!(
+            pkt(Opcode::RdmaWrite, 1, 16, 1, 0, 0xb1, None),
+            Verdict::Accept
+        );
+        let imm = Some(7);
+        let with_imm = Opcode::RdmaWriteWithImm;
+        assert_eq!(pkt(with_imm, 0, 16, 1, 0, 0xa1, None), Verdict::Accept);
+        assert_eq!(pkt(with_imm, 0, 20, 1, 4, 0xa2, imm), Verdict::Accept);
+        assert_eq!(
+            pkt(Opcode::RdmaWrite, 1, 20, 1, 4, 0xb2, None),
+            Verdict::Accept
+        );
+        assert_eq!(r.completed_msn(), 2);
+        assert_eq!(
+            mem.mem.0[16..24],
+            [0xb1, 0xb1, 0xb1, 0xb1, 0xb2, 0xb2, 0xb2, 0xb2]
+        );
+        let c = r.pop_completion(StreamId(0), 0, false).unwrap();
+        assert_eq!((c.wr_id, c.imm, c.byte_len), (1, imm, 8));
+    }
+
+    /// Every packet of a WRITE names the key and the address (its first byte's, less its
+    /// offset) its first one did: where a WRITE placed is known from its segments.
+    #[test]
+    fn a_write_packet_that_disagrees_on_key_or_address_fails_its_message() {
+        for (va, rkey) in [(21, 1), (20, 3)] {
+            let mut flat = Flat(std::vec![0; 64]);
+            let mut mem = QpMem::new(&mut flat, 1);
+            let mut r = Responder::new();
+            let mut pkt = |va, rkey, off| {
+                r.on_data(
+                    Opcode::RdmaWrite,
+                    0,
+                    0,
+                    va,
+                    rkey,
+                    off,
+                    8,
+                    None,
+                    false,
+                    &[1; 4],
+                    4,
+                    100,
+                    &mut mem,
+                )
+            };
+            assert_eq!(pkt(16, 1, 0), Verdict::Accept);
+            assert_eq!(pkt(va, rkey, 4), Verdict::Nak(NakCode::InvalidRequest, 0));
+            assert_eq!(mem.mem.0[20..24], [0; 4], "{va} {rkey}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Any WRITEs (up to 7, any va and length, MTU 4), their packets in any order:
+        /// memory ends as in-order execution leaves it.
+        #[test]
+        fn overlapping_writes_in_any_packet_order_end_as_in_order(
+            start in (0u32..4).prop_map(|k| k.wrapping_sub(2)),
+            (writes, order) in proptest::collection::vec((0u64..40, 0u32..24), 1..8)
+                .prop_flat_map(|w| {
+                    let p = write_packets(&w);
+                    (proptest::strategy::Just(w), proptest::strategy::Just(p).prop_shuffle())
+                })
+        ) {
+            check_writes_in_order(start, &writes, &order);
+        }
     }
 }
