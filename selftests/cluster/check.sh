@@ -57,8 +57,10 @@ ok_job "MPI over metaroce through libfabric (mtl ofi, verbs;ofi_rxm): Allreduce,
 Bcast of 8 B, 64 KiB, 1 MiB (rendezvous by RDMA READ), every result right" 300 ofi.log
 
 # ucx_perftest between g1 and g2 (it takes its two processes from mpirun): UCP tagged
-# messages of 1 MiB over rc_verbs, UCT active-message ping-pong over ud_verbs. (UCT's put_bw
-# zero-copy over rc_verbs is not here: it stalls on metaroce, see the README's known problems.)
+# messages of 1 MiB over rc_verbs; UCT RDMA WRITE zero-copy over rc_verbs, whose receiver polls
+# a sequence number in the last bytes of the one buffer every WRITE rewrites (so a late packet
+# of an older WRITE must not land over a newer one's bytes); UCT active-message ping-pong over
+# ud_verbs.
 perftest() { # what ARGS...
 	local what=$1
 	shift
@@ -67,6 +69,8 @@ perftest() { # what ARGS...
 		-x UCX_NET_DEVICES=mroce0:1 -x UCX_TLS=rc_verbs,ud_verbs,self ucx_perftest "$@"
 }
 perftest "UCP tag_bw, 1 MiB, rc_verbs" -t tag_bw -s 1048576 -n 100
+perftest "UCT put_bw zero-copy, 4 KiB, rc_verbs" -d mroce0:1 -x rc_verbs -t put_bw -D zcopy \
+	-s 4096 -n 300
 perftest "UCT am_lat, ud_verbs" -d mroce0:1 -x ud_verbs -t am_lat -n 1000
 
 # A lossy plane: 1% of what g2 sends on plane 1 is lost.
