@@ -1179,6 +1179,18 @@ mod tests {
     use proptest::strategy::Strategy;
     use std::vec::Vec;
 
+    /// A receive WQE of one 8-byte SGE under lkey 1.
+    fn recv8(wr_id: u64, addr: u64) -> RecvWqe {
+        RecvWqe {
+            wr_id,
+            local: SgList::single(Sge {
+                addr,
+                len: 8,
+                lkey: 1,
+            }),
+        }
+    }
+
     /// One flat region: lkey/rkey 1 covers [0, len).
     struct Flat(Vec<u8>);
 
@@ -1340,15 +1352,7 @@ mod tests {
         let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
         for wr_id in [20, 21] {
-            r.post_recv(RecvWqe {
-                wr_id,
-                local: SgList::single(Sge {
-                    addr: 32,
-                    len: 8,
-                    lkey: 1,
-                }),
-            })
-            .unwrap();
+            r.post_recv(recv8(wr_id, 32)).unwrap();
         }
         let data = |op,
                     msn,
@@ -1408,15 +1412,7 @@ mod tests {
         r.set_unreliable(true);
         r.reset(0);
         for wr_id in [30, 31, 32] {
-            r.post_recv(RecvWqe {
-                wr_id,
-                local: SgList::single(Sge {
-                    addr: 32,
-                    len: 8,
-                    lkey: 1,
-                }),
-            })
-            .unwrap();
+            r.post_recv(recv8(wr_id, 32)).unwrap();
         }
         let pkt = |op,
                    msn,
@@ -1507,15 +1503,7 @@ mod tests {
         let mut flat = Flat(std::vec![0; 64]);
         let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
-        r.post_recv(RecvWqe {
-            wr_id: 1,
-            local: SgList::single(Sge {
-                addr: 32,
-                len: 8,
-                lkey: 1,
-            }),
-        })
-        .unwrap();
+        r.post_recv(recv8(1, 32)).unwrap();
         let write = |off, r: &mut Responder, mem: &mut QpMem<'_, Flat>| {
             r.on_data(
                 Opcode::RdmaWrite,
@@ -1563,24 +1551,8 @@ mod tests {
         let mut flat = Flat(std::vec![0; 64]);
         let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
-        r.post_recv(RecvWqe {
-            wr_id: 10,
-            local: SgList::single(Sge {
-                addr: 0,
-                len: 8,
-                lkey: 1,
-            }),
-        })
-        .unwrap();
-        r.post_recv(RecvWqe {
-            wr_id: 11,
-            local: SgList::single(Sge {
-                addr: 16,
-                len: 8,
-                lkey: 1,
-            }),
-        })
-        .unwrap();
+        r.post_recv(recv8(10, 0)).unwrap();
+        r.post_recv(recv8(11, 16)).unwrap();
         // Message 1 arrives complete before message 0.
         assert_eq!(send(&mut r, &mut mem, 1, 1, 0, 3, 0xbb), Verdict::Accept);
         assert!(r.pop_completion(StreamId(0), 0, false).is_none());
@@ -1612,15 +1584,7 @@ mod tests {
             send(&mut r, &mut mem, 0, 0, 0, 4, 1),
             Verdict::Nak(NakCode::Rnr, 100)
         );
-        r.post_recv(RecvWqe {
-            wr_id: 1,
-            local: SgList::single(Sge {
-                addr: 0,
-                len: 8,
-                lkey: 1,
-            }),
-        })
-        .unwrap();
+        r.post_recv(recv8(1, 0)).unwrap();
         assert_eq!(send(&mut r, &mut mem, 0, 0, 0, 4, 1), Verdict::Accept);
         assert_eq!(r.completed_msn(), 1);
     }
@@ -1991,15 +1955,7 @@ mod tests {
         let mut flat = Flat(std::vec![0; 64]);
         let mut mem = QpMem::new(&mut flat, 1);
         let mut r = Responder::new();
-        r.post_recv(RecvWqe {
-            wr_id: 1,
-            local: SgList::single(Sge {
-                addr: 48,
-                len: 8,
-                lkey: 1,
-            }),
-        })
-        .unwrap();
+        r.post_recv(recv8(1, 48)).unwrap();
         let mut pkt = |op, msn, va, rkey, off: u32, byte: u8, imm| {
             r.on_data(
                 op, msn, 0, va, rkey, off, 8, imm, false, &[byte; 4], 4, 100, &mut mem,
