@@ -899,7 +899,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// put its initial window on each of them ([`ConnCc::set_planes`]).
     fn planes_changed(&mut self) {
         let planes_up = self.planes_up;
-        let n = usize::from(self.cfg.planes.max(1)).min(self.send_paths.max(1));
+        let n = planes_with_paths(self.cfg.planes, self.send_paths);
         let carrying = (0..n)
             .filter(|&k| plane_bit(k as u8) & planes_up != 0)
             .count();
@@ -960,9 +960,13 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
 fn new_cc(cfg: &Config, num_paths: usize) -> ConnCc {
     let packet = cfg.mtu.saturating_add(MAX_HEADER_LEN as u32);
     let mut cc = ConnCc::new(cfg.cc, packet, num_paths as u32);
-    let planes = usize::from(cfg.planes.max(1)).min(num_paths.max(1));
-    cc.set_planes(planes as u32);
+    cc.set_planes(planes_with_paths(cfg.planes, num_paths) as u32);
     cc
+}
+
+/// How many of `planes` planes `paths` paths reach (path `i` is on plane `i mod planes`).
+fn planes_with_paths(planes: u8, paths: usize) -> usize {
+    usize::from(planes.max(1)).min(paths.max(1))
 }
 
 /// The stream refused a send WQE for want of room and now has room, or was asked to report
