@@ -113,3 +113,9 @@ int metaroce_glue_ip_mc_group(struct net_device *dev, __be32 addr, bool join)
 		ip_mc_dec_group(in_dev, addr);
 	return 0;
 }
+
+/* Undoes setup_udp_tunnel_sock's inet_inc_convert_csum (a static inline). */
+void metaroce_glue_inet_dec_convert_csum(struct sock *sk)
+{
+	inet_dec_convert_csum(sk);
+}

@@ -30,5 +30,6 @@ void metaroce_glue_local_bh_disable(void);
 void metaroce_glue_local_bh_enable(void);
 bool metaroce_glue_skb_more(const struct sk_buff *skb);
 int metaroce_glue_ip_mc_group(struct net_device *dev, __be32 addr, bool join);
+void metaroce_glue_inet_dec_convert_csum(struct sock *sk);
 
 #endif /* METAROCE_GLUE_NET_H */

@@ -6,7 +6,7 @@
 #
 #   make payload; cp other/metaroce.ko build/guest/variants/old.ko; cp metaroce.ko build/guest/variants/new.ko
 #   make vm CMD='bash /opt/metaroce/selftests/ab.sh'      # ROUNDS=3 LAT_N=1000 DUR=4 by default
-#   TESTS="write_lat send_lat write_bw send_bw reorder_bw reorder_retx" (default: write_lat send_lat write_bw)
+#   TESTS="write_lat send_lat write_bw send_bw reorder_bw reorder_retx write_kcpu" (default: write_lat send_lat write_bw)
 #
 # Prints one line per run ("variant round test value unit") and a Markdown table of medians.
 set -u
@@ -39,6 +39,12 @@ use() { # variant: load it (or rxe) and set up the pair
 REORDER=${REORDER:-delay 1ms reorder 75% 50%}
 retransmits() { cat /sys/class/infiniband/mroce1/ports/1/hw_counters/retransmits 2>/dev/null || echo 0; }
 
+# Kernel CPU time so far, all CPUs, in USER_HZ ticks: system, irq and softirq (where the
+# transports run; perftest's busy polling of its CQ is user time and is left out).
+kernel_ticks() { awk '$1 == "cpu" { print $4 + $7 + $8 }' /proc/stat; }
+# Bytes veth2 (the receiving end) has received so far.
+rx_bytes() { $IP netns exec ns2 cat /sys/class/net/veth2/statistics/rx_bytes; }
+
 # run PREFIX TEST -> the value (us for latency, t_typical; Gb/s for bandwidth; a count) or
 # "failed". reorder_bw: write_bw with netem $REORDER on the data direction; reorder_retx: the
 # retransmissions metaroce made in the reorder_bw run before it (rxe has no such counter).
@@ -47,6 +53,19 @@ run() {
 	case "$t" in
 	reorder_retx)
 		cat "$OUT/retx" 2>/dev/null || echo failed
+		return
+		;;
+	write_kcpu)
+		# Kernel CPU per byte moved: ns of kernel time (both ends, every CPU) per KiB that
+		# reached veth2, over a write_bw run: a change in the data path's cost shows here
+		# when the throughput's spread between runs under TCG hides it.
+		local k0 b0 k1 b1 hz
+		hz=$(getconf CLK_TCK)
+		k0=$(kernel_ticks) b0=$(rx_bytes)
+		v=$(run "$p" write_bw)
+		k1=$(kernel_ticks) b1=$(rx_bytes)
+		[ "$v" = failed ] && { echo failed; return; }
+		awk -v k=$((k1 - k0)) -v b=$((b1 - b0)) -v hz="$hz" 'BEGIN { printf "%.0f\n", k * 1e9 / hz / (b / 1024) }'
 		return
 		;;
 	reorder_bw)

@@ -513,6 +513,15 @@ fn open_socket(
     // SAFETY: `sk` is our fresh socket in `net`; `user_data` points to an `RxContext` that
     // outlives the socket (see `PlaneSocket::close`); `encap_rcv` matches the callback type.
     unsafe { bindings::setup_udp_tunnel_sock(net, sk, &mut tunnel) };
+    // A tunnel socket asks for received checksums in their final form (`convert_csum`), for
+    // the inner packets of encapsulations; we have none. Left on, it made the stack compute
+    // the checksum of every datagram it cuts a received UDP GSO packet into (`skb_segment`,
+    // for a packet from veth: metaroce's own GSO transmit between namespaces); off, they keep
+    // the partial checksum the GSO packet had, which `encap_rcv`'s caller accepts as
+    // verified, as it does for a datagram that was never part of a GSO packet.
+    // SAFETY: `sk` is our live socket; kernel sockets have no user to change the setting
+    // concurrently (a setsockopt).
+    unsafe { bindings::metaroce_glue_inet_dec_convert_csum(sk) };
     Ok(sk)
 }
 
