@@ -30,14 +30,17 @@ counter_ge() {
 	[ -n "$v" ] && [ "$v" -ge "$3" ] || { echo "$1 $2 is '$v', wanted >= $3"; return 1; }
 }
 
-# send_udp NS ADDR [TOS] < spec: sends datagrams to ADDR:4793 from namespace NS. Each line of
-# the spec is a Python expression for one payload (bytes).
+# send_udp NS ADDR [TOS [SEG]] < spec: sends datagrams to ADDR:4793 from namespace NS. Each
+# line of the spec is a Python expression for one payload (bytes); with SEG, each payload goes
+# as a UDP GSO packet of SEG-byte datagrams (UDP_SEGMENT).
 send_udp() {
 	$IP netns exec "$1" python3 -c '
 import socket, sys, os, random
-addr, tos = sys.argv[1], int(sys.argv[2])
+addr, tos, seg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 s = socket.socket(fam, socket.SOCK_DGRAM)
+if seg:
+    s.setsockopt(socket.IPPROTO_UDP, 103, seg)  # UDP_SEGMENT
 if tos:
     if fam == socket.AF_INET:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
@@ -59,30 +62,12 @@ for line in sys.stdin:
         s.sendto(eval(line), (addr, 4793))
         n += 1
 print(n, "sent")
-' "$2" "${3:-0}"
+' "$2" "${3:-0}" "${4:-0}"
 }
 
 # send_udp_gso NS ADDR SEG < spec: as send_udp, each payload sent as one UDP GSO packet of
-# SEG-byte datagrams (UDP_SEGMENT; the last datagram shorter), which veth carries whole.
-send_udp_gso() {
-	$IP netns exec "$1" python3 -c '
-import socket, sys
-addr, seg = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.IPPROTO_UDP, 103, seg)  # UDP_SEGMENT
-def hdr(version=1, opcode=0x12):
-    b = bytearray(32)
-    b[0], b[1] = version, opcode
-    return bytes(b)
-n = 0
-for line in sys.stdin:
-    line = line.strip()
-    if line and not line.startswith("#"):
-        s.sendto(eval(line), (addr, 4793))
-        n += 1
-print(n, "sent")
-' "$2" "$3"
-}
+# SEG-byte datagrams (the last one shorter), which veth carries whole.
+send_udp_gso() { send_udp "$1" "$2" 0 "$3"; }
 
 # sockets_on_port NS PORT: how many UDP sockets are bound to PORT in NS.
 sockets_on_port() { $IP netns exec "$1" ss -ulnH "sport = :$2" | grep -c .; }
