@@ -136,9 +136,12 @@ pub struct AckSummary {
     pub reorder_extent: u64,
 }
 
-/// After this many acknowledged packets without reordering, the learned reordering window
-/// is halved.
-const REORDER_DECAY_ACKS: u32 = 1024;
+/// After this many loss detections without reordering seen in between, the learned
+/// reordering window is halved (RFC 8985's `reo_wnd_persist`, 16 loss recoveries): only loss
+/// shows that a wide window costs something (it delays loss detection), so only loss shrinks
+/// it. Reordering that comes and goes (a transfer without it between two with it) is not
+/// forgotten in between.
+const REORDER_PERSIST: u32 = 16;
 
 /// In-flight table of one path: PSNs `[una, next)`, at most 256 of them, and no more than
 /// [`RECV_WINDOW`] beyond the peer's last reported cumulative PSN.
@@ -160,7 +163,8 @@ pub struct InFlight {
     rack_rtt: u64,
     /// Reordering window learned from observed reordering, ns.
     reo_learned: u64,
-    acks_since_reorder: u32,
+    /// Loss detections since reordering was last seen (see [`REORDER_PERSIST`]).
+    losses_since_reorder: u32,
     /// Smallest reordering window, ns.
     reo_floor: u64,
     /// A timeout left packets declared lost below `una` (kept to notice a late arrival)
@@ -172,7 +176,7 @@ pub struct InFlight {
 }
 zero_valid!(struct InFlight {
     una, next, peer_cum, unresolved, probes, high, has_high, rack_rtt, reo_learned,
-    acks_since_reorder, reo_floor, lost_behind, lost_behind_until, slots,
+    losses_since_reorder, reo_floor, lost_behind, lost_behind_until, slots,
 });
 
 impl InFlight {
@@ -188,7 +192,7 @@ impl InFlight {
             has_high: false,
             rack_rtt: 0,
             reo_learned: 0,
-            acks_since_reorder: 0,
+            losses_since_reorder: 0,
             reo_floor: 0,
             lost_behind: false,
             lost_behind_until: 0,
@@ -218,7 +222,7 @@ impl InFlight {
         self.has_high = false;
         self.rack_rtt = 0;
         self.reo_learned = 0;
-        self.acks_since_reorder = 0;
+        self.losses_since_reorder = 0;
         self.lost_behind = false;
         self.lost_behind_until = 0;
         for s in self.slots.iter_mut() {
@@ -309,7 +313,7 @@ impl InFlight {
         // A quarter more than the largest extent seen, so the next one like it passes.
         let want = extent.saturating_add(extent / 4);
         self.reo_learned = self.reo_learned.max(want);
-        self.acks_since_reorder = 0;
+        self.losses_since_reorder = 0;
     }
 
     /// Applies a path ACK entry: reports newly acknowledged packets (also those declared lost
@@ -374,13 +378,6 @@ impl InFlight {
         }
         self.unresolved = self.unresolved.saturating_sub(sum.acked);
         self.probes = self.probes.saturating_sub(probes);
-        if sum.reordered == 0 {
-            self.acks_since_reorder = self.acks_since_reorder.saturating_add(sum.acked);
-            if self.acks_since_reorder >= REORDER_DECAY_ACKS {
-                self.acks_since_reorder = 0;
-                self.reo_learned /= 2;
-            }
-        }
         sum.lost = self.detect_lost(now, srtt, &mut report);
         self.advance(now, srtt);
         sum
@@ -421,6 +418,14 @@ impl InFlight {
         }
         self.unresolved = self.unresolved.saturating_sub(n);
         self.probes = self.probes.saturating_sub(probes);
+        if n > 0 && self.reo_learned > 0 {
+            // A loss detection the learned window delayed (see `REORDER_PERSIST`).
+            self.losses_since_reorder = self.losses_since_reorder.saturating_add(1);
+            if self.losses_since_reorder >= REORDER_PERSIST {
+                self.losses_since_reorder = 0;
+                self.reo_learned /= 2;
+            }
+        }
         self.advance(now, srtt);
         n
     }
@@ -670,6 +675,42 @@ mod tests {
         assert_eq!((sum.spurious, sum.reordered), (1, 1));
         assert!(f.reorder_window(40_000) > 35_000);
         assert_eq!(f.unresolved(), 0);
+    }
+
+    #[test]
+    fn learned_reordering_is_kept_until_losses_show_it_costs() {
+        let srtt = 40_000;
+        let mut f = InFlight::new(0);
+        f.learn_reordering(80_000);
+        assert_eq!(f.reorder_window(srtt), 100_000);
+        // 4,096 packets acknowledged in order: no reason to forget.
+        let (mut t, mut psn) = (0u64, 0u32);
+        for _ in 0..4096 {
+            f.push(t, item(psn));
+            psn += 1;
+            t += 1_000;
+            run_at(&mut f, t + srtt, srtt, &ack(psn, &[]));
+        }
+        assert_eq!(f.reorder_window(srtt), 100_000);
+        // Losses: a packet, one sent 150 us after it acknowledged 40 us later, declares
+        // it lost (190 us > 40 + 100 us). 15 of them keep the window, the 16th halves it.
+        // The receiver's cumulative PSN stays at the first hole; it SACKs what came.
+        let (hole, mut came) = (psn, Vec::new());
+        for k in 0..REORDER_PERSIST {
+            t += 1_000_000;
+            f.push(t, item(psn));
+            f.push(t + 150_000, item(psn + 1));
+            came.push(psn + 1);
+            let v = run_at(&mut f, t + 190_000, srtt, &ack(hole, &came));
+            assert!(v.contains(&(psn, Outcome::Lost)), "{v:?}");
+            psn += 2;
+            let want = if k + 1 < REORDER_PERSIST {
+                100_000
+            } else {
+                50_000
+            };
+            assert_eq!(f.reorder_window(srtt), want, "after {} losses", k + 1);
+        }
     }
 
     #[test]
