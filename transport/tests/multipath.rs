@@ -219,7 +219,9 @@ fn heavy_reordering_within_paths_is_learned() {
     // the reordering window a path starts with (a quarter of its RTT, at least 10 us). The
     // first such reorderings may cost a spurious retransmit or a few, then the learned
     // window (shared by all paths) covers them: a second transfer on the same connection
-    // has none.
+    // has next to none. (Not always none: the window covers a quarter more than the largest
+    // reordering seen so far, and a later one may be larger still.)
+    let (mut first_spurious, mut second_spurious) = (0, 0);
     for max_us in [20u64, 100] {
         for seed in 0..3 {
             let f = jitter(200_000, max_us * 1000, false);
@@ -234,9 +236,16 @@ fn heavy_reordering_within_paths_is_learned() {
             if max_us == 100 {
                 assert!(first.reordered > 100 && second.reordered > 100);
             }
-            assert_eq!((second.spurious, second.retransmits), (0, 0), "seed {seed}");
+            assert!(second.spurious <= 1, "seed {seed}");
+            assert_eq!(second.retransmits, second.spurious, "seed {seed}");
+            first_spurious += first.spurious;
+            second_spurious += second.spurious;
         }
     }
+    assert!(
+        second_spurious * 4 <= first_spurious,
+        "second transfers {second_spurious}, first {first_spurious}"
+    );
 }
 
 // ------------------------------------------------------------------------- failures
@@ -815,40 +824,50 @@ fn runs_per_path_keep_tail_drop_planes_even() {
 #[test]
 fn runs_are_short_on_a_lossy_path() {
     // Runs of 8 where nothing is lost, of 2 on the path that loses 5%: a run that meets a
-    // full tail-drop queue loses several packets at once.
-    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let mut sim = Sim::with_fabric(fabric(), nic(), 8, 4, |c| {
-        c.path_burst = 8;
-        c.lossy_path_burst = 2;
-        // 16 packets before the first ACK over both planes, as when the bound of 6 below was
-        // set: it is near what the connection window lets a run have (seeds 1-12: the
-        // longest run of a clean path is 6-8 with 16, 5-8 with 16 per plane).
-        c.cc.initial_window = 8;
-    });
-    let (log, lossy) = (seen.clone(), lossy_path_filter(3));
-    sim.drop_if = Some(Box::new(move |from, b| {
-        if from == 0 && b.len() > 1000 {
-            if let Ok(v) = metaroce_transport::wire::Packet::parse(b) {
-                log.borrow_mut().push(v.header.base.path_id);
+    // full tail-drop queue loses several packets at once. Over 12 seeds, the lossy path's
+    // runs longer than 2 in the second half (its loss rate known by then) are counted: a
+    // few start while its loss estimate has dipped under 1% (`Config::lossy_run_rate`),
+    // where runs of 8 are allowed (4 with the spraying that charged a pick what the others
+    // earned, 6 with one that charges the round's total to paths with window room; 33
+    // before a lossy path's run was kept from following its own).
+    let mut long_runs = 0;
+    for seed in 1..=12 {
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut sim = Sim::with_fabric(fabric(), nic(), 8, seed, |c| {
+            c.path_burst = 8;
+            c.lossy_path_burst = 2;
+            // 16 packets before the first ACK over both planes, as when the bound of 6 below
+            // was set: it is near what the connection window lets a run have (seeds 1-12:
+            // the longest run of a clean path is 6-8 with 16, 5-8 with 16 per plane).
+            c.cc.initial_window = 8;
+        });
+        let (log, lossy) = (seen.clone(), lossy_path_filter(3));
+        sim.drop_if = Some(Box::new(move |from, b| {
+            if from == 0 && b.len() > 1000 {
+                if let Ok(v) = metaroce_transport::wire::Packet::parse(b) {
+                    log.borrow_mut().push(v.header.base.path_id);
+                }
             }
+            lossy(from, b)
+        }));
+        run(&mut sim, &writes(240, 16384));
+        let seen = seen.borrow();
+        // The longest run per path over the second half.
+        let mut longest = [0usize; 8];
+        let half = &seen[seen.len() / 2..];
+        for run in half.chunk_by(|a, b| a == b) {
+            let p = usize::from(run[0]) % 8;
+            longest[p] = longest[p].max(run.len());
+            long_runs += usize::from(p == 3 && run.len() > 2);
         }
-        lossy(from, b)
-    }));
-    run(&mut sim, &writes(240, 16384));
-    let seen = seen.borrow();
-    // The longest run per path over the second half (path 3's loss rate is known by then).
-    let mut longest = [0usize; 8];
-    let half = &seen[seen.len() / 2..];
-    for run in half.chunk_by(|a, b| a == b) {
-        let p = usize::from(run[0]) % 8;
-        longest[p] = longest[p].max(run.len());
+        eprintln!("seed {seed}: longest runs per path over the second half: {longest:?}");
+        assert!(
+            longest.iter().enumerate().any(|(p, &n)| p != 3 && n >= 6),
+            "{longest:?}"
+        );
     }
-    eprintln!("longest runs per path over the second half: {longest:?}");
-    assert!(longest[3] <= 2, "{longest:?}");
-    assert!(
-        longest.iter().enumerate().any(|(p, &n)| p != 3 && n >= 6),
-        "{longest:?}"
-    );
+    eprintln!("runs of 3 or more on the lossy path: {long_runs}");
+    assert!(long_runs <= 8, "{long_runs}");
 }
 
 /// The receiver's ACKs die on 7 of its 16 paths (its routes through a dead spine: it only
@@ -917,5 +936,43 @@ fn learned_reordering_outlasts_a_clean_transfer() {
             "enough clean ACKs per path to decay a window"
         );
         assert_eq!((again.spurious, again.retransmits), (0, 0), "seed {seed}");
+    }
+}
+
+#[test]
+fn spraying_with_window_room_everywhere_is_even() {
+    // The sender, not the windows, limits (a 1 Gbit/s NIC, planes of 40 Gbit/s, no ECN at
+    // the NIC's queue): every path has window room at nearly every pick, and runs of 16
+    // make every waiting path's credit reach its cap. Charging a pick only what the others
+    // earned then charged nothing once they were all at the cap: the lowest-numbered paths
+    // with room took every pick (here 42-307 packets per path, planes 22-27%; in the guest,
+    // windows grew to 256 on a few paths per plane and a plane got 10% of the bytes).
+    // (A clean fabric: the seed changes nothing.)
+    let seed = 1;
+    {
+        let mut f = EcmpFabric::uniform(4, 1, 20_000, 40_000);
+        f.nic_ecn_queue_ns = 0;
+        let mut link = nic();
+        link.rate_bits_per_us = 1_000;
+        let mut sim = Sim::with_fabric(f, link, 24, seed, |c| {
+            c.path_burst = 16;
+            c.lossy_path_burst = 4;
+        });
+        run(&mut sim, &writes(240, 16384));
+        let s = sent(&sim);
+        let total: u64 = s.iter().sum();
+        let mean = total / s.len() as u64;
+        let planes: Vec<u64> = (0..4)
+            .map(|pl| s.iter().skip(pl).step_by(4).sum::<u64>() * 1000 / total)
+            .collect();
+        eprintln!("seed {seed}: per plane {planes:?} per mille, per path {s:?}");
+        assert!(
+            planes.iter().all(|&x| (240..=260).contains(&x)),
+            "{planes:?}"
+        );
+        assert!(
+            s.iter().all(|&n| n * 4 <= mean * 5),
+            "no path over 1.25x the mean: {s:?}"
+        );
     }
 }

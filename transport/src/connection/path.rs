@@ -181,6 +181,8 @@ pub struct Path {
     /// The weight the connection's last pick gave this path (0: not eligible then), so that
     /// charging the pick needs no second look at every path.
     pub pick_weight: i32,
+    /// Whether the connection's last pick found window room on this path.
+    pub pick_room: bool,
     // Receive side.
     /// Receive side: which PSNs of the peer's space arrived.
     pub recv: PsnWindow,
@@ -204,6 +206,7 @@ zero_valid!(struct Path {
     id, plane, sport, state, inflight, cc, cc_initial, rtt, ack_delay, fail_after, timer_start,
     probe_armed, probe_at, backoff, consecutive_rtos, need_probe, limit_probe, limit_probe_psn,
     limit_probe_ts, loss_rate, ecn_rate, news_at, rtt_at, health, probation, credit, pick_weight,
+    pick_room,
     recv, recv_pending, ack_repeats, last_rx, last_ts, peer_sport, ecn_ce, stats,
 });
 
@@ -238,6 +241,7 @@ impl Path {
             probation: 0,
             credit: 0,
             pick_weight: 0,
+            pick_room: false,
             recv: PsnWindow::new(cfg.initial_psn),
             recv_pending: false,
             ack_repeats: 0,
@@ -279,6 +283,7 @@ impl Path {
         self.probation = 0;
         self.credit = 0;
         self.pick_weight = 0;
+        self.pick_room = false;
         self.recv = PsnWindow::new(cfg.initial_psn);
         self.recv_pending = false;
         self.ack_repeats = 0;

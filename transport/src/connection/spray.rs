@@ -114,7 +114,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// free its window (which the receiver's ACK timing moves: its delayed ACKs, an ACK at
     /// once when a message completes). Earning only with room gave the paths whose ACKs
     /// came back early more than their share, and a path that alone had room piled up
-    /// credit while the others waited and was picked again right after its run. A lossy path
+    /// credit while the others waited and was picked again right after its run. Only a path
+    /// without room is capped: one with room that was not picked earns all its weight, as in
+    /// plain smooth round-robin. With every path capped, the picked one paid nothing (what
+    /// the others earned) and kept its credit, and the lowest-numbered paths with room took
+    /// every pick. A lossy path
     /// (`Config::lossy_run_rate`) whose run ended is not picked for the next one while
     /// another path has room: its runs stay `Config::lossy_path_burst` packets long.
     pub(super) fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
@@ -125,9 +129,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             return Some(i);
         }
         // The picks charged since the last full pick (`commit_path`): each path it weighed
-        // earns its weight per pick, window room or not, but none beyond one round's total
-        // (what a path may be owed: its turn as soon as it has room, no more); its path
-        // pays what they earned, in the pass below, before the new weights are taken.
+        // earns its weight per pick, window room or not, but one that had no room none
+        // beyond one round's total (what a path may be owed: its turn as soon as it has
+        // room, no more); its path pays what they earned, in the pass below, before the new
+        // weights are taken.
         let rounds = i32::try_from(core::mem::replace(&mut self.run_rounds, 0)).unwrap_or(i32::MAX);
         let owed = self.run_total.max(1);
         let n = self.send_paths;
@@ -146,12 +151,12 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 let credit = p
                     .credit
                     .saturating_add(p.pick_weight.saturating_mul(rounds));
-                if credit > owed {
+                if credit > owed && !p.pick_room {
                     let capped = owed.max(p.credit);
                     unearned = unearned.saturating_add(credit.saturating_sub(capped));
                     p.credit = capped;
                 } else {
-                    p.credit = credit;
+                    p.credit = credit.min(CREDIT_BOUND);
                 }
             }
             p.pick_weight = 0;
@@ -206,7 +211,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             let w = p.weight(best_srtt, now);
             p.pick_weight = w;
             total = total.saturating_add(w);
-            if !p.has_window(best_health) {
+            p.pick_room = p.has_window(best_health);
+            if !p.pick_room {
                 continue;
             }
             let credit = p
