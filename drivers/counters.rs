@@ -250,6 +250,16 @@ counters! {
     /// made a new one (each end lets an unused connection go after its own linger), which
     /// our HELLO, sent in answer, mends; or forged.
     RxWrongConnection => c"rx_wrong_connection",
+    /// `rx_bad_checksum`: datagrams for our port whose UDP checksum was wrong, dropped, while
+    /// the plane's socket took datagrams queued (`sys/udp.rs`); one by one, the stack drops
+    /// them before we see them and counts them itself (`nstat`: `UdpInCsumErrors`).
+    RxBadChecksum => c"rx_bad_checksum",
+    /// `rx_gso_whole`: UDP GSO packets (trains of datagrams sent in one go) the plane's socket
+    /// took whole, while queued; their datagrams count in the other counters one by one.
+    RxGsoWhole => c"rx_gso_whole",
+    /// `rx_queued`: times a plane's socket switched from taking datagrams one by one to taking
+    /// them queued, at a train (`sys/udp.rs`).
+    RxQueued => c"rx_queued",
 }
 
 /// Paths with their own counters (`path<i>_*`): as many as a connection has by default

@@ -163,6 +163,7 @@ impl RxHandler for DeviceRx {
         self.counters.inc(match why {
             RxDrop::NoMemory => Counter::RxNoMem,
             RxDrop::BadHeaders => Counter::RxMalformed,
+            RxDrop::BadChecksum => Counter::RxBadChecksum,
         });
     }
 }

@@ -5,6 +5,7 @@
 #include <linux/netdevice.h>
 #include <net/dst.h>
 #include <net/sock.h>
+#include <net/udp.h>
 #include "glue_net.h"
 
 void *metaroce_glue_sk_user_data(struct sock *sk)
@@ -92,9 +93,58 @@ void metaroce_glue_local_bh_enable(void)
 	local_bh_enable();
 }
 
-bool metaroce_glue_skb_more(const struct sk_buff *skb)
+void metaroce_glue_skb_get(struct sk_buff *skb)
+{
+	skb_get(skb);
+}
+
+struct sk_buff *metaroce_glue_skb_next(const struct sk_buff *skb)
 {
 	return skb->next;
+}
+
+/*
+ * Points sk's data_ready callback at ours (under sk_callback_lock, as other kernel socket
+ * users do) and sets its receive buffer.
+ */
+void metaroce_glue_sk_set_data_ready(struct sock *sk, void (*data_ready)(struct sock *sk), int rcvbuf)
+{
+	write_lock_bh(&sk->sk_callback_lock);
+	sk->sk_data_ready = data_ready;
+	write_unlock_bh(&sk->sk_callback_lock);
+	WRITE_ONCE(sk->sk_rcvbuf, rcvbuf);
+}
+
+/* Sets (or clears, with NULL) the encap_rcv of a socket set up as a UDP tunnel's. */
+void metaroce_glue_udp_set_encap_rcv(struct sock *sk,
+				     int (*encap_rcv)(struct sock *sk, struct sk_buff *skb))
+{
+	WRITE_ONCE(udp_sk(sk)->encap_rcv, encap_rcv);
+}
+
+/* Undoes setup_udp_tunnel_sock's inet_inc_convert_csum (a static inline). */
+void metaroce_glue_inet_dec_convert_csum(struct sock *sk)
+{
+	inet_dec_convert_csum(sk);
+}
+
+/* UDP GSO packets are queued on sk whole, as for a socket with UDP_GRO set. */
+void metaroce_glue_udp_accept_gso(struct sock *sk)
+{
+	udp_set_bit(ACCEPT_L4, sk);
+}
+
+/* Whether a datagram taken from a UDP socket's queue has a good checksum, as udp_recvmsg judges. */
+bool metaroce_glue_udp_csum_ok(struct sk_buff *skb)
+{
+	return udp_skb_csum_unnecessary(skb) || !__udp_lib_checksum_complete(skb);
+}
+
+/* Whether sk has datagrams queued (either of its receive queues). */
+bool metaroce_glue_udp_rx_pending(struct sock *sk)
+{
+	return !skb_queue_empty_lockless(&udp_sk(sk)->reader_queue) ||
+	       !skb_queue_empty_lockless(&sk->sk_receive_queue);
 }
 
 /*

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * C wrappers for the networking static inlines and macros the UDP transport layer
- * (drivers/sys/udp.rs) calls. As in glue.h: one expression each, no logic.
+ * (drivers/sys/udp.rs) calls. As in glue.h: no logic (one expression each; a callback set
+ * under its lock).
  */
 #ifndef METAROCE_GLUE_NET_H
 #define METAROCE_GLUE_NET_H
@@ -28,7 +29,15 @@ unsigned int metaroce_glue_dst_mtu(const struct dst_entry *dst);
 void metaroce_glue_kfree_skb(struct sk_buff *skb);
 void metaroce_glue_local_bh_disable(void);
 void metaroce_glue_local_bh_enable(void);
-bool metaroce_glue_skb_more(const struct sk_buff *skb);
+void metaroce_glue_skb_get(struct sk_buff *skb);
+struct sk_buff *metaroce_glue_skb_next(const struct sk_buff *skb);
+void metaroce_glue_sk_set_data_ready(struct sock *sk, void (*data_ready)(struct sock *sk), int rcvbuf);
+void metaroce_glue_udp_set_encap_rcv(struct sock *sk,
+				     int (*encap_rcv)(struct sock *sk, struct sk_buff *skb));
+void metaroce_glue_inet_dec_convert_csum(struct sock *sk);
+void metaroce_glue_udp_accept_gso(struct sock *sk);
+bool metaroce_glue_udp_csum_ok(struct sk_buff *skb);
+bool metaroce_glue_udp_rx_pending(struct sock *sk);
 int metaroce_glue_ip_mc_group(struct net_device *dev, __be32 addr, bool join);
 
 #endif /* METAROCE_GLUE_NET_H */

@@ -172,9 +172,9 @@ pub(crate) struct RxPacket {
     pub(crate) src_port: u16,
     /// The IP header carried ECN Congestion Experienced (CE, both ECN bits set).
     pub(crate) ecn_ce: bool,
-    /// More datagrams of the same burst follow at once: the stack cut a UDP GSO packet into
-    /// datagrams and hands them over one after the other, in this softirq, and this is not
-    /// the last of them.
+    /// More datagrams of the same burst follow at once: this is not the last datagram of a
+    /// UDP GSO packet, or more are queued on the socket behind it, and they are handed over
+    /// one after the other, in this softirq.
     pub(crate) more: bool,
     /// The UDP payload: the MetaRoCE packet, not yet validated.
     pub(crate) payload: RxBuf,
@@ -187,6 +187,8 @@ pub(crate) enum RxDrop {
     NoMemory,
     /// The IP or UDP header is not one we can read (inconsistent offsets or lengths).
     BadHeaders,
+    /// The UDP checksum is wrong.
+    BadChecksum,
 }
 
 /// Receives the datagrams of one plane socket.

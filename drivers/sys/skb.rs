@@ -61,7 +61,8 @@ impl Skb {
 
     /// The IP header (network header up to the transport header) and the UDP header plus
     /// payload (transport header up to the end of the data) of a linear skb whose network and
-    /// transport headers the stack set; None if they do not lie where they must.
+    /// transport headers the stack set (the UDP header may have been pulled off the data
+    /// already); None if they do not lie where they must.
     pub(super) fn headers(&self) -> Option<(&[u8], &[u8])> {
         let skb = self.as_ptr();
         // SAFETY: the skb is ours and live; reading its fields and header offsets.
@@ -80,11 +81,10 @@ impl Skb {
         }
         // SAFETY: a linear skb's `len` bytes from `data` are its data, inside its head buffer.
         let end = unsafe { data.add(len) };
-        // The IP header lies between the buffer's start and the UDP header, which lies in the
-        // data: check it instead of trusting it, comparing addresses only.
-        let (head_a, nh_a, th_a, data_a, end_a) =
-            (head.addr(), nh.addr(), th.addr(), data.addr(), end.addr());
-        if !(head_a <= nh_a && nh_a <= th_a && data_a <= th_a && th_a <= end_a) {
+        // The IP header lies between the buffer's start and the UDP header, which lies before
+        // the end of the data: check it instead of trusting it, comparing addresses only.
+        let (head_a, nh_a, th_a, end_a) = (head.addr(), nh.addr(), th.addr(), end.addr());
+        if !(head_a <= nh_a && nh_a <= th_a && th_a <= end_a) {
             return None;
         }
         // SAFETY: `nh..th` and `th..end` lie within the skb's head buffer (checked above: from
@@ -103,7 +103,55 @@ impl Skb {
     /// unlinking them, and all but the last have a next one.
     pub(super) fn more(&self) -> bool {
         // SAFETY: the skb is ours; this only reads its `next`.
-        unsafe { bindings::metaroce_glue_skb_more(self.as_ptr()) }
+        !unsafe { bindings::metaroce_glue_skb_next(self.as_ptr()) }.is_null()
+    }
+
+    /// How many datagrams of the same GSO packet the stack has after this one (see
+    /// [`Skb::more`]), counted up to `max`.
+    pub(super) fn following(&self, max: usize) -> usize {
+        let mut n = 0;
+        // SAFETY: the skb is ours; this reads its `next`.
+        let mut next = unsafe { bindings::metaroce_glue_skb_next(self.as_ptr()) };
+        while !next.is_null() && n < max {
+            n += 1;
+            // SAFETY: `next` is a datagram of the list the stack is walking, which it hands
+            // over after this one: alive and unchanged while we are called from that walk.
+            next = unsafe { bindings::metaroce_glue_skb_next(next) };
+        }
+        n
+    }
+
+    /// The number of datagrams in a UDP GSO packet, as the sender's stack set it
+    /// (`gso_segs`); 0 for a single datagram.
+    pub(super) fn gso_segs(&self) -> u16 {
+        let skb = self.as_ptr();
+        // SAFETY: the skb is live; reading a field of its shared info.
+        unsafe { (*bindings::metaroce_glue_skb_shinfo(skb)).gso_segs }
+    }
+
+    /// Another reference to this skb (its user count raised): each `Skb` frees its own, and
+    /// the last one frees the skb. Only for an skb that is only read from then on (a shared
+    /// skb must not be linearised or changed).
+    pub(super) fn share(&self) -> Self {
+        // SAFETY: the skb is live (we hold a reference); this takes another one, which the
+        // new `Skb` owns.
+        unsafe { bindings::metaroce_glue_skb_get(self.as_ptr()) };
+        Skb(self.0)
+    }
+
+    /// The datagram size of a UDP GSO packet (`gso_size`); 0 for a single datagram.
+    pub(super) fn gso_size(&self) -> u16 {
+        let skb = self.as_ptr();
+        // SAFETY: the skb is live; reading a field of its shared info.
+        unsafe { (*bindings::metaroce_glue_skb_shinfo(skb)).gso_size }
+    }
+
+    /// Whether a datagram taken off a UDP socket's queue has a good UDP checksum (verified
+    /// now if the device or the sender's stack has not: as `udp_recvmsg` does).
+    pub(super) fn udp_csum_ok(&mut self) -> bool {
+        // SAFETY: the skb is ours alone, dequeued from a UDP socket (so its UDP control block
+        // is set); the check may update its checksum state.
+        unsafe { bindings::metaroce_glue_udp_csum_ok(self.as_ptr()) }
     }
 
     /// Makes a datagram of `seg`-byte segments a UDP GSO packet of `segs` datagrams, as

@@ -4,19 +4,37 @@
 //! netdev, that hand received datagrams to an [`RxHandler`] and send datagrams out through
 //! that netdev.
 //!
+//! A socket receives in one of two ways, and switches between them as its traffic changes:
+//! - **one by one** (the default): as a tunnel's, through `encap_rcv`, called for each
+//!   datagram. The stack cuts a UDP GSO packet (a train of datagrams that metaroce sent in
+//!   one go, e.g. from a namespace over veth) into datagrams first: a copy and an skb each.
+//! - **queued**: `encap_rcv` cleared, the stack queues datagrams on the socket as on any UDP
+//!   socket, UDP GSO packets whole (the socket accepts them, as with `UDP_GRO`), and
+//!   `data_ready` (its `sk_data_ready`) takes them at once and hands out a GSO packet's
+//!   datagrams in place. Cheaper per byte, dearer per datagram (the queue's locks and memory
+//!   accounting): a 2-byte round trip took 6 us more under TCG.
+//!
+//! `encap_rcv` switches to queued at a datagram cut from a GSO packet of at least
+//! [`TRAIN`] datagrams; `data_ready` switches back after [`SINGLES_TO_ONE_BY_ONE`] datagrams
+//! in a row that came alone or in shorter packets (a request and an ACK on the same path go
+//! out as one GSO packet of 2: latency-bound traffic). Datagrams the stack is handing over
+//! during a switch may take either way; both go to the handler.
+//!
 //! Life cycle and the rules that make it sound:
 //!
 //! - [`PlaneSocket::open`] creates an IPv4 socket and, when the kernel has IPv6, an IPv6-only
 //!   one, each in the netdev's namespace, bound to its ifindex (`SO_BINDTODEVICE`), so several
 //!   planes in one namespace can each own the port on their own netdev. `sk_user_data` points
 //!   to an [`RxContext`] in a box the `PlaneSocket` owns.
-//! - `encap_rcv` runs in softirq under RCU; it reads `sk_user_data` with
-//!   `rcu_dereference_sk_user_data` and does nothing if it is null.
+//! - `encap_rcv` and `data_ready` run in softirq under RCU; they read `sk_user_data` with
+//!   `rcu_dereference_sk_user_data` and do nothing if it is null (`data_ready` leaves what is
+//!   queued to go with the socket).
 //! - [`PlaneSocket::send`] reads the socket pointers under `rcu_read_lock`.
 //! - [`PlaneSocket::close`] (also run by `drop`) unpublishes the sockets, waits for a grace
 //!   period (no sender holds them any more), releases them (`udp_tunnel_sock_release` clears
-//!   `sk_user_data` and closes), and waits for another grace period (no `encap_rcv` still uses
-//!   the context). Only then can the context, and the handler it holds, be freed.
+//!   `sk_user_data` and closes), and waits for another grace period (no `encap_rcv` or
+//!   `data_ready` still uses the context). Only then can the context, and the handler it
+//!   holds, be freed.
 //! - Kernel sockets hold no reference on their namespace, so a socket must be closed before
 //!   its namespace is dismantled: the driver closes it when the netdev unregisters, which
 //!   happens (under RTNL) before the namespace's UDP state goes away.
@@ -32,7 +50,7 @@ use core::{
     marker::PhantomData,
     mem::size_of,
     ptr,
-    sync::atomic::{AtomicPtr, Ordering},
+    sync::atomic::{AtomicPtr, AtomicU32, Ordering},
 };
 use kernel::{
     error::from_err_ptr,
@@ -78,10 +96,25 @@ const IPV4_HEADER: usize = 20;
 const IPV6_HEADER: usize = 40;
 /// `encap_type` for our sockets: any non-zero value enables `encap_rcv` (rxe uses 1 too).
 const ENCAP_TYPE: u8 = 1;
+/// A UDP GSO packet of at least this many datagrams is a train: what the queued way is for.
+pub(crate) const TRAIN: u16 = 4;
+/// A queued socket goes back to one by one after this many datagrams in a row that came
+/// alone or in packets shorter than a [`TRAIN`] (none queued behind them): traffic where the
+/// queue's cost per datagram is paid for nothing. A bulk receiver sees a train far more often
+/// than that (the sender's retransmissions and probes come alone).
+pub(crate) const SINGLES_TO_ONE_BY_ONE: u32 = 32;
+/// `MSG_DONTWAIT`: take what is queued, never wait.
+const MSG_DONTWAIT: u32 = 0x40;
+/// Receive buffer of our sockets, bytes: `data_ready` empties the queue as the stack fills it,
+/// so this only has to hold what several CPUs queue at once (a UDP GSO packet is up to 64 KiB).
+const RCVBUF: c_int = 4 << 20;
 
-/// What `sk_user_data` points to: everything `encap_rcv` needs.
+/// What `sk_user_data` points to: everything `encap_rcv` and `data_ready` need.
 struct RxContext {
     handler: Arc<dyn RxHandler>,
+    /// Datagrams in a row that a queued socket took alone (either socket of the plane).
+    singles: AtomicU32,
+    counters: Arc<Counters>,
 }
 
 /// The UDP sockets of one plane (netdev).
@@ -108,7 +141,8 @@ unsafe impl Sync for PlaneSocket {}
 impl PlaneSocket {
     /// Opens the plane's sockets on `ndev`: received datagrams go to `handler`; sends and
     /// their failures are counted in `counters` (`tx_*`), as are datagrams dropped before they
-    /// reach the handler (`rx_nomem`, `rx_malformed`, through [`RxHandler::dropped`] too).
+    /// reach the handler (`rx_nomem`, `rx_malformed`, `rx_bad_checksum`, through
+    /// [`RxHandler::dropped`] too).
     ///
     /// Process context only (creates sockets).
     pub(crate) fn open(
@@ -116,7 +150,14 @@ impl PlaneSocket {
         handler: Arc<dyn RxHandler>,
         counters: Arc<Counters>,
     ) -> Result<Self> {
-        let rx = KBox::new(RxContext { handler }, GFP_KERNEL)?;
+        let rx = KBox::new(
+            RxContext {
+                handler,
+                singles: AtomicU32::new(0),
+                counters: counters.clone(),
+            },
+            GFP_KERNEL,
+        )?;
         // SAFETY: `ndev` is alive for the call (type invariant); `dev_net` reads its namespace,
         // which lives at least as long as the netdev is registered in it.
         let net = unsafe { bindings::metaroce_glue_dev_net(ndev.as_ptr()) };
@@ -171,7 +212,7 @@ impl PlaneSocket {
     /// destination and ports, handed to the IP stack as one UDP GSO packet (`SKB_GSO_UDP_L4`),
     /// over IPv4 or IPv6: the route, the headers, the qdiscs and a veth are passed once for all of
     /// them; the stack cuts it into datagrams where it must (a device without UDP
-    /// segmentation; a tunnel socket such as ours receiving it).
+    /// segmentation). A receiver such as ours takes it whole once queued (module docs).
     pub(crate) fn send_segments(
         &self,
         dst: &IpAddr,
@@ -470,7 +511,8 @@ impl PlaneDev<'_> {
 }
 
 /// Creates a UDP tunnel socket of `family` in `net`, bound to `ifindex` and our port, whose
-/// `encap_rcv` receives with `user_data` (an [`RxContext`]).
+/// `encap_rcv` and `data_ready` receive with `user_data` (an [`RxContext`]), one by one to
+/// begin with (module docs).
 fn open_socket(
     net: *mut bindings::net,
     ifindex: c_int,
@@ -511,13 +553,37 @@ fn open_socket(
         ..Default::default()
     };
     // SAFETY: `sk` is our fresh socket in `net`; `user_data` points to an `RxContext` that
-    // outlives the socket (see `PlaneSocket::close`); `encap_rcv` matches the callback type.
-    unsafe { bindings::setup_udp_tunnel_sock(net, sk, &mut tunnel) };
+    // outlives the socket (see `PlaneSocket::close`); `encap_rcv` and `data_ready` match the
+    // callback types and read the user data under RCU.
+    unsafe {
+        bindings::setup_udp_tunnel_sock(net, sk, &mut tunnel);
+        // A tunnel socket asks for received checksums in their final form (`convert_csum`),
+        // for the inner packets of encapsulations; we have none. Left on, it made the stack
+        // compute the checksum of every datagram it cuts a GSO packet into (`skb_segment`).
+        bindings::metaroce_glue_inet_dec_convert_csum(sk);
+        // For the queued way (module docs): GSO packets whole, and our `data_ready`.
+        bindings::metaroce_glue_udp_accept_gso(sk);
+        bindings::metaroce_glue_sk_set_data_ready(sk, Some(data_ready), RCVBUF);
+    }
     Ok(sk)
 }
 
-/// A received datagram's UDP payload, left in the skb the stack handed us (no copy); the skb
-/// is freed (as used) when this is dropped.
+/// Switches `sk` to one by one (`encap_rcv` set) or queued (cleared; module docs).
+///
+/// # Safety
+///
+/// `sk` must be one of our sockets, live.
+unsafe fn set_one_by_one(sk: *mut bindings::sock, one_by_one: bool) {
+    let f: Option<unsafe extern "C" fn(*mut bindings::sock, *mut bindings::sk_buff) -> c_int> =
+        if one_by_one { Some(encap_rcv) } else { None };
+    // SAFETY: `sk` is our live socket, set up as a tunnel's (so the stack reads `encap_rcv`
+    // with READ_ONCE, and falls through to queueing while it is null).
+    unsafe { bindings::metaroce_glue_udp_set_encap_rcv(sk, f) };
+}
+
+/// A received datagram's UDP payload, left in the skb the stack handed us (no copy); our
+/// reference to the skb goes (as used) when this is dropped. The datagrams of one UDP GSO
+/// packet share its skb, each with its own reference.
 pub(crate) struct RxBuf {
     /// Never None but in `drop`.
     skb: Option<Skb>,
@@ -525,14 +591,16 @@ pub(crate) struct RxBuf {
     len: usize,
 }
 
-// SAFETY: the skb is ours alone (the stack handed it over and nothing else refers to it), and
-// it may be read and freed on any CPU, in any context.
+// SAFETY: we hold a reference to the skb, whose data nobody changes any more (it was taken
+// off the socket's queue, and no one holding a reference writes it), and it may be read and
+// released on any CPU, in any context.
 unsafe impl Send for RxBuf {}
 
 impl RxBuf {
     /// # Safety
     ///
-    /// `skb` must be linear, and `data..data+len` lie in its data.
+    /// `skb` must be linear, and `data..data+len` lie in its data, which no holder of a
+    /// reference to it changes.
     unsafe fn new(skb: Skb, data: *const u8, len: usize) -> Self {
         RxBuf {
             skb: Some(skb),
@@ -543,7 +611,7 @@ impl RxBuf {
 
     /// The payload.
     pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: by `new`'s contract the bytes are in the linear data of the skb we own,
+        // SAFETY: by `new`'s contract the bytes are in the linear data of the skb we hold,
         // which nothing changes or frees while we hold it.
         unsafe { core::slice::from_raw_parts(self.data, self.len) }
     }
@@ -557,7 +625,119 @@ impl Drop for RxBuf {
     }
 }
 
-/// The `encap_rcv` callback: every datagram for our port on the plane's netdev.
+/// The `sk_data_ready` callback of our sockets: the stack queued a datagram, or a UDP GSO
+/// packet of several, on `sk`. Takes everything queued and hands every datagram to the
+/// handler, in order.
+///
+/// # Safety
+///
+/// Called only by the stack, for a socket we set up (in softirq, or with bottom halves
+/// disabled).
+unsafe extern "C" fn data_ready(sk: *mut bindings::sock) {
+    // The handler runs with bottom halves disabled (`RxHandler`), also if the stack ever
+    // calls this from process context.
+    let _bh = BhDisabled::new();
+    let _rcu = rcu::read_lock();
+    // SAFETY: `sk` is live for the callback; we hold the RCU read lock.
+    let ctx = unsafe { bindings::metaroce_glue_sk_user_data(sk) }.cast::<RxContext>();
+    // SAFETY: a non-null `sk_user_data` is our `RxContext`, kept alive until a grace period
+    // after it is cleared (see `PlaneSocket::close`), and we are inside that RCU section.
+    let Some(ctx) = (unsafe { ctx.as_ref() }) else {
+        // Closing: what is queued goes with the socket.
+        return;
+    };
+    let mut retried = false;
+    loop {
+        let (mut off, mut err) = (0, 0);
+        // SAFETY: `sk` is a live UDP socket; the locals are live. Without waiting (it returns
+        // null at once when nothing is queued), it dequeues one skb, uncharged from the
+        // socket, which is then ours to free.
+        let skb = unsafe { bindings::__skb_recv_udp(sk, MSG_DONTWAIT, &mut off, &mut err) };
+        // SAFETY: null, or an skb now ours alone (above).
+        let Some(skb) = (unsafe { Skb::from_raw(skb) }) else {
+            // A pending socket error is reported (and cleared) instead of a datagram: what
+            // is queued behind it is taken now, not at the next datagram.
+            if err != EAGAIN.to_errno() && !retried {
+                retried = true;
+                continue;
+            }
+            break;
+        };
+        // SAFETY: `sk` is live; this reads whether its queues are empty.
+        let more = unsafe { bindings::metaroce_glue_udp_rx_pending(sk) };
+        if skb.gso_size() != 0 {
+            ctx.counters.inc(Counter::RxGsoWhole);
+        }
+        if more || skb.gso_segs() >= TRAIN {
+            ctx.singles.store(0, Ordering::Relaxed);
+        } else if ctx.singles.fetch_add(1, Ordering::Relaxed) + 1 >= SINGLES_TO_ONE_BY_ONE {
+            ctx.singles.store(0, Ordering::Relaxed);
+            // SAFETY: `sk` is our live socket.
+            unsafe { set_one_by_one(sk, true) };
+        }
+        deliver(ctx, skb, more, false);
+        if !more {
+            // Whatever another CPU queues from now on, its own call takes.
+            break;
+        }
+    }
+}
+
+/// Hands the datagrams in `skb` (one, or a UDP GSO packet's) to `ctx`'s handler after the
+/// checks `udp_recvmsg` makes (the checksum's unless `verified`); `more`: others follow at
+/// once.
+fn deliver(ctx: &RxContext, mut skb: Skb, more: bool, verified: bool) {
+    if !verified && !skb.udp_csum_ok() {
+        ctx.handler.dropped(RxDrop::BadChecksum);
+        return;
+    }
+    // Linearising may reallocate the head, so the headers are read after.
+    if skb.linearize().is_err() {
+        ctx.handler.dropped(RxDrop::NoMemory);
+        return;
+    }
+    let parsed = skb.headers().and_then(|(ip, udp)| {
+        let (src, dst, ecn_ce) = parse_ip_header(ip)?;
+        let src_port = u16::from_be_bytes([*udp.first()?, *udp.get(1)?]);
+        let payload = udp.get(UDP_HEADER..)?;
+        Some((src, dst, src_port, ecn_ce, payload.as_ptr(), payload.len()))
+    });
+    let Some((src, dst, src_port, ecn_ce, data, len)) = parsed else {
+        ctx.handler.dropped(RxDrop::BadHeaders);
+        return;
+    };
+    // A GSO packet's datagrams are `gso_size` bytes each, the last one shorter.
+    let seg = seg_len(usize::from(skb.gso_size()), len);
+    let count = segments(len, seg);
+    let mut skb = Some(skb);
+    let mut at = 0;
+    for k in 0..count {
+        let n = seg.min(len - at);
+        // Every datagram but the last holds a reference of its own; the last takes ours.
+        let piece = if k + 1 == count {
+            skb.take()
+        } else {
+            skb.as_ref().map(Skb::share)
+        };
+        let Some(piece) = piece else {
+            return;
+        };
+        // SAFETY: `skb` is linear and `data..data+len` is its UDP payload (`headers`), of
+        // which `at..at+n` is a part (`at + n <= len`); once shared, nobody changes it.
+        let payload = unsafe { RxBuf::new(piece, data.add(at), n) };
+        ctx.handler.receive(RxPacket {
+            src,
+            dst,
+            src_port,
+            ecn_ce,
+            more: more || k + 1 < count,
+            payload,
+        });
+        at += n;
+    }
+}
+
+/// The `encap_rcv` callback (one by one, module docs): a datagram for our port.
 ///
 /// # Safety
 ///
@@ -565,7 +745,7 @@ impl Drop for RxBuf {
 /// then own (the UDP checksum verified, `data` at the UDP header, trimmed to the UDP length).
 unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_buff) -> c_int {
     // SAFETY: the skb is ours (see the contract); dropped, it is freed.
-    let Some(mut skb) = (unsafe { Skb::from_raw(skb) }) else {
+    let Some(skb) = (unsafe { Skb::from_raw(skb) }) else {
         return 0;
     };
     // SAFETY: `sk` is live for the callback; the caller holds the RCU read lock.
@@ -576,34 +756,15 @@ unsafe extern "C" fn encap_rcv(sk: *mut bindings::sock, skb: *mut bindings::sk_b
         // Closing: the datagram is dropped.
         return 0;
     };
-    // Linearising may reallocate the head, so the headers are read after.
-    if skb.linearize().is_err() {
-        ctx.handler.dropped(RxDrop::NoMemory);
-        return 0;
-    }
-    let parsed = skb.headers().and_then(|(ip, udp)| {
-        let (src, dst, ecn_ce) = parse_ip_header(ip)?;
-        let src_port = u16::from_be_bytes([*udp.first()?, *udp.get(1)?]);
-        let payload = udp.get(UDP_HEADER..)?;
-        Some((src, dst, src_port, ecn_ce, payload.as_ptr(), payload.len()))
-    });
     let more = skb.more();
-    match parsed {
-        Some((src, dst, src_port, ecn_ce, data, len)) => {
-            // The skb goes to the handler with the packet (no copy).
-            // SAFETY: `skb` is linear; `data..data+len` lies in its data.
-            let payload = unsafe { RxBuf::new(skb, data, len) };
-            ctx.handler.receive(RxPacket {
-                src,
-                dst,
-                src_port,
-                ecn_ce,
-                more,
-                payload,
-            });
-        }
-        None => ctx.handler.dropped(RxDrop::BadHeaders),
+    if more && skb.following(usize::from(TRAIN)) + 1 >= usize::from(TRAIN) {
+        // Cut from a train: the queued way takes the next ones whole.
+        ctx.singles.store(0, Ordering::Relaxed);
+        ctx.counters.inc(Counter::RxQueued);
+        // SAFETY: `sk` is our live socket.
+        unsafe { set_one_by_one(sk, false) };
     }
+    deliver(ctx, skb, more, true);
     0
 }
 

@@ -30,14 +30,17 @@ counter_ge() {
 	[ -n "$v" ] && [ "$v" -ge "$3" ] || { echo "$1 $2 is '$v', wanted >= $3"; return 1; }
 }
 
-# send_udp NS ADDR [TOS] < spec: sends datagrams to ADDR:4793 from namespace NS. Each line of
-# the spec is a Python expression for one payload (bytes).
+# send_udp NS ADDR [TOS [SEG]] < spec: sends datagrams to ADDR:4793 from namespace NS. Each
+# line of the spec is a Python expression for one payload (bytes); with SEG, each payload goes
+# as a UDP GSO packet of SEG-byte datagrams (UDP_SEGMENT).
 send_udp() {
 	$IP netns exec "$1" python3 -c '
 import socket, sys, os, random
-addr, tos = sys.argv[1], int(sys.argv[2])
+addr, tos, seg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 s = socket.socket(fam, socket.SOCK_DGRAM)
+if seg:
+    s.setsockopt(socket.IPPROTO_UDP, 103, seg)  # UDP_SEGMENT
 if tos:
     if fam == socket.AF_INET:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
@@ -59,8 +62,12 @@ for line in sys.stdin:
         s.sendto(eval(line), (addr, 4793))
         n += 1
 print(n, "sent")
-' "$2" "${3:-0}"
+' "$2" "${3:-0}" "${4:-0}"
 }
+
+# send_udp_gso NS ADDR SEG < spec: as send_udp, each payload sent as one UDP GSO packet of
+# SEG-byte datagrams (the last one shorter), which veth carries whole.
+send_udp_gso() { send_udp "$1" "$2" 0 "$3"; }
 
 # sockets_on_port NS PORT: how many UDP sockets are bound to PORT in NS.
 sockets_on_port() { $IP netns exec "$1" ss -ulnH "sport = :$2" | grep -c .; }
@@ -138,6 +145,39 @@ check "IPv6: rx_malformed 16" counter_is mroce1 rx_malformed 16
 check_output "ECN CE counted" '^2$' counter mroce1 rx_ecn_ce
 check_output "mroce2 saw nothing" '^0 0$' sh -c "echo \$($RDMA statistic show link mroce2/1 | grep -Eo '(rx_packets|rx_malformed) [0-9]+' | cut -d' ' -f2)"
 
+# UDP GSO packets (sys/udp.rs): the socket takes datagrams one by one, and the stack cuts a
+# GSO packet into datagrams for it; at a datagram of a train (a GSO packet of 4 or more) it
+# switches to queued, and takes the next GSO packets whole (rx_gso_whole), handing out their
+# datagrams one by one (the last one shorter); 32 datagrams in a row that come alone (or in
+# shorter packets) switch it back.
+bad5='(hdr(version=2) + bytes(168)) * 4 + hdr(version=2) + bytes(18)'
+good5='(hdr() + bytes(168)) * 4 + hdr() + bytes(18)'
+good3='(hdr() + bytes(468)) * 2 + hdr() + bytes(1)'
+check_output "GSO: a train of 5 malformed datagrams, cut by the stack" '^1 sent' send_udp_gso ns2 $NS1_ADDR 200 <<<"$bad5"
+check "GSO: rx_malformed counts its 5 datagrams" counter_is mroce1 rx_malformed 21
+check_output "GSO: not taken whole" '^0$' counter mroce1 rx_gso_whole
+check_output "GSO: the socket switched to queued" '^1$' counter mroce1 rx_queued
+check_output "GSO: another train of 5 malformed datagrams" '^1 sent' send_udp_gso ns2 $NS1_ADDR 200 <<<"$bad5"
+check "GSO: taken whole" counter_is mroce1 rx_gso_whole 1
+check_output "GSO: rx_malformed counts the 5" '^26$' counter mroce1 rx_malformed
+check_output "GSO: a packet of 3 valid-looking datagrams" '^1 sent' send_udp_gso ns2 $NS1_ADDR 500 <<<"$good3"
+check "GSO: taken whole too" counter_is mroce1 rx_gso_whole 2
+check_output "GSO: rx_packets counts the 3" '^9$' counter mroce1 rx_packets
+singles=$(for _ in $(seq 32); do echo 'hdr()'; done)
+check_output "GSO: send 32 datagrams alone" '^32 sent' send_udp ns2 $NS1_ADDR <<<"$singles"
+check "GSO: rx_packets counts them" counter_is mroce1 rx_packets 41
+check_output "GSO: a packet of 3 after those" '^1 sent' send_udp_gso ns2 $NS1_ADDR 500 <<<"$good3"
+check "GSO: its datagrams counted" counter_is mroce1 rx_packets 44
+check_output "GSO: cut by the stack (back to one by one), and too short to switch" '^2$' counter mroce1 rx_gso_whole
+check_output "GSO: a train of 5 valid-looking datagrams" '^1 sent' send_udp_gso ns2 $NS1_ADDR 200 <<<"$good5"
+check "GSO: its datagrams counted" counter_is mroce1 rx_packets 49
+check_output "GSO: cut by the stack" '^2$' counter mroce1 rx_gso_whole
+check_output "GSO: and queued again" '^2$' counter mroce1 rx_queued
+check_output "GSO: and the next train" '^1 sent' send_udp_gso ns2 $NS1_ADDR 200 <<<"$good5"
+check "GSO: taken whole" counter_is mroce1 rx_gso_whole 3
+check "GSO: rx_packets 54" counter_is mroce1 rx_packets 54
+check_output "GSO: no bad checksums" '^0$' counter mroce1 rx_bad_checksum
+
 # Two devices on two netdevs in one namespace share the port (each socket bound to its own).
 $IP link add vetha netns ns1 type veth peer name vethb netns ns2
 $IP -n ns1 addr add 10.78.0.1/24 dev vetha
@@ -148,7 +188,7 @@ check "rdma link add mroce3 on vetha (same netns as mroce1)" $IP netns exec ns1 
 check_output "ss: two IPv4 and two IPv6 sockets on :4793 in ns1" '^4$' sockets_on_port ns1 4793
 check_output "send 1 valid packet to mroce3's address" '^1 sent' send_udp ns2 10.78.0.1 <<<'hdr()'
 check "mroce3 counts it" counter_is mroce3 rx_packets 1
-check_output "mroce1 does not" '^6$' counter mroce1 rx_packets
+check_output "mroce1 does not" '^54$' counter mroce1 rx_packets
 
 # rxe's 4791 beside ours, on the same netdev.
 check "modprobe rdma_rxe" modprobe rdma_rxe
@@ -156,14 +196,14 @@ check "rdma link add rxe1 on veth1 (beside mroce1)" $IP netns exec ns1 $RDMA lin
 check_output "ss: rxe's :4791 listening" ':4791' $IP netns exec ns1 ss -ulnH
 check_output "ss: ours still listening" '^4$' sockets_on_port ns1 4793
 check_output "send 1 valid packet to mroce1 with rxe present" '^1 sent' send_udp ns2 $NS1_ADDR <<<'hdr()'
-check "mroce1 still receives" counter_is mroce1 rx_packets 7
+check "mroce1 still receives" counter_is mroce1 rx_packets 55
 check "rdma link delete rxe1" $IP netns exec ns1 $RDMA link delete rxe1
 
 # Removing a device closes its socket; the other one keeps the port.
 check "rdma link delete mroce3" $IP netns exec ns1 $RDMA link delete mroce3
 check_output "ss: mroce3's sockets are gone, mroce1's remain" '^2$' sockets_on_port ns1 4793
 check_output "mroce1 still receives" '^1 sent' send_udp ns2 $NS1_ADDR <<<'hdr()'
-check "mroce1 counts it" counter_is mroce1 rx_packets 8
+check "mroce1 counts it" counter_is mroce1 rx_packets 56
 check "rdma link add mroce3 again" $IP netns exec ns1 $RDMA link add mroce3 type metaroce netdev vetha
 check_output "ss: and its sockets are back" '^4$' sockets_on_port ns1 4793
 
