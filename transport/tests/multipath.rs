@@ -40,6 +40,14 @@ fn path_sum(sim: &Sim, f: impl Fn(&metaroce_transport::connection::path::PathSta
         .sum()
 }
 
+/// Per-plane shares, per mille, of per-path counts `s` (path i is on plane i % planes).
+fn plane_shares(s: &[u64], planes: usize) -> Vec<u64> {
+    let total: u64 = s.iter().sum();
+    (0..planes)
+        .map(|pl| s.iter().skip(pl).step_by(planes).sum::<u64>() * 1000 / total.max(1))
+        .collect()
+}
+
 fn sent(sim: &Sim) -> Vec<u64> {
     let c = &sim.ep[0].conn;
     (0..c.path_count())
@@ -786,11 +794,12 @@ fn runs_over_limited_planes(
     });
     let r = run(&mut sim, &writes(60, 65536));
     let s = sent(&sim);
-    let total: u64 = s.iter().sum();
-    let shares = (0..planes)
-        .map(|pl| s.iter().skip(pl).step_by(planes).sum::<u64>() * 1000 / total.max(1))
-        .collect();
-    (shares, s, r, path_sum(&sim, |p| p.spurious))
+    (
+        plane_shares(&s, planes),
+        s,
+        r,
+        path_sum(&sim, |p| p.spurious),
+    )
 }
 
 #[test]
@@ -948,31 +957,25 @@ fn spraying_with_window_room_everywhere_is_even() {
     // with room took every pick (here 42-307 packets per path, planes 22-27%; in the guest,
     // windows grew to 256 on a few paths per plane and a plane got 10% of the bytes).
     // (A clean fabric: the seed changes nothing.)
-    let seed = 1;
-    {
-        let mut f = EcmpFabric::uniform(4, 1, 20_000, 40_000);
-        f.nic_ecn_queue_ns = 0;
-        let mut link = nic();
-        link.rate_bits_per_us = 1_000;
-        let mut sim = Sim::with_fabric(f, link, 24, seed, |c| {
-            c.path_burst = 16;
-            c.lossy_path_burst = 4;
-        });
-        run(&mut sim, &writes(240, 16384));
-        let s = sent(&sim);
-        let total: u64 = s.iter().sum();
-        let mean = total / s.len() as u64;
-        let planes: Vec<u64> = (0..4)
-            .map(|pl| s.iter().skip(pl).step_by(4).sum::<u64>() * 1000 / total)
-            .collect();
-        eprintln!("seed {seed}: per plane {planes:?} per mille, per path {s:?}");
-        assert!(
-            planes.iter().all(|&x| (240..=260).contains(&x)),
-            "{planes:?}"
-        );
-        assert!(
-            s.iter().all(|&n| n * 4 <= mean * 5),
-            "no path over 1.25x the mean: {s:?}"
-        );
-    }
+    let mut f = EcmpFabric::uniform(4, 1, 20_000, 40_000);
+    f.nic_ecn_queue_ns = 0;
+    let mut link = nic();
+    link.rate_bits_per_us = 1_000;
+    let mut sim = Sim::with_fabric(f, link, 24, 1, |c| {
+        c.path_burst = 16;
+        c.lossy_path_burst = 4;
+    });
+    run(&mut sim, &writes(240, 16384));
+    let s = sent(&sim);
+    let mean = s.iter().sum::<u64>() / s.len() as u64;
+    let planes = plane_shares(&s, 4);
+    eprintln!("per plane {planes:?} per mille, per path {s:?}");
+    assert!(
+        planes.iter().all(|&x| (240..=260).contains(&x)),
+        "{planes:?}"
+    );
+    assert!(
+        s.iter().all(|&n| n * 4 <= mean * 5),
+        "no path over 1.25x the mean: {s:?}"
+    );
 }

@@ -116,9 +116,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// came back early more than their share, and a path that alone had room piled up
     /// credit while the others waited and was picked again right after its run. Only a path
     /// without room is capped: one with room that was not picked earns all its weight, as in
-    /// plain smooth round-robin. With every path capped, the picked one paid nothing (what
-    /// the others earned) and kept its credit, and the lowest-numbered paths with room took
-    /// every pick. A lossy path
+    /// plain smooth round-robin (were it capped too, a pick made while every other path sat
+    /// at the cap would cost nothing, and the lowest-numbered paths with room would take
+    /// every pick). A lossy path
     /// (`Config::lossy_run_rate`) whose run ended is not picked for the next one while
     /// another path has room: its runs stay `Config::lossy_path_burst` packets long.
     pub(super) fn spray(&mut self, now: u64, commit: bool, mask: u32) -> Option<usize> {
