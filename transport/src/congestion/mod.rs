@@ -157,9 +157,12 @@ impl ConnCc {
         if !self.cfg.receiver_rate || self.grant.rate_mbps == 0 || self.base_rtt == 0 {
             return None;
         }
-        // Mbit/s * ns / 8000 = bytes.
-        let bdp = u64::from(self.grant.rate_mbps) * self.base_rtt / 8_000;
-        let pkts = bdp.saturating_mul(RATE_WINDOW_GAIN) / u64::from(self.packet_bytes);
+        // Mbit/s * ns / 8000 = bytes. Saturating and checked: no panic path (a zero packet
+        // size gives no bound rather than a division by zero).
+        let bdp = u64::from(self.grant.rate_mbps).saturating_mul(self.base_rtt) / 8_000;
+        let pkts = bdp
+            .saturating_mul(RATE_WINDOW_GAIN)
+            .checked_div(u64::from(self.packet_bytes))?;
         Some((pkts.min(u64::from(u32::MAX)) as u32).max(MIN_RATE_WINDOW))
     }
 
