@@ -592,18 +592,21 @@ impl Engine {
             let s = conn.stats();
             let cc = conn.congestion();
             // Packets acknowledged after a later one of their path, and of those declared
-            // lost, the ones acknowledged after all (spurious retransmissions).
-            let (mut reordered, mut spurious) = (0u64, 0u64);
+            // lost, the ones acknowledged after all (spurious retransmissions); tails an early
+            // probe handed back to be sent again.
+            let (mut reordered, mut spurious, mut tail_resends) = (0u64, 0u64, 0u64);
             for i in 0..conn.path_count() {
                 if let Some(path) = conn.path(i) {
                     reordered += path.stats.reordered;
                     spurious += path.stats.spurious;
+                    tail_resends += path.stats.tail_resends;
                 }
             }
             let _ = write!(
                 w,
                 "peer {addr} qps {} paths {}/{} in {} out {} dropped_in {} retx {} \
-                 timeouts {} reordered {reordered} spurious {spurious} acks {}/{} cwnd {} \
+                 timeouts {} reordered {reordered} spurious {spurious} \
+                 tail_resends {tail_resends} acks {}/{} cwnd {} \
                  pace {} grant_in {} grant_out {}",
                 p.attached,
                 conn.send_paths(),

@@ -323,6 +323,9 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
     /// When a path last acknowledged one of our packets (0: never): a connection that
     /// delivers is not stalled, whatever a stream waiting for its turn on it sees.
     delivered_at: u64,
+    /// When the newest packet a path acknowledged was sent (0: none yet): a path whose
+    /// unanswered tail is older is behind the others ([`Path::deadline`]).
+    delivered_sent: u64,
     /// The path the last data packet went on, and how many more may follow it there
     /// (`Config::path_burst`).
     burst_path: usize,
@@ -364,7 +367,7 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
 // The caller's storage must be `ZeroValid` too: `Paths<N>` and `[Stream; N]` are.
 zero_valid!(struct Connection<P: PathSlots, S: StreamSlots> {
     cfg, rng, num_paths, send_paths, sched, naks, nak_head, nak_len, ack_now, ack_armed, ack_at,
-    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, burst_path, burst_left, run_total,
+    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, delivered_sent, burst_path, burst_left, run_total,
     run_health, run_mask, run_now, run_fresh, run_rounds, last_pick,
     turn_stream, turn_left, planes_up, stats, cc, rx_packets, rx_bytes, rx_marked, rx_slot, grant,
     paths, streams,
@@ -422,6 +425,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             unacked: 0,
             rr_ack_path: 0,
             delivered_at: 0,
+            delivered_sent: 0,
             burst_path: 0,
             burst_left: 0,
             run_total: 0,
@@ -482,6 +486,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         self.unacked = 0;
         self.rr_ack_path = 0;
         self.delivered_at = 0;
+        self.delivered_sent = 0;
         self.burst_path = 0;
         self.burst_left = 0;
         self.run_total = 0;

@@ -55,6 +55,11 @@ pub const ACK_REPEATS: u8 = 2;
 pub const ESTIMATE_AGE_RTTS: u64 = 8;
 /// Nor shorter than this many RTOs: a verdict is kept for a few timeouts at least.
 pub const ESTIMATE_AGE_RTOS: u64 = 4;
+/// A path that probes early because it is behind the others ([`Path::deadline`]) also hands
+/// its tail's data back to be sent again when its recent loss rate is at least this (in
+/// 1/65536: 1/512). A path that has not lost lately only probes: its tail is most likely on
+/// its way, and a resend would be spurious.
+pub const RESEND_LOSS_RATE: u16 = 128;
 
 /// Counters of one path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -95,10 +100,13 @@ pub struct PathStats {
     pub failures: u64,
     /// Times a Failed path answered a probe and was re-admitted.
     pub readmissions: u64,
+    /// Tails handed back to be sent again by an early probe ([`RESEND_LOSS_RATE`]).
+    pub tail_resends: u64,
 }
 zero_valid!(struct PathStats {
     sent, retransmitted, acked, lost, timeouts, probes, limit_probes, received, duplicates,
     out_of_window, ecn_ce, entropy_changes, reordered, spurious, failures, readmissions,
+    tail_resends,
 });
 
 /// Path tuning shared by all paths of a connection.
@@ -550,15 +558,17 @@ impl Path {
     }
 
     /// The deadline of this path's timer, if armed: the reordering timer of its loss
-    /// detection, or the probe / retransmission timer.
-    pub fn deadline(&self) -> Option<u64> {
+    /// detection, or the probe / retransmission timer. `behind` is when the newest packet
+    /// the connection has had acknowledged on any path was sent: a path whose tail was sent
+    /// before it probes early ([`Path::behind_deadline`]).
+    pub fn deadline(&self, behind: u64) -> Option<u64> {
         super::timer::min_deadline(
             self.inflight.loss_deadline(self.rtt.srtt()),
-            self.probe_deadline(),
+            self.probe_deadline(behind),
         )
     }
 
-    fn probe_deadline(&self) -> Option<u64> {
+    fn probe_deadline(&self, behind: u64) -> Option<u64> {
         if self.probe_armed {
             return Some(
                 self.probe_at
@@ -566,27 +576,51 @@ impl Path {
             );
         }
         if self.inflight.unresolved() > 0 {
-            return Some(
-                self.timer_start.saturating_add(
-                    self.rtt.pto(
-                        self.ack_delay
-                            .saturating_add(self.inflight.reorder_window(self.rtt.srtt())),
-                    ),
+            let pto = self.timer_start.saturating_add(
+                self.rtt.pto(
+                    self.ack_delay
+                        .saturating_add(self.inflight.reorder_window(self.rtt.srtt())),
                 ),
             );
+            return super::timer::min_deadline(Some(pto), self.behind_deadline(behind));
         }
         None
+    }
+
+    /// The early probe of a path behind the others: its tail was sent before a packet the
+    /// peer acknowledged on another path, so it should have been answered by now as well,
+    /// give or take the RTT differences. It is due the path's smoothed RTT plus the larger
+    /// of its reordering window and 4 RTT variations after the tail was sent, rather than
+    /// two RTTs after the path's last progress: a lost last packet of a step (nothing later
+    /// on its path to show it lost) otherwise holds the step for the full probe timeout.
+    fn behind_deadline(&self, behind: u64) -> Option<u64> {
+        if !self.rtt.has_sample() {
+            return None;
+        }
+        let tail = self.inflight.tail_sent()?;
+        if tail >= behind {
+            return None;
+        }
+        let srtt = self.rtt.srtt();
+        let margin = self
+            .inflight
+            .reorder_window(srtt)
+            .max(self.rtt.rttvar().saturating_mul(4));
+        Some(tail.saturating_add(srtt).saturating_add(margin))
     }
 
     /// Fires the timer if due: the reordering timer declares overdue packets lost; the first
     /// probe-timer expiry sends a tail-loss probe; an expiry with the probe unanswered is a
     /// retransmission timeout: every unresolved packet is lost, the path moves to a new UDP
-    /// source port, backs off and turns Suspect (Failed after `fail_after` in a row). Returns
-    /// the number of packets declared lost.
+    /// source port, backs off and turns Suspect (Failed after `fail_after` in a row). A probe
+    /// sent early because the path is behind (`behind`, [`Path::deadline`]) hands the tail's
+    /// data back too if the path has been losing ([`RESEND_LOSS_RATE`]). Returns the number
+    /// of packets declared lost.
     pub fn on_timer(
         &mut self,
         now: u64,
         rng: &mut XorShift,
+        behind: u64,
         report: impl FnMut(SentItem, Outcome, u64),
     ) -> u32 {
         let mut report = report;
@@ -599,11 +633,16 @@ impl Path {
             self.news_at = now;
             self.update_health();
         }
-        match self.probe_deadline() {
+        match self.probe_deadline(behind) {
             Some(d) if d <= now => {}
             _ => return lost,
         }
         if !self.probe_armed {
+            let early = self.behind_deadline(behind).is_some_and(|d| d <= now);
+            if early && self.loss_rate >= RESEND_LOSS_RATE {
+                let n = self.inflight.resend_tail(&mut report);
+                self.stats.tail_resends += u64::from(n);
+            }
             // Tail-loss probe (the path's health drops while it is out).
             self.probe_armed = true;
             self.probe_at = now;
@@ -729,27 +768,92 @@ mod tests {
         }
     }
 
+    /// A path with eight RTT samples of 10 us (a small RTT variation), then one data packet
+    /// (segment 1) in flight, sent at 200 us.
+    fn path_with_tail(rng: &mut XorShift) -> Path {
+        let mut p = Path::new(0, 0, &cfg(), rng);
+        for i in 0..8u64 {
+            let t = i * 20_000;
+            p.on_send(t, SentItem::default(), false);
+            let ack = PathAck {
+                cum_psn: i as u32 + 1,
+                echo_ts: t as u32,
+                ..PathAck::default()
+            };
+            p.on_ack(t + 10_000, &ack, |_, _, _| {});
+        }
+        let item = SentItem {
+            seg: 1,
+            ..SentItem::default()
+        };
+        p.on_send(200_000, item, false);
+        p
+    }
+
+    /// A path whose tail was sent before a packet acknowledged on another path probes at
+    /// its RTT plus a margin after the tail, not two RTTs after its last progress; if it
+    /// has been losing, the tail's data goes back to be sent again, once.
+    #[test]
+    fn a_path_behind_the_others_probes_early_and_resends_its_tail() {
+        let mut rng = XorShift::new(1);
+        let mut p = path_with_tail(&mut rng);
+        let normal = p.deadline(0).unwrap();
+        // Nothing newer delivered elsewhere: the usual probe timeout.
+        assert_eq!(p.deadline(200_000), Some(normal));
+        let early = p.deadline(205_000).unwrap();
+        assert!(early < normal, "{early} < {normal}");
+        assert!(
+            early >= 210_000,
+            "not before an RTT after the tail: {early}"
+        );
+        p.loss_rate = 1_000;
+        let mut v = std::vec::Vec::new();
+        assert_eq!(p.on_timer(early - 1, &mut rng, 205_000, |_, _, _| {}), 0);
+        assert!(!p.need_probe);
+        p.on_timer(early, &mut rng, 205_000, |it, o, _| v.push((it.seg, o)));
+        assert_eq!(v, std::vec![(1, Outcome::Lost)]);
+        assert!(p.need_probe);
+        assert_eq!(p.stats.tail_resends, 1);
+        // Its timeout later reports nothing more: the data went back already.
+        let rto = p.deadline(205_000).unwrap();
+        p.on_timer(rto, &mut rng, 205_000, |it, o, _| v.push((it.seg, o)));
+        assert_eq!(v.len(), 1);
+        assert_eq!(p.stats.timeouts, 1);
+    }
+
+    /// A path behind the others that has not lost lately probes early without resending.
+    #[test]
+    fn a_path_not_losing_lately_probes_without_resending() {
+        let mut rng = XorShift::new(1);
+        let mut p = path_with_tail(&mut rng);
+        assert_eq!(p.loss_rate(), 0);
+        let early = p.deadline(205_000).unwrap();
+        p.on_timer(early, &mut rng, 205_000, |_, _, _| panic!("nothing resent"));
+        assert!(p.need_probe);
+        assert_eq!(p.stats.tail_resends, 0);
+    }
+
     #[test]
     fn tlp_then_rto_changes_entropy_and_state() {
         let mut rng = XorShift::new(1);
         let mut p = Path::new(0, 0, &cfg(), &mut rng);
         let port = p.sport;
-        assert_eq!(p.deadline(), None);
+        assert_eq!(p.deadline(0), None);
         p.on_send(0, SentItem::default(), false);
-        let d = p.deadline().unwrap();
-        assert_eq!(p.on_timer(d - 1, &mut rng, |_, _, _| {}), 0);
+        let d = p.deadline(0).unwrap();
+        assert_eq!(p.on_timer(d - 1, &mut rng, 0, |_, _, _| {}), 0);
         assert!(!p.need_probe);
         // Tail-loss probe.
-        assert_eq!(p.on_timer(d, &mut rng, |_, _, _| {}), 0);
+        assert_eq!(p.on_timer(d, &mut rng, 0, |_, _, _| {}), 0);
         assert!(p.need_probe);
         assert_eq!(p.state, PathState::Active);
-        let d2 = p.deadline().unwrap();
-        assert_eq!(p.on_timer(d2, &mut rng, |_, _, _| {}), 1);
+        let d2 = p.deadline(0).unwrap();
+        assert_eq!(p.on_timer(d2, &mut rng, 0, |_, _, _| {}), 1);
         assert_eq!(p.state, PathState::Suspect);
         assert_ne!(p.sport, port);
-        let d3 = p.deadline().unwrap();
+        let d3 = p.deadline(0).unwrap();
         assert!(d3 - d2 > d2 - d, "backed off");
-        p.on_timer(d3, &mut rng, |_, _, _| {});
+        p.on_timer(d3, &mut rng, 0, |_, _, _| {});
         assert_eq!(p.state, PathState::Failed);
         // A probe answered brings it back.
         p.on_send(d3, SentItem::default(), false);
@@ -766,7 +870,7 @@ mod tests {
         assert!(p.usable());
         assert_eq!((p.stats.failures, p.stats.readmissions), (1, 1));
         assert_eq!(p.rtt.srtt(), 50_000);
-        assert_eq!(p.deadline(), None);
+        assert_eq!(p.deadline(0), None);
         let t = d3 + 60_000;
         for _ in 0..PROBATION {
             p.on_send(t, SentItem::default(), false);
@@ -808,7 +912,7 @@ mod tests {
             t += 10_000;
             p.on_ack(t, &ack, |_, _, _| {});
             t += 1_000_000;
-            p.on_timer(t, &mut rng, |_, _, _| {});
+            p.on_timer(t, &mut rng, 0, |_, _, _| {});
             let ack = PathAck {
                 cum_psn: p.inflight.next_psn(),
                 echo_ts: t as u32,
@@ -853,8 +957,8 @@ mod tests {
             ..PathAck::default()
         };
         p.on_ack(t + 10_000, &ack(first, sack), |_, _, _| {});
-        let end = p.deadline().unwrap_or(t + 20_000);
-        p.on_timer(end, rng, |_, _, _| {});
+        let end = p.deadline(0).unwrap_or(t + 20_000);
+        p.on_timer(end, rng, 0, |_, _, _| {});
         // One more packet, acknowledged: nothing left outstanding.
         p.on_send(end, SentItem::default(), false);
         p.on_ack(
@@ -953,8 +1057,8 @@ mod tests {
         p.on_send(t, SentItem::default(), false);
         let mut psns = std::vec::Vec::new();
         for _ in 0..timeouts {
-            t = p.deadline().unwrap();
-            p.on_timer(t, rng, |_, _, _| {});
+            t = p.deadline(0).unwrap();
+            p.on_timer(t, rng, 0, |_, _, _| {});
             if p.need_probe {
                 assert!(p.can_probe());
                 psns.push(p.on_send_probe(t).unwrap());
@@ -991,7 +1095,7 @@ mod tests {
         assert_eq!(p.state, PathState::Probing);
         assert_eq!(p.stats.readmissions, 1);
         assert_eq!(p.rtt.srtt(), 30_000, "the probe's own arrival: a sample");
-        assert_eq!(p.deadline(), None);
+        assert_eq!(p.deadline(0), None);
         assert!(p.has_window(FULL_HEALTH));
         let psn = p.on_send(t + 40_000, SentItem::default(), false).unwrap();
         assert_eq!(psn, next);

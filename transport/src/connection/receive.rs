@@ -68,6 +68,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 // The stream whose packets the ACK resolved last, touched once for its run of
                 // them (an ACK's entries mostly resolve runs of one stream's packets).
                 let mut touched: Option<usize> = None;
+                let mut newest_sent = self.delivered_sent;
                 for pa in view.ack_paths() {
                     let i = usize::from(pa.path_id);
                     if i >= self.num_paths {
@@ -78,7 +79,10 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                         pa.ecn_ce = 0;
                     }
                     if let Some(p) = paths.get_mut(i) {
-                        let sum = p.on_ack(now, &pa, |item, outcome, _| {
+                        let sum = p.on_ack(now, &pa, |item, outcome, sent| {
+                            if outcome == Outcome::Acked {
+                                newest_sent = newest_sent.max(sent);
+                            }
                             let Some(i) = apply_outcome(streams, now, item, outcome) else {
                                 return;
                             };
@@ -104,6 +108,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                 if cc.acked > 0 {
                     self.delivered_at = now;
                 }
+                self.delivered_sent = newest_sent;
                 self.cc
                     .on_ack(now, cc.acked, cc.marked, cc.max_srtt, cc.min_srtt);
                 self.cc.on_grant(Grant {

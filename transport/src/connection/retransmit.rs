@@ -93,8 +93,11 @@ struct Slot {
     attempt: u16,
     kind: ItemKind,
     state: SlotState,
+    /// Its data was handed back to be sent again while it was still Live
+    /// ([`InFlight::resend_tail`]): a later loss or timeout of it reports nothing more.
+    resent: bool,
 }
-zero_valid!(struct Slot { sent_at, msn, seg, stream, attempt, kind, state });
+zero_valid!(struct Slot { sent_at, msn, seg, stream, attempt, kind, state, resent });
 
 impl Slot {
     fn new(now: u64, item: SentItem) -> Self {
@@ -106,6 +109,7 @@ impl Slot {
             attempt: item.attempt,
             kind: item.kind,
             state: SlotState::Live,
+            resent: false,
         }
     }
 
@@ -412,7 +416,9 @@ impl InFlight {
                     n += 1;
                     let (item, at) = (s.item(), s.sent_at);
                     probes += u32::from(item.kind == ItemKind::Probe);
-                    report(item, Outcome::Lost, at);
+                    if !s.resent {
+                        report(item, Outcome::Lost, at);
+                    }
                 }
             }
         }
@@ -455,6 +461,40 @@ impl InFlight {
         None
     }
 
+    /// When the newest unresolved packet (the path's tail) was sent, if there is one.
+    pub fn tail_sent(&self) -> Option<u64> {
+        let span = self.next.wrapping_sub(self.una).min(SACK_BITS as u32);
+        (1..=span).find_map(|i| {
+            let s = self
+                .slots
+                .get(self.next.wrapping_sub(i) as usize % SACK_BITS)?;
+            (s.state == SlotState::Live).then_some(s.sent_at)
+        })
+    }
+
+    /// Hands the tail's data back to be sent again (reported as lost) while the packet stays
+    /// in flight: an ACK for it later is reported as usual, a loss or timeout of it no more.
+    /// Nothing if the tail is a probe or was handed back already. Returns how many packets
+    /// were handed back (0 or 1).
+    pub fn resend_tail(&mut self, mut report: impl FnMut(SentItem, Outcome, u64)) -> u32 {
+        let span = self.next.wrapping_sub(self.una).min(SACK_BITS as u32);
+        for i in 1..=span {
+            let psn = self.next.wrapping_sub(i);
+            let Some(s) = self.slot(psn) else { continue };
+            if s.state != SlotState::Live {
+                continue;
+            }
+            if s.resent || s.kind == ItemKind::Probe {
+                return 0;
+            }
+            s.resent = true;
+            let (item, at) = (s.item(), s.sent_at);
+            report(item, Outcome::Lost, at);
+            return 1;
+        }
+        0
+    }
+
     /// Retransmission timeout: every unresolved packet is lost.
     pub fn on_timeout(&mut self, mut report: impl FnMut(SentItem, Outcome, u64)) -> u32 {
         let span = self.next.wrapping_sub(self.una);
@@ -468,7 +508,9 @@ impl InFlight {
                     s.state = SlotState::Free;
                     n += 1;
                     let (item, at) = (s.item(), s.sent_at);
-                    report(item, Outcome::TimedOut, at);
+                    if !s.resent {
+                        report(item, Outcome::TimedOut, at);
+                    }
                 }
             }
         }
@@ -575,6 +617,42 @@ mod tests {
         let mut v = Vec::new();
         f.on_ack(now, srtt, a, |it, o, _| v.push((it.seg, o)));
         v
+    }
+
+    /// A tail handed back is reported lost once: its later timeout reports nothing, an ACK
+    /// for it is reported as usual.
+    #[test]
+    fn a_resent_tail_is_handed_back_once() {
+        let mut f = InFlight::new(100);
+        f.push(0, item(0));
+        f.push(10, item(1));
+        assert_eq!(f.tail_sent(), Some(10));
+        let mut v = Vec::new();
+        assert_eq!(f.resend_tail(|it, o, _| v.push((it.seg, o))), 1);
+        assert_eq!(v, std::vec![(1, Outcome::Lost)]);
+        // Still in flight, and not handed back twice.
+        assert_eq!(f.unresolved(), 2);
+        assert_eq!(f.resend_tail(|it, o, _| v.push((it.seg, o))), 0);
+        assert_eq!(v.len(), 1);
+        // A timeout reports only the packet not handed back.
+        let mut t = Vec::new();
+        assert_eq!(f.on_timeout(|it, o, _| t.push((it.seg, o))), 2);
+        assert_eq!(t, std::vec![(0, Outcome::TimedOut)]);
+        assert_eq!(f.tail_sent(), None);
+        // Handed back, then acknowledged: the ACK is reported.
+        f.push(20, item(2));
+        f.resend_tail(|_, _, _| {});
+        let v = run(&mut f, &ack(103, &[]));
+        assert_eq!(v, std::vec![(2, Outcome::Acked)]);
+        // A probe is never handed back.
+        f.push(
+            30,
+            SentItem {
+                kind: ItemKind::Probe,
+                ..SentItem::default()
+            },
+        );
+        assert_eq!(f.resend_tail(|_, _, _| panic!("a probe has no data")), 0);
     }
 
     #[test]

@@ -65,7 +65,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         e.offer(self.ack_deadline(), Timer::Ack);
         e.offer(self.cc.deadline(), Timer::Pacing);
         for (i, p) in self.paths.as_ref().iter().take(self.num_paths).enumerate() {
-            e.offer(p.deadline(), Timer::Path(i));
+            e.offer(p.deadline(self.delivered_sent), Timer::Path(i));
         }
         e.offer(
             self.sched.timer_hint(),
@@ -91,6 +91,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         }
         self.cc.on_timer(now);
         let stall = self.cfg.stall_timeout;
+        let behind = self.delivered_sent;
         let (paths, streams, sched, rng) = (
             self.paths.as_mut(),
             &mut self.streams,
@@ -98,8 +99,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             &mut self.rng,
         );
         for p in paths.iter_mut().take(self.num_paths) {
-            if p.deadline().is_some_and(|d| d <= now) {
-                p.on_timer(now, rng, |item, outcome, _| {
+            if p.deadline(behind).is_some_and(|d| d <= now) {
+                p.on_timer(now, rng, behind, |item, outcome, _| {
                     resolve(streams, sched, stall, now, item, outcome)
                 });
             }
