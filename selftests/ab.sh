@@ -6,7 +6,8 @@
 #
 #   make payload; cp other/metaroce.ko build/guest/variants/old.ko; cp metaroce.ko build/guest/variants/new.ko
 #   make vm CMD='bash /opt/metaroce/selftests/ab.sh'      # ROUNDS=3 LAT_N=1000 DUR=4 by default
-#   TESTS="write_lat send_lat write_bw send_bw reorder_bw reorder_retx write_kcpu" (default: write_lat send_lat write_bw)
+#   TESTS="write_lat send_lat write_bw send_bw reorder_bw reorder_retx loss1_bw loss10_bw write_kcpu"
+#   (default: write_lat send_lat write_bw)
 #
 # Prints one line per run ("variant round test value unit") and a Markdown table of medians.
 set -u
@@ -47,7 +48,9 @@ rx_bytes() { $IP netns exec ns2 cat /sys/class/net/veth2/statistics/rx_bytes; }
 
 # run PREFIX TEST -> the value (us for latency, t_typical; Gb/s for bandwidth; a count) or
 # "failed". reorder_bw: write_bw with netem $REORDER on the data direction; reorder_retx: the
-# retransmissions metaroce made in the reorder_bw run before it (rxe has no such counter).
+# retransmissions metaroce made in the reorder_bw run before it (rxe has no such counter);
+# loss1_bw, loss10_bw: write_bw at line rate with netem dropping 1% or 10% of the data
+# direction's packets.
 run() {
 	local p="$1" t="$2" tool args col try v r0
 	case "$t" in
@@ -80,6 +83,14 @@ run() {
 		else
 			echo - >"$OUT/retx"
 		fi
+		echo "$v"
+		return
+		;;
+	loss1_bw | loss10_bw)
+		local pct=${t#loss}
+		tc -n ns1 qdisc replace dev veth1 root netem limit 10000 loss "${pct%_bw}%"
+		v=$(run "$p" write_bw)
+		tc -n ns1 qdisc del dev veth1 root
 		echo "$v"
 		return
 		;;
