@@ -115,6 +115,11 @@ impl<const N: usize, S: SizedSlots> MetaEnd<N, S> {
         c.path.initial_rto = mc.initial_rto_ns;
         c.path.max_rto = 5_000_000;
         c.path.ack_delay = 5_000;
+        // The fabric's paths are FIFO (reordering within a path needs a route change) and its
+        // base RTTs are 4-9 us (1 us per link, two or four links each way): a floor of 3 us,
+        // not the transport's default 10 us (sized for software stacks, where srtt / 4 is
+        // above it anyway), keeps loss detection within about a round trip.
+        c.path.min_reorder_window = 3_000;
         c.stall_timeout = 2_000_000;
         c.cc = mc.cc;
         let mut conn = zeroed_box::<Connection<Paths<N>, S>>();
