@@ -367,8 +367,8 @@ pub struct Connection<P: PathSlots, S: StreamSlots> {
 // The caller's storage must be `ZeroValid` too: `Paths<N>` and `[Stream; N]` are.
 zero_valid!(struct Connection<P: PathSlots, S: StreamSlots> {
     cfg, rng, num_paths, send_paths, sched, naks, nak_head, nak_len, ack_now, ack_armed, ack_at,
-    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, delivered_sent, burst_path, burst_left, run_total,
-    run_health, run_mask, run_now, run_fresh, run_rounds, last_pick,
+    ack_repeat, ack_grant, unacked, rr_ack_path, delivered_at, delivered_sent, burst_path,
+    burst_left, run_total, run_health, run_mask, run_now, run_fresh, run_rounds, last_pick,
     turn_stream, turn_left, planes_up, stats, cc, rx_packets, rx_bytes, rx_marked, rx_slot, grant,
     paths, streams,
 });

@@ -461,15 +461,20 @@ impl InFlight {
         None
     }
 
+    /// The newest unresolved packet's PSN (the path's tail), if there is one.
+    fn tail_psn(&self) -> Option<u32> {
+        let span = self.next.wrapping_sub(self.una).min(SACK_BITS as u32);
+        (1..=span).map(|i| self.next.wrapping_sub(i)).find(|&psn| {
+            self.slots
+                .get(psn as usize % SACK_BITS)
+                .is_some_and(|s| s.state == SlotState::Live)
+        })
+    }
+
     /// When the newest unresolved packet (the path's tail) was sent, if there is one.
     pub fn tail_sent(&self) -> Option<u64> {
-        let span = self.next.wrapping_sub(self.una).min(SACK_BITS as u32);
-        (1..=span).find_map(|i| {
-            let s = self
-                .slots
-                .get(self.next.wrapping_sub(i) as usize % SACK_BITS)?;
-            (s.state == SlotState::Live).then_some(s.sent_at)
-        })
+        let psn = self.tail_psn()?;
+        self.slots.get(psn as usize % SACK_BITS).map(|s| s.sent_at)
     }
 
     /// Hands the tail's data back to be sent again (reported as lost) while the packet stays
@@ -477,22 +482,15 @@ impl InFlight {
     /// Nothing if the tail is a probe or was handed back already. Returns how many packets
     /// were handed back (0 or 1).
     pub fn resend_tail(&mut self, mut report: impl FnMut(SentItem, Outcome, u64)) -> u32 {
-        let span = self.next.wrapping_sub(self.una).min(SACK_BITS as u32);
-        for i in 1..=span {
-            let psn = self.next.wrapping_sub(i);
-            let Some(s) = self.slot(psn) else { continue };
-            if s.state != SlotState::Live {
-                continue;
-            }
-            if s.resent || s.kind == ItemKind::Probe {
-                return 0;
-            }
-            s.resent = true;
-            let (item, at) = (s.item(), s.sent_at);
-            report(item, Outcome::Lost, at);
-            return 1;
+        let Some(psn) = self.tail_psn() else { return 0 };
+        let Some(s) = self.slot(psn) else { return 0 };
+        if s.resent || s.kind == ItemKind::Probe {
+            return 0;
         }
-        0
+        s.resent = true;
+        let (item, at) = (s.item(), s.sent_at);
+        report(item, Outcome::Lost, at);
+        1
     }
 
     /// Retransmission timeout: every unresolved packet is lost.
