@@ -228,6 +228,7 @@ impl<const N: usize, S: SizedSlots> End for MetaEnd<N, S> {
         if let Body::Meta(bytes) = &pkt.body {
             let arrival = Arrival {
                 ecn_ce: pkt.ce,
+                rx_busy: false,
                 src_port: pkt.sport,
             };
             let _ = self.conn.handle_packet(now, bytes, arrival, &mut ctx.mem);

@@ -1323,6 +1323,7 @@ fn a_message_completed_after_its_ack_req_is_acknowledged_at_once() {
         let (p, port) = &packets[k];
         let arrival = Arrival {
             ecn_ce: false,
+            rx_busy: false,
             src_port: *port,
         };
         ep.conn.handle_packet(now, p, arrival, &mut ep.mem).unwrap();

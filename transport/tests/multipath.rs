@@ -830,21 +830,22 @@ fn runs_per_path_keep_tail_drop_planes_even() {
     }
 }
 
-#[test]
-fn runs_are_short_on_a_lossy_path() {
-    // Runs of 8 where nothing is lost, of 2 on the path that loses 5%: a run that meets a
-    // full tail-drop queue loses several packets at once. Over 12 seeds, the lossy path's
-    // runs longer than 2 in the second half (its loss rate known by then) are counted: a
-    // few start while its loss estimate has dipped under 1% (`Config::lossy_run_rate`),
-    // where runs of 8 are allowed (4 with the spraying that charged a pick what the others
-    // earned, 6 with one that charges the round's total to paths with window room; 33
-    // before a lossy path's run was kept from following its own).
-    let mut long_runs = 0;
+/// Runs of 8 where nothing is lost, of 2 on path 3, which loses 5%, over 12 seeds with
+/// `Config::marked_run_rate` at `marked`; `nic_ecn`: the sender's NIC queue marks CE (on
+/// every path) past its threshold. Returns the runs of path 3 longer than 2 in the second
+/// half of each transfer (its loss rate known by then), and the longest of them.
+fn lossy_path_runs(marked: u16, nic_ecn: bool) -> (usize, usize) {
+    let (mut long_runs, mut longest_lossy) = (0, 0);
     for seed in 1..=12 {
         let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-        let mut sim = Sim::with_fabric(fabric(), nic(), 8, seed, |c| {
+        let mut f = fabric();
+        if !nic_ecn {
+            f.nic_ecn_queue_ns = 0;
+        }
+        let mut sim = Sim::with_fabric(f, nic(), 8, seed, |c| {
             c.path_burst = 8;
             c.lossy_path_burst = 2;
+            c.marked_run_rate = marked;
             // 16 packets before the first ACK over both planes, as when the bound of 6 below
             // was set: it is near what the connection window lets a run have (seeds 1-12:
             // the longest run of a clean path is 6-8 with 16, 5-8 with 16 per plane).
@@ -874,9 +875,33 @@ fn runs_are_short_on_a_lossy_path() {
             longest.iter().enumerate().any(|(p, &n)| p != 3 && n >= 6),
             "{longest:?}"
         );
+        longest_lossy = longest_lossy.max(longest[3]);
     }
-    eprintln!("runs of 3 or more on the lossy path: {long_runs}");
-    assert!(long_runs <= 8, "{long_runs}");
+    eprintln!("runs of 3 or more on the lossy path: {long_runs}, the longest {longest_lossy}");
+    (long_runs, longest_lossy)
+}
+
+#[test]
+fn runs_are_short_on_a_lossy_path() {
+    // A run that meets a full tail-drop queue loses several packets at once. A few runs of
+    // more than 2 start while the lossy path's loss estimate has dipped under 1%
+    // (`Config::lossy_run_rate`), where runs of 8 are allowed (4 with the spraying that
+    // charged a pick what the others earned, 6 with one that charges the round's total to
+    // paths with window room; 33 before a lossy path's run was kept from following its own).
+    for marked in [0, 1] {
+        let (long_runs, _) = lossy_path_runs(marked, true);
+        assert!(long_runs <= 8, "{long_runs}");
+    }
+}
+
+#[test]
+fn runs_stay_long_on_a_path_that_loses_without_marks() {
+    // With `Config::marked_run_rate` at 1, runs shorten only where the network marks too
+    // (a queue that overflows marks before it drops; above, the sender's NIC queue marked
+    // every path): random loss keeps the long runs, which cost the sender less per packet.
+    let (long_runs, longest) = lossy_path_runs(1, false);
+    assert!(long_runs > 50, "{long_runs}");
+    assert!(longest >= 6, "{longest}");
 }
 
 /// The receiver's ACKs die on 7 of its 16 paths (its routes through a dead spine: it only

@@ -138,6 +138,7 @@ mod hostile {
                             cum_psn: psn,
                             echo_ts: a,
                             ecn_ce: 1,
+                            busy: 1,
                             sack,
                         })
                         .unwrap();
@@ -233,7 +234,7 @@ mod hostile {
                 for i in 0..2 {
                     let now = sim.now;
                     let ep = &mut sim.ep[i];
-                    let _ = ep.conn.handle_packet(now, p, Arrival { ecn_ce: true, src_port: 0 }, &mut ep.mem);
+                    let _ = ep.conn.handle_packet(now, p, Arrival { ecn_ce: true, rx_busy: true, src_port: 0 }, &mut ep.mem);
                     while ep.conn.poll_transmit(now, &mut buf, &mut ep.mem).is_some() {}
                     while ep.conn.poll_event().is_some() {}
                     ep.conn.handle_timeout(now + 10_000_000);

@@ -152,6 +152,7 @@ fuzz_target!(|data: &[u8]| {
             pkt,
             Arrival {
                 ecn_ce: kind & 0x40 != 0,
+                rx_busy: kind & 0x01 != 0,
                 src_port: 0xc000 | u16::from(kind),
             },
             &mut mem,

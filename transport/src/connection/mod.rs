@@ -82,6 +82,12 @@ pub struct Config {
     /// `lossy_path_burst` long ([`LOSSY_RUN_RATE`]: 1%; 0: any loss still in the path's
     /// estimate).
     pub lossy_run_rate: u16,
+    /// The ECN rate (of 65536, see [`path::Path::ecn_rate`]; the network's CE marks only,
+    /// not the receiver's [`Arrival::rx_busy`]) at or over which a losing path's runs are
+    /// `lossy_path_burst` long (0, the default: any losing path). At 1, a path that loses
+    /// without its queues marking (random loss: a bad link, a flapping optic) keeps its long
+    /// runs: they do not make a queue overflow, which is what short runs are for.
+    pub marked_run_rate: u16,
     /// Data packets a stream sends in a row before the next stream with work takes its turn
     /// (deficit round-robin by packets; 1: every packet). A whole message or a few go out
     /// together, so messages complete one after the other rather than all at the end, as
@@ -101,7 +107,7 @@ pub struct Config {
 }
 zero_valid!(struct Config {
     local_conn_id, remote_conn_id, num_paths, planes, mtu, path_burst, lossy_path_burst,
-    lossy_run_rate, stream_quantum, path, ack_every, stall_timeout, seed, cc,
+    lossy_run_rate, marked_run_rate, stream_quantum, path, ack_every, stall_timeout, seed, cc,
 });
 
 impl Config {
@@ -116,6 +122,7 @@ impl Config {
             path_burst: 1,
             lossy_path_burst: 1,
             lossy_run_rate: LOSSY_RUN_RATE,
+            marked_run_rate: 0,
             stream_quantum: 16,
             path: PathConfig {
                 initial_psn: 0,
@@ -159,6 +166,10 @@ pub const MIN_TIMEOUT: u64 = 1_000;
 pub struct Arrival {
     /// The IP header was CE-marked.
     pub ecn_ce: bool,
+    /// The receiver's own queue of arrivals was long when this one joined it: the caller
+    /// marks it as a switch queue past its ECN threshold would, but apart from the
+    /// network's marks (an ACK echoes it as [`PathAck::busy`](crate::wire::PathAck::busy)).
+    pub rx_busy: bool,
     /// The UDP source port: the sender's entropy for the packet's path. The ACKs and NAKs
     /// that travel on that path go back with it (`docs/wire-format.md`, "Encapsulation").
     pub src_port: u16,

@@ -90,6 +90,9 @@ pub struct PathStats {
     pub out_of_window: u64,
     /// ECN CE marks the peer echoed for packets we sent.
     pub ecn_ce: u64,
+    /// Marks the peer set itself for packets we sent, its receive queue being long
+    /// ([`PathAck::busy`]).
+    pub busy: u64,
     /// UDP source port changes (after timeouts).
     pub entropy_changes: u64,
     /// Packets acknowledged after a later packet of the path (reordering within the path).
@@ -105,7 +108,7 @@ pub struct PathStats {
 }
 zero_valid!(struct PathStats {
     sent, retransmitted, acked, lost, timeouts, probes, limit_probes, received, duplicates,
-    out_of_window, ecn_ce, entropy_changes, reordered, spurious, failures, readmissions,
+    out_of_window, ecn_ce, busy, entropy_changes, reordered, spurious, failures, readmissions,
     tail_resends,
 });
 
@@ -207,6 +210,8 @@ pub struct Path {
     peer_sport: u16,
     /// Receive side: CE marks since the last ACK.
     pub ecn_ce: u16,
+    /// Receive side: arrivals without CE marked busy ([`Arrival::rx_busy`]) since the last ACK.
+    pub busy: u16,
     /// Counters.
     pub stats: PathStats,
 }
@@ -215,7 +220,7 @@ zero_valid!(struct Path {
     probe_armed, probe_at, backoff, consecutive_rtos, need_probe, limit_probe, limit_probe_psn,
     limit_probe_ts, loss_rate, ecn_rate, news_at, rtt_at, health, probation, credit, pick_weight,
     pick_room,
-    recv, recv_pending, ack_repeats, last_rx, last_ts, peer_sport, ecn_ce, stats,
+    recv, recv_pending, ack_repeats, last_rx, last_ts, peer_sport, ecn_ce, busy, stats,
 });
 
 impl Path {
@@ -257,6 +262,7 @@ impl Path {
             last_ts: 0,
             peer_sport: 0,
             ecn_ce: 0,
+            busy: 0,
             stats: PathStats::default(),
         }
     }
@@ -299,6 +305,7 @@ impl Path {
         self.last_ts = 0;
         self.peer_sport = 0;
         self.ecn_ce = 0;
+        self.busy = 0;
         self.stats = PathStats::default();
     }
 
@@ -542,9 +549,13 @@ impl Path {
             }
             self.cc.on_ack(sum.acked);
         }
-        if ack.ecn_ce > 0 {
+        // The receiver's own marks shrink the window as the network's do (its queue adds
+        // delay all the same), but only the network's say something about this path.
+        if ack.ecn_ce > 0 || ack.busy > 0 {
             self.stats.ecn_ce += u64::from(ack.ecn_ce);
-            self.cc.on_ecn(now, self.rtt.srtt(), u32::from(ack.ecn_ce));
+            self.stats.busy += u64::from(ack.busy);
+            let marks = u32::from(ack.ecn_ce) + u32::from(ack.busy);
+            self.cc.on_ecn(now, self.rtt.srtt(), marks);
         }
         // Spurious losses were delivered after all: they count against the loss rate no more.
         let delivered = sum.acked + sum.spurious;
@@ -711,6 +722,8 @@ impl Path {
         }
         if ecn_ce {
             self.ecn_ce = self.ecn_ce.saturating_add(1);
+        } else if arrival.rx_busy {
+            self.busy = self.busy.saturating_add(1);
         }
         self.recv_pending = true;
         new
@@ -732,8 +745,9 @@ impl Path {
     pub fn take_ack(&mut self) -> PathAck {
         let a = self
             .recv
-            .to_ack(self.id, self.plane, self.last_ts, self.ecn_ce);
+            .to_ack(self.id, self.plane, self.last_ts, (self.ecn_ce, self.busy));
         self.ecn_ce = 0;
+        self.busy = 0;
         self.recv_pending = false;
         self.ack_repeats = ACK_REPEATS;
         a
@@ -746,7 +760,7 @@ impl Path {
             return None;
         }
         self.ack_repeats -= 1;
-        Some(self.recv.to_ack(self.id, self.plane, self.last_ts, 0))
+        Some(self.recv.to_ack(self.id, self.plane, self.last_ts, (0, 0)))
     }
 }
 
@@ -1050,6 +1064,72 @@ mod tests {
         assert_eq!(p.cc.cwnd(), 2);
     }
 
+    #[test]
+    fn busy_marks_shrink_the_window_but_say_nothing_of_the_path() {
+        // Two packets acknowledged with one mark, the network's or the receiver's own.
+        let marked = |ack: PathAck| {
+            let mut rng = XorShift::new(1);
+            let mut p = Path::new(0, 0, &cfg(), &mut rng);
+            for _ in 0..4 {
+                p.on_send(0, SentItem::default(), false);
+            }
+            let first = PathAck {
+                cum_psn: 2,
+                ..PathAck::default()
+            };
+            p.on_ack(1000, &first, |_, _, _| {});
+            let (cwnd, health) = (p.cc.cwnd(), p.health);
+            p.on_ack(1_000_000, &PathAck { cum_psn: 4, ..ack }, |_, _, _| {});
+            assert!(p.cc.cwnd() < cwnd);
+            (
+                p.ecn_rate(),
+                p.health < health,
+                p.stats.ecn_ce,
+                p.stats.busy,
+            )
+        };
+        let (rate, lower, ce, busy) = marked(PathAck {
+            ecn_ce: 1,
+            ..PathAck::default()
+        });
+        assert!(rate > 0 && lower && (ce, busy) == (1, 0));
+        let (rate, lower, ce, busy) = marked(PathAck {
+            busy: 1,
+            ..PathAck::default()
+        });
+        assert!(rate == 0 && !lower && (ce, busy) == (0, 1));
+    }
+
+    #[test]
+    fn the_receiver_echoes_its_own_marks_apart_once() {
+        let mut rng = XorShift::new(1);
+        let mut p = Path::new(0, 0, &cfg(), &mut rng);
+        let busy = Arrival {
+            rx_busy: true,
+            ..Arrival::default()
+        };
+        p.on_receive(10, 0, 1, busy);
+        p.on_receive(
+            11,
+            1,
+            2,
+            Arrival {
+                ecn_ce: true,
+                ..busy
+            },
+        );
+        p.on_receive(12, 2, 3, busy);
+        p.on_receive(13, 3, 4, Arrival::default());
+        let a = p.take_ack();
+        // A CE-marked arrival counts as CE only.
+        assert_eq!((a.cum_psn, a.ecn_ce, a.busy), (4, 1, 2));
+        let r = p.take_repeat().unwrap();
+        assert_eq!((r.cum_psn, r.ecn_ce, r.busy), (4, 0, 0));
+        p.on_receive(14, 4, 5, Arrival::default());
+        let a = p.take_ack();
+        assert_eq!((a.ecn_ce, a.busy), (0, 0));
+    }
+
     /// Sends a data packet, then lets every timer fire with nothing answered: a probe per
     /// timeout, as a blackholed path does. Returns the probes' PSNs and the time of the last.
     fn blackholed(p: &mut Path, rng: &mut XorShift, timeouts: usize) -> (std::vec::Vec<u32>, u64) {
@@ -1089,7 +1169,7 @@ mod tests {
         assert!(psns.iter().all(|&q| rx.in_window(q)));
         // The route comes back: the last probe arrives, new, and slides the window.
         assert_eq!(rx.record(r), Recorded::New);
-        let ack = rx.to_ack(0, 0, t as u32, 0);
+        let ack = rx.to_ack(0, 0, t as u32, (0, 0));
         let s = p.on_ack(t + 30_000, &ack, |_, _, _| {});
         assert_eq!(s.acked, 0, "no packet of the table");
         assert_eq!(p.state, PathState::Probing);
@@ -1116,7 +1196,7 @@ mod tests {
             rx.record(q);
         }
         assert_eq!(rx.cum(), p.inflight.next_psn());
-        let ack = rx.to_ack(0, 0, 5, 0);
+        let ack = rx.to_ack(0, 0, 5, (0, 0));
         p.on_ack(t + 30_000, &ack, |_, _, _| {});
         assert_eq!(p.state, PathState::Probing);
         assert!(!p.rtt.has_sample(), "no sample from a stale timestamp");

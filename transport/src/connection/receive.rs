@@ -16,9 +16,9 @@ struct CcSample {
 }
 
 impl CcSample {
-    fn add(&mut self, acked: u32, marked: u16, srtt: u64) {
+    fn add(&mut self, acked: u32, marked: u32, srtt: u64) {
         self.acked = self.acked.saturating_add(acked);
-        self.marked = self.marked.saturating_add(u32::from(marked));
+        self.marked = self.marked.saturating_add(marked);
         if srtt != 0 {
             self.max_srtt = self.max_srtt.max(srtt);
             self.min_srtt = if self.min_srtt == 0 {
@@ -77,6 +77,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                     let mut pa = pa;
                     if !self.cfg.cc.ecn {
                         pa.ecn_ce = 0;
+                        pa.busy = 0;
                     }
                     if let Some(p) = paths.get_mut(i) {
                         let sum = p.on_ack(now, &pa, |item, outcome, sent| {
@@ -90,7 +91,8 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
                                 sched.touch(streams, j, stall);
                             }
                         });
-                        cc.add(sum.acked, pa.ecn_ce, p.rtt.srtt());
+                        let marked = u32::from(pa.ecn_ce) + u32::from(pa.busy);
+                        cc.add(sum.acked, marked, p.rtt.srtt());
                         reorder_extent = reorder_extent.max(sum.reorder_extent);
                     }
                 }
@@ -327,7 +329,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             self.rx_bytes = self
                 .rx_bytes
                 .saturating_add(len as u64 + u64::from(PACKET_OVERHEAD));
-            self.rx_marked = self.rx_marked.saturating_add(u32::from(ecn_ce));
+            // The receiver's own marks drain the grants as the network's do.
+            let marked = ecn_ce || arrival.rx_busy;
+            self.rx_marked = self.rx_marked.saturating_add(u32::from(marked));
         }
         self.unacked = self.unacked.saturating_add(1);
         // A packet that completes a message is answered at once, as its ACK_REQ asked: every

@@ -929,7 +929,7 @@ mod tests {
                 t += 100;
             }
             t += rtt;
-            f.on_ack(t, rtt, &rx.to_ack(0, 0, 0, 0), |_, _, _| {});
+            f.on_ack(t, rtt, &rx.to_ack(0, 0, 0, (0, 0)), |_, _, _| {});
             if f.loss_deadline(rtt).is_some_and(|d| d <= t) {
                 f.detect_lost(t, rtt, |_, _, _| {});
             }

@@ -189,13 +189,14 @@ impl PsnWindow {
     }
 
     /// The ACK entry describing this window.
-    pub fn to_ack(&self, path_id: u16, plane: u8, echo_ts: u32, ecn_ce: u16) -> PathAck {
+    pub fn to_ack(&self, path_id: u16, plane: u8, echo_ts: u32, marks: (u16, u16)) -> PathAck {
         PathAck {
             path_id,
             plane,
             cum_psn: self.cum,
             echo_ts,
-            ecn_ce,
+            ecn_ce: marks.0,
+            busy: marks.1,
             sack: self.bits,
         }
     }
@@ -342,7 +343,7 @@ mod tests {
         assert_eq!(w.cum(), 1);
         // bits: 2 -> idx 0, 3 -> idx 1, 5 -> idx 3
         assert_eq!(w.sack()[0], 0b1011);
-        let a = w.to_ack(0, 0, 0, 0);
+        let a = w.to_ack(0, 0, 0, (0, 0));
         assert!(a.acks(0) && !a.acks(1) && a.acks(2) && a.acks(3) && !a.acks(4) && a.acks(5));
         assert_eq!(w.record(1), Recorded::New);
         assert_eq!(w.cum(), 4);

@@ -11,6 +11,12 @@ use super::*;
 /// one round's total ([`Connection::spray`]); this bounds what a path picked often owes.
 const CREDIT_BOUND: i32 = 1 << 20;
 
+/// Whether path `p`'s runs are `Config::lossy_path_burst` long: it has been losing
+/// (`Config::lossy_run_rate`) and its network has been marking (`Config::marked_run_rate`).
+fn short_runs(cfg: &Config, p: &Path) -> bool {
+    p.loss_rate() > cfg.lossy_run_rate && p.ecn_rate() >= cfg.marked_run_rate
+}
+
 /// A path pick not charged yet: its planes mask and path (the weights of the full pick behind
 /// it are in `Path::pick_weight`, their total in `Connection::run_total`). Plain fields, not
 /// an `Option` of a tuple: a connection is built from all-zero bytes (`ZeroValid`), which
@@ -78,12 +84,11 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
             self.burst_left -= 1;
         } else {
             self.burst_path = i;
-            let limit = self.cfg.lossy_run_rate;
             let lossy = self
                 .paths
                 .as_ref()
                 .get(i)
-                .is_some_and(|p| p.loss_rate() > limit);
+                .is_some_and(|p| short_runs(&self.cfg, p));
             let run = if lossy {
                 self.cfg.path_burst.min(self.cfg.lossy_path_burst)
             } else {
@@ -198,9 +203,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut best: Option<usize> = None;
         let mut best_credit = i32::MIN;
         let (burst_path, mut burst_ok) = (self.burst_path, false);
-        let limit = self.cfg.lossy_run_rate;
+        let cfg = &self.cfg;
         let lossy_done =
-            self.burst_left == 0 && paths.get(burst_path).is_some_and(|p| p.loss_rate() > limit);
+            self.burst_left == 0 && paths.get(burst_path).is_some_and(|p| short_runs(cfg, p));
         let mut alone: Option<usize> = None;
         for (i, p) in paths.iter_mut().enumerate() {
             if !eligible(p) {

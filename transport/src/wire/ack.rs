@@ -66,8 +66,13 @@ pub struct PathAck {
     pub cum_psn: u32,
     /// Timestamp of the most recent packet received on the path.
     pub echo_ts: u32,
-    /// Packets received with ECN CE since the previous ACK (saturating).
+    /// Packets received with ECN CE since the previous ACK (saturating): marks of the
+    /// network's queues.
     pub ecn_ce: u16,
+    /// Packets received without CE since the previous ACK that the receiver marked itself
+    /// because its own receive queue was long (saturating): it is busy, not the path. The
+    /// sender slows for them as for CE, but they say nothing about the path.
+    pub busy: u16,
     /// Bit `i` (word `i / 64`, bit `i % 64`, least significant first) set = PSN
     /// `cum_psn + 1 + i` received.
     pub sack: [u64; SACK_WORDS],
@@ -82,7 +87,7 @@ impl PathAck {
         let cum_psn = r.u32()?;
         let echo_ts = r.u32()?;
         let ecn_ce = r.u16()?;
-        r.reserved(2)?;
+        let busy = r.u16()?;
         let mut sack = [0u64; SACK_WORDS];
         for word in sack.iter_mut() {
             *word = r.u64()?;
@@ -93,6 +98,7 @@ impl PathAck {
             cum_psn,
             echo_ts,
             ecn_ce,
+            busy,
             sack,
         })
     }
@@ -104,7 +110,7 @@ impl PathAck {
         w.u32(self.cum_psn)?;
         w.u32(self.echo_ts)?;
         w.u16(self.ecn_ce)?;
-        w.zeros(2)?;
+        w.u16(self.busy)?;
         for word in self.sack {
             w.u64(word)?;
         }

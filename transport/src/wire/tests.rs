@@ -191,6 +191,7 @@ fn ack_entries() -> Vec<u8> {
         cum_psn: 3,
         echo_ts: 4,
         ecn_ce: 5,
+        busy: 7,
         sack,
     })
     .unwrap();
@@ -359,6 +360,7 @@ fn ack_round_trip_and_sack_bits() {
         cum_psn: u32::MAX - 1,
         echo_ts: 99,
         ecn_ce: 4,
+        busy: 0,
         sack,
     };
     w.push_path(&pa).unwrap();
@@ -511,7 +513,7 @@ proptest! {
         let info = AckHeader { path_count: 0, stream_count: 0, rate_hint_mbps: rate, share };
         let mut w = AckWriter::new(&mut buf, base(Opcode::Ack), info).unwrap();
         for (id, cum, ts, sack) in &paths {
-            w.push_path(&PathAck { path_id: *id, plane: 0, cum_psn: *cum, echo_ts: *ts, ecn_ce: 0, sack: *sack }).unwrap();
+            w.push_path(&PathAck { path_id: *id, plane: 0, cum_psn: *cum, echo_ts: *ts, ecn_ce: 0, busy: 0, sack: *sack }).unwrap();
         }
         for (qp, msn) in &streams {
             w.push_stream(&StreamAck { qp: *qp, completed_msn: *msn }).unwrap();

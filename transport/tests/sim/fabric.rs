@@ -409,6 +409,7 @@ impl Fabric {
                         &p.bytes,
                         Arrival {
                             ecn_ce: p.ce,
+                            rx_busy: false,
                             src_port: p.src_port,
                         },
                         &mut self.mem,

@@ -834,6 +834,7 @@ impl Sim {
                 &p.bytes,
                 Arrival {
                     ecn_ce: p.ce,
+                    rx_busy: false,
                     src_port: p.src_port,
                 },
                 &mut ep.mem,
