@@ -149,7 +149,8 @@ counters! {
     CcPaced => c"cc_paced",
     /// `cc_window_limited`: times data was ready but a connection window was full.
     CcWindowLimited => c"cc_window_limited",
-    /// `cc_ecn_echoed`: CE marks the peers echoed for packets we sent (all paths).
+    /// `cc_ecn_echoed`: marks the peers echoed for packets we sent (all paths): CE, and their own
+    /// receive queue's (`busy`, `docs/congestion.md`).
     CcEcnEchoed => c"cc_ecn_echoed",
     /// `cc_rx_capacity_mbps` (a gauge, not a counter): the inbound capacity, Mbit/s, the rate
     /// allocator divides among the peers sending to this device: the configured capacity, or

@@ -213,14 +213,18 @@ const MAX_DATAGRAM: usize = 4096 + MAX_HEADER_LEN;
 const TX_BUF: usize = 65_535 - 20 - 8;
 /// Data packets the transport sends in a row on one path (`Config::path_burst`): what one
 /// GSO packet carries at most. Long runs cost less CPU per packet, but on paths that lose
-/// packets at tail-drop queues they let some paths starve, so a path with any loss in its
-/// estimate (`LOSSY_RUN_RATE`) sends runs of [`LOSSY_PATH_BURST`] (`docs/datapath.md`).
+/// packets at tail-drop queues they let some paths starve, so a path with any loss
+/// (`LOSSY_RUN_RATE`) and any CE mark (`MARKED_RUN_RATE`) in its estimate sends runs of
+/// [`LOSSY_PATH_BURST`] (`docs/datapath.md`).
 const PATH_BURST: u8 = 16;
-/// Runs on a path with any loss in its estimate.
+/// Runs on a path with any loss and any ECN mark in its estimate.
 const LOSSY_PATH_BURST: u8 = 4;
 /// The loss rate over which a path's runs are `LOSSY_PATH_BURST` long (`Config::lossy_run_rate`):
 /// any.
 const LOSSY_RUN_RATE: u16 = 0;
+/// ... if its queues mark packets CE (`Config::marked_run_rate`): any mark still in the path's
+/// estimate. A path that loses without marks (random loss) keeps its long runs.
+const MARKED_RUN_RATE: u16 = 1;
 /// Datagrams queued between softirq and the receive thread, each in the skb it arrived in:
 /// a few milliseconds of a busy receiver.
 const RX_ENTRIES: usize = 1024;
@@ -229,7 +233,7 @@ const RX_ENTRIES: usize = 1024;
 const RX_FLUSH_NS: u64 = 1_000_000;
 /// Datagrams of one peer processed before its connection transmits (ACKs, responses).
 const RX_BATCH: usize = 32;
-/// Datagrams queued beyond this many arrive marked CE (see `Engine::receive`).
+/// Datagrams queued beyond this many arrive marked busy (see `Engine::receive`).
 const RX_MARK: usize = 384;
 
 /// A queued datagram.
@@ -646,15 +650,17 @@ impl Engine {
         buf: RxBuf,
     ) {
         // A full queue drops the datagram, as a full NIC ring would; the transport recovers it.
-        // A long one marks it Congestion Experienced, as a switch queue past its ECN threshold
-        // would: the senders' windows shrink before our queue adds delay that fires their
-        // retransmission timers (with 7 senders into one receiver, its 1,024 entries took
-        // tens of milliseconds to drain under emulation, and paths failed).
+        // A long one marks it busy (`Arrival::rx_busy`), as a switch queue past its ECN
+        // threshold would mark it CE: the senders' windows shrink before our queue adds
+        // delay that fires their retransmission timers (with 7 senders into one receiver,
+        // its 1,024 entries took tens of milliseconds to drain under emulation, and paths
+        // failed). Apart from CE, because our queue is long whenever we are CPU-bound, on
+        // every path alike: it says nothing about the paths.
         let (pushed, first) = {
             let mut q = self.rxq.lock();
             let first = q.len() == 0;
             let arrival = Arrival {
-                ecn_ce: arrival.ecn_ce || q.len() >= RX_MARK,
+                rx_busy: q.len() >= RX_MARK,
                 ..arrival
             };
             (q.push(RxItem { src, arrival, buf }), first)
@@ -772,6 +778,7 @@ impl Engine {
         cfg.path_burst = PATH_BURST;
         cfg.lossy_path_burst = LOSSY_PATH_BURST;
         cfg.lossy_run_rate = LOSSY_RUN_RATE;
+        cfg.marked_run_rate = MARKED_RUN_RATE;
         let mut conn = crate::sys::zeroed_box::<Conn>()?;
         let table = ZeroedSlice::new(usize::from(cfg.num_paths))?;
         conn.reset_with_paths(cfg, table).map_err(|_| EINVAL)?;

@@ -153,6 +153,7 @@ impl RxHandler for DeviceRx {
         }
         let arrival = Arrival {
             ecn_ce: pkt.ecn_ce,
+            rx_busy: false,
             src_port: pkt.src_port,
         };
         self.engine
