@@ -1361,6 +1361,35 @@ fn a_message_completed_after_its_ack_req_is_acknowledged_at_once() {
     );
 }
 
+/// A fresh connection's two-packet message whose last packet is lost: that packet's path has
+/// no RTT sample, but the first packet's path has one, and the lost packet's path is the
+/// only one with anything unanswered, so it probes by that RTT and the message completes in
+/// a few round trips, not after the initial RTO.
+#[test]
+fn a_fresh_paths_lost_last_packet_is_probed_by_the_other_paths_rtt() {
+    use std::cell::Cell;
+    let mut sim = Sim::new(LinkConfig::clean(), 23);
+    let rto = sim.ep[0].conn.config().path.initial_rto;
+    let sent = Cell::new(0u32);
+    sim.drop_if = Some(Box::new(move |from, _| {
+        if from != 0 {
+            return false;
+        }
+        sent.set(sent.get() + 1);
+        sent.get() == 2
+    }));
+    post(
+        &mut sim,
+        SendWqe::new(1, WrOpcode::RdmaWrite, sge(1, A_BUF, 2 * 1024)).remote(B_BUF, 2),
+    );
+    let start = sim.now;
+    assert!(sim.run_until(start + 10 * rto, |s| s.ep[0].send_cqes.len() == 1));
+    assert_eq!(sim.ep[0].send_cqes[0].status, CqStatus::Success);
+    let took = sim.now - start;
+    assert!(took < rto / 2, "{took} ns, initial RTO {rto} ns");
+    assert_eq!(sim.retransmits(), 1);
+}
+
 #[test]
 fn a_new_connection_puts_its_initial_window_on_each_plane() {
     // Data packets A sends at one instant before any ACK, per plane, on `planes` planes of

@@ -45,7 +45,7 @@ use super::wire::{
     STREAM_ACK_LEN,
 };
 use super::zero::{zero_valid, ZeroValid};
-use path::{Path, PathConfig, PathState, PathStats};
+use path::{Behind, Path, PathConfig, PathState, PathStats};
 use retransmit::{ItemKind, Outcome, SentItem};
 use spray::Pick;
 use streams::{Sched, ACK, EVENT, FREE, TIMER, WORK};

@@ -61,6 +61,26 @@ pub const ESTIMATE_AGE_RTOS: u64 = 4;
 /// its way, and a resend would be spurious.
 pub const RESEND_LOSS_RATE: u16 = 128;
 
+/// What a path's timer needs to know of the connection's other paths ([`Path::deadline`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Behind {
+    /// When the newest packet the connection has had acknowledged on any path was sent (0:
+    /// none yet): a path whose unanswered tail was sent before it is behind the others.
+    pub sent: u64,
+    /// While only one path has packets unanswered: the largest smoothed RTT of the
+    /// connection's paths (0 otherwise, or none yet), what that path goes by if it has no RTT
+    /// sample of its own ([`Path::rtt_or`]).
+    pub last_srtt: u64,
+}
+
+impl Behind {
+    /// Nothing acknowledged on any path yet.
+    pub const NONE: Behind = Behind {
+        sent: 0,
+        last_srtt: 0,
+    };
+}
+
 /// Counters of one path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PathStats {
@@ -569,17 +589,17 @@ impl Path {
     }
 
     /// The deadline of this path's timer, if armed: the reordering timer of its loss
-    /// detection, or the probe / retransmission timer. `behind` is when the newest packet
-    /// the connection has had acknowledged on any path was sent: a path whose tail was sent
-    /// before it probes early ([`Path::behind_deadline`]).
-    pub fn deadline(&self, behind: u64) -> Option<u64> {
+    /// detection, or the probe / retransmission timer. A path whose tail was sent before
+    /// the newest packet the connection has had acknowledged (`behind`) probes early
+    /// ([`Path::behind_deadline`]).
+    pub fn deadline(&self, behind: Behind) -> Option<u64> {
         super::timer::min_deadline(
             self.inflight.loss_deadline(self.rtt.srtt()),
             self.probe_deadline(behind),
         )
     }
 
-    fn probe_deadline(&self, behind: u64) -> Option<u64> {
+    fn probe_deadline(&self, behind: Behind) -> Option<u64> {
         if self.probe_armed {
             return Some(
                 self.probe_at
@@ -587,15 +607,34 @@ impl Path {
             );
         }
         if self.inflight.unresolved() > 0 {
-            let pto = self.timer_start.saturating_add(
-                self.rtt.pto(
+            let pto = match self.rtt_or(behind.last_srtt) {
+                Some((srtt, _)) => self.rtt.pto(
+                    srtt,
                     self.ack_delay
-                        .saturating_add(self.inflight.reorder_window(self.rtt.srtt())),
+                        .saturating_add(self.inflight.reorder_window(srtt)),
                 ),
-            );
+                None => self.rtt.rto(),
+            };
+            let pto = self.timer_start.saturating_add(pto);
             return super::timer::min_deadline(Some(pto), self.behind_deadline(behind));
         }
         None
+    }
+
+    /// The path's smoothed RTT and RTT variation, or, without a sample of its own, `other`
+    /// (a smoothed RTT of the connection's other paths, [`Behind::last_srtt`]) as a first
+    /// sample would set them (variation half of it); None with neither. A fresh
+    /// connection's path whose first packets were all lost has no sample: a small message's
+    /// lost last packet (often its path's only one) would wait for the initial RTO, though
+    /// the other paths already say how far the peer is.
+    fn rtt_or(&self, other: u64) -> Option<(u64, u64)> {
+        if self.rtt.has_sample() {
+            Some((self.rtt.srtt(), self.rtt.rttvar()))
+        } else if other != 0 {
+            Some((other, other / 2))
+        } else {
+            None
+        }
     }
 
     /// The early probe of a path behind the others: its tail was sent before a packet the
@@ -604,19 +643,17 @@ impl Path {
     /// of its reordering window and 4 RTT variations after the tail was sent, rather than
     /// two RTTs after the path's last progress: a lost last packet of a step (nothing later
     /// on its path to show it lost) otherwise holds the step for the full probe timeout.
-    fn behind_deadline(&self, behind: u64) -> Option<u64> {
-        if !self.rtt.has_sample() {
-            return None;
-        }
+    /// A path without an RTT sample goes by the connection's ([`Path::rtt_or`]).
+    fn behind_deadline(&self, behind: Behind) -> Option<u64> {
         let tail = self.inflight.tail_sent()?;
-        if tail >= behind {
+        if tail >= behind.sent {
             return None;
         }
-        let srtt = self.rtt.srtt();
+        let (srtt, rttvar) = self.rtt_or(behind.last_srtt)?;
         let margin = self
             .inflight
             .reorder_window(srtt)
-            .max(self.rtt.rttvar().saturating_mul(4));
+            .max(rttvar.saturating_mul(4));
         Some(tail.saturating_add(srtt).saturating_add(margin))
     }
 
@@ -631,7 +668,7 @@ impl Path {
         &mut self,
         now: u64,
         rng: &mut XorShift,
-        behind: u64,
+        behind: Behind,
         report: impl FnMut(SentItem, Outcome, u64),
     ) -> u32 {
         let mut report = report;
@@ -768,6 +805,11 @@ impl Path {
 mod tests {
     use super::*;
 
+    /// The connection had a packet sent at `sent` acknowledged (no RTT of its own needed).
+    fn at(sent: u64) -> Behind {
+        Behind { sent, last_srtt: 0 }
+    }
+
     fn cfg() -> PathConfig {
         PathConfig {
             initial_psn: 0,
@@ -811,10 +853,10 @@ mod tests {
     fn a_path_behind_the_others_probes_early_and_resends_its_tail() {
         let mut rng = XorShift::new(1);
         let mut p = path_with_tail(&mut rng);
-        let normal = p.deadline(0).unwrap();
+        let normal = p.deadline(Behind::NONE).unwrap();
         // Nothing newer delivered elsewhere: the usual probe timeout.
-        assert_eq!(p.deadline(200_000), Some(normal));
-        let early = p.deadline(205_000).unwrap();
+        assert_eq!(p.deadline(at(200_000)), Some(normal));
+        let early = p.deadline(at(205_000)).unwrap();
         assert!(early < normal, "{early} < {normal}");
         assert!(
             early >= 210_000,
@@ -822,15 +864,18 @@ mod tests {
         );
         p.loss_rate = 1_000;
         let mut v = std::vec::Vec::new();
-        assert_eq!(p.on_timer(early - 1, &mut rng, 205_000, |_, _, _| {}), 0);
+        assert_eq!(
+            p.on_timer(early - 1, &mut rng, at(205_000), |_, _, _| {}),
+            0
+        );
         assert!(!p.need_probe);
-        p.on_timer(early, &mut rng, 205_000, |it, o, _| v.push((it.seg, o)));
+        p.on_timer(early, &mut rng, at(205_000), |it, o, _| v.push((it.seg, o)));
         assert_eq!(v, std::vec![(1, Outcome::Lost)]);
         assert!(p.need_probe);
         assert_eq!(p.stats.tail_resends, 1);
         // Its timeout later reports nothing more: the data went back already.
-        let rto = p.deadline(205_000).unwrap();
-        p.on_timer(rto, &mut rng, 205_000, |it, o, _| v.push((it.seg, o)));
+        let rto = p.deadline(at(205_000)).unwrap();
+        p.on_timer(rto, &mut rng, at(205_000), |it, o, _| v.push((it.seg, o)));
         assert_eq!(v.len(), 1);
         assert_eq!(p.stats.timeouts, 1);
     }
@@ -841,10 +886,52 @@ mod tests {
         let mut rng = XorShift::new(1);
         let mut p = path_with_tail(&mut rng);
         assert_eq!(p.loss_rate(), 0);
-        let early = p.deadline(205_000).unwrap();
-        p.on_timer(early, &mut rng, 205_000, |_, _, _| panic!("nothing resent"));
+        let early = p.deadline(at(205_000)).unwrap();
+        p.on_timer(early, &mut rng, at(205_000), |_, _, _| {
+            panic!("nothing resent")
+        });
         assert!(p.need_probe);
         assert_eq!(p.stats.tail_resends, 0);
+    }
+
+    /// A path without an RTT sample probes at its initial RTO, or, when it is the
+    /// connection's last with packets unanswered, by the other paths' smoothed RTT as a first
+    /// sample would set its own: 2 srtt + ACK delay + reordering window (a quarter srtt).
+    #[test]
+    fn a_path_without_a_sample_borrows_the_connections_rtt() {
+        let mut rng = XorShift::new(1);
+        let mut p = Path::new(0, 0, &cfg(), &mut rng);
+        p.on_send(500_000, SentItem::default(), false);
+        assert_eq!(p.deadline(Behind::NONE), Some(1_500_000));
+        let last = Behind {
+            sent: 0,
+            last_srtt: 40_000,
+        };
+        assert_eq!(p.deadline(last), Some(500_000 + 80_000 + 10_000 + 10_000));
+        // Behind the others too: due srtt + 4 (srtt / 2) after the tail, which is later here.
+        let behind = Behind {
+            sent: 600_000,
+            ..last
+        };
+        assert_eq!(p.deadline(behind), Some(500_000 + 80_000 + 10_000 + 10_000));
+        // Never beyond its RTO.
+        let far = Behind {
+            sent: 0,
+            last_srtt: 5_000_000,
+        };
+        assert_eq!(p.deadline(far), Some(1_500_000));
+        // Its own first sample (20 us) wins over any borrowed RTT.
+        p.on_ack(
+            520_000,
+            &PathAck {
+                cum_psn: 1,
+                echo_ts: 500_000,
+                ..PathAck::default()
+            },
+            |_, _, _| {},
+        );
+        p.on_send(600_000, SentItem::default(), false);
+        assert_eq!(p.deadline(last), Some(600_000 + 40_000 + 10_000 + 5_000));
     }
 
     #[test]
@@ -852,22 +939,22 @@ mod tests {
         let mut rng = XorShift::new(1);
         let mut p = Path::new(0, 0, &cfg(), &mut rng);
         let port = p.sport;
-        assert_eq!(p.deadline(0), None);
+        assert_eq!(p.deadline(Behind::NONE), None);
         p.on_send(0, SentItem::default(), false);
-        let d = p.deadline(0).unwrap();
-        assert_eq!(p.on_timer(d - 1, &mut rng, 0, |_, _, _| {}), 0);
+        let d = p.deadline(Behind::NONE).unwrap();
+        assert_eq!(p.on_timer(d - 1, &mut rng, Behind::NONE, |_, _, _| {}), 0);
         assert!(!p.need_probe);
         // Tail-loss probe.
-        assert_eq!(p.on_timer(d, &mut rng, 0, |_, _, _| {}), 0);
+        assert_eq!(p.on_timer(d, &mut rng, Behind::NONE, |_, _, _| {}), 0);
         assert!(p.need_probe);
         assert_eq!(p.state, PathState::Active);
-        let d2 = p.deadline(0).unwrap();
-        assert_eq!(p.on_timer(d2, &mut rng, 0, |_, _, _| {}), 1);
+        let d2 = p.deadline(Behind::NONE).unwrap();
+        assert_eq!(p.on_timer(d2, &mut rng, Behind::NONE, |_, _, _| {}), 1);
         assert_eq!(p.state, PathState::Suspect);
         assert_ne!(p.sport, port);
-        let d3 = p.deadline(0).unwrap();
+        let d3 = p.deadline(Behind::NONE).unwrap();
         assert!(d3 - d2 > d2 - d, "backed off");
-        p.on_timer(d3, &mut rng, 0, |_, _, _| {});
+        p.on_timer(d3, &mut rng, Behind::NONE, |_, _, _| {});
         assert_eq!(p.state, PathState::Failed);
         // A probe answered brings it back.
         p.on_send(d3, SentItem::default(), false);
@@ -884,7 +971,7 @@ mod tests {
         assert!(p.usable());
         assert_eq!((p.stats.failures, p.stats.readmissions), (1, 1));
         assert_eq!(p.rtt.srtt(), 50_000);
-        assert_eq!(p.deadline(0), None);
+        assert_eq!(p.deadline(Behind::NONE), None);
         let t = d3 + 60_000;
         for _ in 0..PROBATION {
             p.on_send(t, SentItem::default(), false);
@@ -926,7 +1013,7 @@ mod tests {
             t += 10_000;
             p.on_ack(t, &ack, |_, _, _| {});
             t += 1_000_000;
-            p.on_timer(t, &mut rng, 0, |_, _, _| {});
+            p.on_timer(t, &mut rng, Behind::NONE, |_, _, _| {});
             let ack = PathAck {
                 cum_psn: p.inflight.next_psn(),
                 echo_ts: t as u32,
@@ -971,8 +1058,8 @@ mod tests {
             ..PathAck::default()
         };
         p.on_ack(t + 10_000, &ack(first, sack), |_, _, _| {});
-        let end = p.deadline(0).unwrap_or(t + 20_000);
-        p.on_timer(end, rng, 0, |_, _, _| {});
+        let end = p.deadline(Behind::NONE).unwrap_or(t + 20_000);
+        p.on_timer(end, rng, Behind::NONE, |_, _, _| {});
         // One more packet, acknowledged: nothing left outstanding.
         p.on_send(end, SentItem::default(), false);
         p.on_ack(
@@ -1137,8 +1224,8 @@ mod tests {
         p.on_send(t, SentItem::default(), false);
         let mut psns = std::vec::Vec::new();
         for _ in 0..timeouts {
-            t = p.deadline(0).unwrap();
-            p.on_timer(t, rng, 0, |_, _, _| {});
+            t = p.deadline(Behind::NONE).unwrap();
+            p.on_timer(t, rng, Behind::NONE, |_, _, _| {});
             if p.need_probe {
                 assert!(p.can_probe());
                 psns.push(p.on_send_probe(t).unwrap());
@@ -1175,7 +1262,7 @@ mod tests {
         assert_eq!(p.state, PathState::Probing);
         assert_eq!(p.stats.readmissions, 1);
         assert_eq!(p.rtt.srtt(), 30_000, "the probe's own arrival: a sample");
-        assert_eq!(p.deadline(0), None);
+        assert_eq!(p.deadline(Behind::NONE), None);
         assert!(p.has_window(FULL_HEALTH));
         let psn = p.on_send(t + 40_000, SentItem::default(), false).unwrap();
         assert_eq!(psn, next);

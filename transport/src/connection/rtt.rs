@@ -98,15 +98,11 @@ impl RttEstimator {
             .min(self.max_rto)
     }
 
-    /// Probe timeout for a tail-loss probe: 2 * srtt + `ack_delay`, at most the RTO.
-    pub fn pto(&self, ack_delay: u64) -> u64 {
-        if !self.has_sample {
-            return self.rto;
-        }
-        self.srtt
-            .saturating_mul(2)
-            .saturating_add(ack_delay)
-            .min(self.rto)
+    /// Probe timeout for a tail-loss probe by the smoothed RTT `srtt` (the path's own, or
+    /// one it borrows before its first sample): 2 * srtt + `extra` (ACK delay, reordering
+    /// window), at most the RTO.
+    pub fn pto(&self, srtt: u64, extra: u64) -> u64 {
+        srtt.saturating_mul(2).saturating_add(extra).min(self.rto)
     }
 }
 
@@ -152,6 +148,6 @@ mod tests {
         r.sample(u64::MAX);
         r.sample(u64::MAX);
         assert_eq!(r.rto(), 1_000_000);
-        assert!(r.pto(0) <= r.rto());
+        assert!(r.pto(r.srtt(), 0) <= r.rto());
     }
 }

@@ -64,8 +64,9 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         let mut e = Earliest::new();
         e.offer(self.ack_deadline(), Timer::Ack);
         e.offer(self.cc.deadline(), Timer::Pacing);
+        let behind = self.behind();
         for (i, p) in self.paths.as_ref().iter().take(self.num_paths).enumerate() {
-            e.offer(p.deadline(self.delivered_sent), Timer::Path(i));
+            e.offer(p.deadline(behind), Timer::Path(i));
         }
         e.offer(
             self.sched.timer_hint(),
@@ -82,6 +83,22 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         e.get()
     }
 
+    /// What the paths' timers need to know of the others ([`Behind`]). The RTT a path
+    /// without a sample borrows is only offered while that path is the connection's last
+    /// with packets unanswered: a fresh connection's paths under load (an incast's) would
+    /// otherwise probe by another path's RTT where their own routes' queues are longer.
+    fn behind(&self) -> Behind {
+        let (mut busy, mut srtt) = (0u32, 0u64);
+        for p in self.paths.as_ref().iter().take(self.num_paths) {
+            busy += u32::from(p.inflight.unresolved() > 0);
+            srtt = srtt.max(p.rtt.srtt());
+        }
+        Behind {
+            sent: self.delivered_sent,
+            last_srtt: if busy == 1 { srtt } else { 0 },
+        }
+    }
+
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
         self.paths_changed();
@@ -91,7 +108,7 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
         }
         self.cc.on_timer(now);
         let stall = self.cfg.stall_timeout;
-        let behind = self.delivered_sent;
+        let behind = self.behind();
         let (paths, streams, sched, rng) = (
             self.paths.as_mut(),
             &mut self.streams,
