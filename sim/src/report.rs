@@ -267,6 +267,56 @@ fn loss_bulk(r: &mut Report, p: &Params) {
     }
 }
 
+/// Planes on bulk transfers: the permutation of the many-QPs table with half the planes
+/// table's bytes from each host, on 1, 4 and 8 planes. Throughput is what planes add: with
+/// no step waiting on another, the per-flow goodput shows how much of the added ports a
+/// transport uses (the All-Reduce's steps each add a round trip however many planes carry
+/// them).
+fn planes_bulk(r: &mut Report, p: &Params) {
+    let n = p.nodes;
+    let bytes = p.planes_bytes / 2;
+    let _ = writeln!(
+        r.md,
+        "\n## Planes on bulk transfers ({n} flows, {} MiB each, host i to host i + {})\n\n\
+         Goodput: mean per-flow goodput, Gbit/s; scaling: against the same transport on 1 \
+         plane (ideal: the planes).\n\n\
+         | planes | metaroce CCT us | goodput | scaling | rocev2 CCT us | goodput | scaling | \
+         irn CCT us | goodput | scaling |\n\
+         |---|---|---|---|---|---|---|---|---|---|",
+        bytes >> 20,
+        n / 4
+    );
+    let goodput = |o: &Outcome| if o.completed { o.goodput_mean } else { 0.0 };
+    let mut one: Option<Vec<f64>> = None;
+    for &planes in &p.planes {
+        let mut sc = p.scenario(&format!("bulk-planes{planes}"), Kind::Shift, planes);
+        sc.bytes = bytes;
+        let outs = r.run_all(&sc);
+        let g: Vec<f64> = outs.iter().map(goodput).collect();
+        let base = one.get_or_insert_with(|| g.clone()).clone();
+        let up = |i: usize| {
+            if base[i] > 0.0 && g[i] > 0.0 {
+                format!("{:.2}", g[i] / base[i])
+            } else {
+                "-".into()
+            }
+        };
+        let _ = writeln!(
+            r.md,
+            "| {planes} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {:.1} | {} |",
+            us(&outs[0]),
+            g[0],
+            up(0),
+            us(&outs[1]),
+            g[1],
+            up(1),
+            us(&outs[2]),
+            g[2],
+            up(2)
+        );
+    }
+}
+
 /// A horizontal bar chart of the ratios, by hand: two bars per scenario (rocev2, irn), a
 /// line at 1 (MetaRoCE's own CCT), "DNF" where a run did not finish.
 fn ratios_svg(rows: &[(String, Option<f64>, Option<f64>)]) -> String {
@@ -686,6 +736,8 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
             vs(2)
         );
     }
+
+    planes_bulk(&mut r, &p);
 
     // A failure in the middle of the collective.
     let at = base_ar[0].cct_ns / 2;
