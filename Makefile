@@ -117,7 +117,8 @@ bench-quick: payload image
 # make sim: the fabric simulator's scenario table (sim/, metaroce-sim): MetaRoCE against
 # RoCEv2- and IRN-like baselines on a 64-host leaf-spine fabric (collectives, random loss,
 # 1/4/8 planes, a failure mid-collective, 4,032 QPs, the simulator's speed), then its core
-# (All-Reduce, pairwise All-to-All, 1% loss, 4 planes) at each of SIM_NODES hosts (comma-
+# (All-Reduce, pairwise All-to-All, 1% loss, 4 planes, bulk transfers through loss, planes,
+# 4 QPs per pair and a spine failure) at each of SIM_NODES hosts (comma-
 # separated; empty: none; SIM_NODES=256,1024 adds 1,024 hosts); report in
 # build/sim/report.md and results.csv. make sim-quick: a 16-host table in seconds that asserts
 # that every collective completes with every byte delivered and that the same seed gives the

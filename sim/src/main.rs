@@ -20,8 +20,9 @@ const USAGE: &str = "usage:
       one scenario, a Markdown table row per transport (--csv: CSV lines)
   metaroce-sim table [--quick] [--out DIR] [--nodes N[,N...]]
       the scenario table: DIR/report.md and DIR/results.csv (default build/sim);
-      --nodes: its core (All-Reduce, pairwise All-to-All, 1% loss, 4 planes) again at
-      each of these host counts (e.g. 256,1024; empty: none);
+      --nodes: its core (All-Reduce, pairwise All-to-All, 1% loss, 4 planes; bulk
+      transfers lossless, at 1% and 10% loss, on 4 and 8 planes, over 4 QPs per pair, with
+      a spine failure) again at each of these host counts (e.g. 256,1024; empty: none);
       --quick: a small fabric in seconds, asserting that every collective completes with
       every byte delivered and that a second run with the same seed gives the same results";
 

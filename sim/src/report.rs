@@ -191,13 +191,7 @@ fn many_qps(r: &mut Report, p: &Params) {
         let outs = r.run_all(&sc);
         let g: Vec<f64> = outs.iter().map(goodput).collect();
         let base = few.get_or_insert_with(|| g.clone()).clone();
-        let kept = |i: usize| {
-            if base[i] > 0.0 && g[i] > 0.0 {
-                format!("{:.1}%", 100.0 * g[i] / base[i])
-            } else {
-                "-".into()
-            }
-        };
+        let kept = |i: usize| against(&g, &base, i, true);
         let _ = writeln!(
             r.md,
             "| {name} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} | {:.1} | {} | {:.1} |",
@@ -243,13 +237,7 @@ fn loss_bulk(r: &mut Report, p: &Params) {
         let outs = r.run_all(&sc);
         let g: Vec<f64> = outs.iter().map(goodput).collect();
         let base = lossless.get_or_insert_with(|| g.clone()).clone();
-        let kept = |i: usize| {
-            if base[i] > 0.0 && g[i] > 0.0 {
-                format!("{:.1}%", 100.0 * g[i] / base[i])
-            } else {
-                "-".into()
-            }
-        };
+        let kept = |i: usize| against(&g, &base, i, true);
         let _ = writeln!(
             r.md,
             "| {}% | {} | {:.1} | {} | {} | {:.1} | {} | {} | {:.1} | {} |",
@@ -294,13 +282,7 @@ fn planes_bulk(r: &mut Report, p: &Params) {
         let outs = r.run_all(&sc);
         let g: Vec<f64> = outs.iter().map(goodput).collect();
         let base = one.get_or_insert_with(|| g.clone()).clone();
-        let up = |i: usize| {
-            if base[i] > 0.0 && g[i] > 0.0 {
-                format!("{:.2}", g[i] / base[i])
-            } else {
-                "-".into()
-            }
-        };
+        let up = |i: usize| against(&g, &base, i, false);
         let _ = writeln!(
             r.md,
             "| {planes} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {:.1} | {} |",
@@ -314,6 +296,16 @@ fn planes_bulk(r: &mut Report, p: &Params) {
             g[2],
             up(2)
         );
+    }
+}
+
+/// Goodput `g[i]` against `base[i]`: a percentage (`pct`) or a factor, "-" where either is
+/// zero (a run that did not finish).
+fn against(g: &[f64], base: &[f64], i: usize, pct: bool) -> String {
+    match (g.get(i), base.get(i)) {
+        (Some(&x), Some(&b)) if x > 0.0 && b > 0.0 && pct => format!("{:.1}%", 100.0 * x / b),
+        (Some(&x), Some(&b)) if x > 0.0 && b > 0.0 => format!("{:.2}", x / b),
+        _ => "-".into(),
     }
 }
 
@@ -426,10 +418,15 @@ fn at_scale(r: &mut Report, p: &Params, n: usize) {
         "\n## At {n} hosts\n\n\
          The same fabric with {} leaves: All-Reduce of {} MiB per node, the pairwise \
          All-to-All (N-1 rounds) of {} KiB per pair (the same bytes from each node), \
-         All-Reduce through 1% loss and on 4 planes.\n\n{}",
+         All-Reduce through 1% loss and on 4 planes; then bulk transfers (`bulk`: each host \
+         {} MiB to the host N/4 further) lossless, through 1% and 10% loss, on 4 and 8 \
+         planes, over 4 QPs per pair ({} QPs), and with spine 0 failing halfway through \
+         MetaRoCE's lossless run (rerouted around 1 ms later).\n\n{}",
         n.div_ceil(q.hosts_per_leaf),
         q.ar_bytes >> 20,
         a2a >> 10,
+        q.qps_bytes >> 20,
+        4 * n,
         md_header().trim_end()
     );
     let mut cost = Vec::new();
@@ -445,6 +442,36 @@ fn at_scale(r: &mut Report, p: &Params, n: usize) {
             sc.bytes = a2a;
         }
         let outs = r.run_all(&sc);
+        r.md.push_str(&md_row(&sc, &outs));
+        cost.push((sc, outs));
+    }
+    // Bulk transfers at this scale: the permutation (each host `qps_bytes` to the host N/4
+    // further) lossless, through 1% and 10% loss, on 4 and 8 planes, over 4 QPs per pair,
+    // and with a spine failing halfway through MetaRoCE's lossless run.
+    let mut half = 0;
+    for (name, planes, loss, qps, spine) in [
+        ("bulk", 1, 0, 1, false),
+        ("bulk-loss1", 1, 10_000, 1, false),
+        ("bulk-loss10", 1, 100_000, 1, false),
+        ("bulk-planes4", 4, 0, 1, false),
+        ("bulk-planes8", 8, 0, 1, false),
+        ("bulk-qps4", 1, 0, 4, false),
+        ("bulk-spine", 1, 0, 1, true),
+    ] {
+        let mut sc = q.scenario(&format!("{name}-n{n}"), Kind::Shift, planes);
+        sc.loss_ppm = loss;
+        sc.qps = qps;
+        if spine {
+            sc.fail = Some(FailSpec {
+                target: FailTarget::Spine { plane: 0, spine: 0 },
+                at_ns: half,
+                dur_ns: u64::MAX / 4,
+            });
+        }
+        let outs = r.run_all(&sc);
+        if half == 0 {
+            half = outs[0].cct_ns / 2;
+        }
         r.md.push_str(&md_row(&sc, &outs));
         cost.push((sc, outs));
     }
