@@ -29,6 +29,8 @@ struct Params {
     speed_bytes: u64,
     /// All-to-All bytes per pair in the sizes' table.
     sizes: Vec<u64>,
+    /// All-Reduce bytes per node in the All-Reduce sizes' table.
+    ar_sizes: Vec<u64>,
     /// Seeds of the seeds' table (1 is the rest of the report's).
     seeds: Vec<u64>,
     /// Bytes each host sends in the many-QPs table.
@@ -53,6 +55,7 @@ impl Params {
             seeds: (1..=8).collect(),
             qps_bytes: 8 << 20,
             sizes: vec![8 << 10, 64 << 10, 1 << 20],
+            ar_sizes: vec![1 << 20, 16 << 20, 256 << 20, 1 << 30],
             deadline_ns: 200_000_000,
         }
     }
@@ -73,6 +76,7 @@ impl Params {
             seeds: vec![1, 2, 3],
             qps_bytes: 1 << 20,
             sizes: vec![8 << 10, 64 << 10],
+            ar_sizes: vec![256 << 10, 4 << 20],
             deadline_ns: 100_000_000,
         }
     }
@@ -608,6 +612,33 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
     }
 
     many_qps(&mut r, &p);
+
+    // All-Reduce sizes: from steps of a few packets per flow to bandwidth-bound ones.
+    let _ = writeln!(
+        r.md,
+        "\n## All-Reduce sizes (1 plane, lossless; a step carries bytes / {} per flow)\n\n\
+         | bytes per node | metaroce CCT us | rocev2 CCT us | irn CCT us | rocev2/metaroce | irn/metaroce |\n\
+         |---|---|---|---|---|---|",
+        p.nodes
+    );
+    for &bytes in &p.ar_sizes {
+        let mut sc = p.scenario(&format!("ar-{}k", bytes >> 10), Kind::AllReduce, 1);
+        sc.bytes = bytes;
+        // A 1 GiB All-Reduce takes tens of ms even lossless; the baselines' longer.
+        sc.deadline_ns = sc.deadline_ns.max(bytes.saturating_mul(2));
+        let outs = r.run_all(&sc);
+        let q = |i: usize| ratio(&outs[0], &outs[i]);
+        let _ = writeln!(
+            r.md,
+            "| {} MiB | {} | {} | {} | {} | {} |",
+            bytes as f64 / (1 << 20) as f64,
+            us(&outs[0]),
+            us(&outs[1]),
+            us(&outs[2]),
+            q(1),
+            q(2)
+        );
+    }
 
     // Message sizes.
     let _ = writeln!(
