@@ -310,7 +310,15 @@ pub struct RunStats {
     pub peak_state: u64,
     /// Packets that arrived for an endpoint already dropped (its pair was done).
     pub late_packets: u64,
+    /// Data delivered to the hosts, wire bytes per [`RX_BIN_NS`] from time 0: packets of at
+    /// least [`RX_DATA_BYTES`] (ACKs, NAKs and probes are far smaller), resends included.
+    pub rx_bins: Vec<u64>,
 }
+
+/// Width of a bin of [`RunStats::rx_bins`], ns.
+pub const RX_BIN_NS: u64 = 10_000;
+/// Smallest packet [`RunStats::rx_bins`] counts as data, wire bytes.
+pub const RX_DATA_BYTES: u32 = 1024;
 
 pub struct Sim {
     pub cfg: FabricConfig,
@@ -331,6 +339,7 @@ pub struct Sim {
     live_state: u64,
     peak_state: u64,
     late_packets: u64,
+    rx_bins: Vec<u64>,
     /// Endpoints to drop once the current instant's work is done.
     retire: Vec<u32>,
     switch_seed: Vec<u64>,
@@ -513,6 +522,7 @@ impl Sim {
             live_state: 0,
             peak_state: 0,
             late_packets: 0,
+            rx_bins: Vec::new(),
             retire: Vec::new(),
             switch_seed,
             rng,
@@ -851,6 +861,13 @@ impl Sim {
     fn arrive(&mut self, node: Node, pkt: Packet) {
         match node {
             Node::Host(h) => {
+                if pkt.wire >= RX_DATA_BYTES {
+                    let bin = (self.now / RX_BIN_NS) as usize;
+                    if self.rx_bins.len() <= bin {
+                        self.rx_bins.resize(bin + 1, 0);
+                    }
+                    self.rx_bins[bin] += u64::from(pkt.wire);
+                }
                 let Some(&e) = self.index.get(&(h, pkt.src)) else {
                     return;
                 };
@@ -915,6 +932,7 @@ impl Sim {
             peak_ends: self.peak_ends,
             peak_state: self.peak_state,
             late_packets: self.late_packets,
+            rx_bins: self.rx_bins.clone(),
             ..RunStats::default()
         };
         for p in self.ports.iter().filter(|p| p.switch) {

@@ -5,7 +5,7 @@
 //! seconds) also asserts properties: every collective completes with every byte delivered
 //! and no failed message, and a second run of the same seed gives the same results.
 
-use crate::fabric::FailTarget;
+use crate::fabric::{FailTarget, RX_BIN_NS};
 use crate::scenario::{
     csv_header, csv_row, md_header, md_row, run, FailSpec, Outcome, Proto, Scenario,
 };
@@ -311,6 +311,52 @@ fn against(g: &[f64], base: &[f64], i: usize, pct: bool) -> String {
         (Some(&x), Some(&b)) if x > 0.0 && b > 0.0 => format!("{:.2}", x / b),
         _ => "-".into(),
     }
+}
+
+/// A failure's recovery is judged by the data delivered over windows of this length...
+const RECOVERY_WINDOW_NS: u64 = 50_000;
+/// ...against this share of the rate before the failure...
+const RECOVERY_SHARE_PCT: u64 = 90;
+/// ...measured over this long before it...
+const RECOVERY_BEFORE_NS: u64 = 200_000;
+/// ...until 2 ms after the failure (its reroute is 1 ms) or this long before the run's end
+/// (a collective's last steps deliver less as flows finish).
+const RECOVERY_TAIL_NS: u64 = 200_000;
+
+/// How long after a failure at `at` ns the data delivered to all hosts (`RunStats::rx_bins`)
+/// over a [`RECOVERY_WINDOW_NS`] window was last below [`RECOVERY_SHARE_PCT`] of its rate
+/// before the failure, and the lowest window's rate against it: "0 (lowest 97%)" when it
+/// never dropped below. "-" for a run that did not finish or had nothing before the failure.
+fn recovery(o: &Outcome, at: u64) -> String {
+    let bins = &o.net.rx_bins;
+    let per = |ns: u64| (ns / RX_BIN_NS) as usize;
+    let (w, before) = (
+        per(RECOVERY_WINDOW_NS).max(1),
+        per(RECOVERY_BEFORE_NS).max(1),
+    );
+    let first = per(at);
+    if !o.completed || first < before || bins.len() < first {
+        return "-".into();
+    }
+    let rate_before = bins[first - before..first].iter().sum::<u64>() as f64 / before as f64;
+    let end_ns = o
+        .cct_ns
+        .saturating_sub(RECOVERY_TAIL_NS)
+        .min(at.saturating_add(2_000_000));
+    let last = per(end_ns).min(bins.len());
+    if rate_before <= 0.0 || last < first + w {
+        return "-".into();
+    }
+    let (mut below_until, mut lowest) = (None, f64::MAX);
+    for k in first..=last - w {
+        let share = bins[k..k + w].iter().sum::<u64>() as f64 / w as f64 / rate_before;
+        lowest = lowest.min(share);
+        if share * 100.0 < RECOVERY_SHARE_PCT as f64 {
+            below_until = Some((k + w) as u64 * RX_BIN_NS);
+        }
+    }
+    let after = below_until.map_or(0.0, |t| t.saturating_sub(at) as f64 / 1e3);
+    format!("{after:.0} ({:.0}%)", 100.0 * lowest)
 }
 
 /// A horizontal bar chart of the ratios, by hand: two bars per scenario (rocev2, irn), a
@@ -806,11 +852,20 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
          until the end: a leaf-spine link (leaf 0 - spine 0 of plane 0) or a whole spine \
          (spine 0 of plane 0), which the leaves route around 1 ms after it failed; or, on a \
          4-plane fabric, all of plane 0 (nothing to route around: the baselines' QPs on it never \
-         finish, DNF at the {} ms limit). Kept: CCT without the failure / CCT with it.\n\n\
-         | failure | planes | metaroce CCT us | kept | rocev2 CCT us | kept | irn CCT us | kept |\n\
-         |---|---|---|---|---|---|---|---|",
+         finish, DNF at the {} ms limit). Kept: CCT without the failure / CCT with it. \
+         Recovery: how long after the failure the data delivered to all hosts over {} us was \
+         last below {}% of its rate in the {} us before the failure (looked at until 2 ms \
+         after the failure or {} us before the end, whichever is first; 0: never below), \
+         and the lowest such rate.\n\n\
+         | failure | planes | metaroce CCT us | kept | recovery us (lowest) | rocev2 CCT us | kept \
+         | recovery | irn CCT us | kept | recovery |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|",
         at as f64 / 1e3,
-        p.deadline_ns / 1_000_000
+        p.deadline_ns / 1_000_000,
+        RECOVERY_WINDOW_NS / 1_000,
+        RECOVERY_SHARE_PCT,
+        RECOVERY_BEFORE_NS / 1_000,
+        RECOVERY_TAIL_NS / 1_000
     );
     let base4 = r.run_all(&p.scenario("planes4-ar", Kind::AllReduce, 4));
     for (name, target, planes) in [
@@ -836,13 +891,16 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
         let base = if planes == 1 { &base_ar } else { &base4 };
         let _ = writeln!(
             r.md,
-            "| {name} | {planes} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {planes} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             us(&outs[0]),
             kept(&base[0], &outs[0]),
+            recovery(&outs[0], at),
             us(&outs[1]),
             kept(&base[1], &outs[1]),
+            recovery(&outs[1], at),
             us(&outs[2]),
             kept(&base[2], &outs[2]),
+            recovery(&outs[2], at),
         );
     }
 
