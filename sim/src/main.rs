@@ -128,6 +128,15 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
         }
     } else {
         print!("{}{}", md_header(), md_row(&sc, &outs));
+        if let Some(f) = &sc.fail {
+            for o in &outs {
+                println!(
+                    "\n{}: recovery after the failure {}",
+                    o.proto.name(),
+                    metaroce_sim::report::recovery(o, f.at_ns)
+                );
+            }
+        }
         for o in &outs {
             println!(
                 "\n{}: {} packets in {:.2} s of wall time ({:.0} packets/s), {} events, \

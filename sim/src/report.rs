@@ -327,7 +327,7 @@ const RECOVERY_TAIL_NS: u64 = 200_000;
 /// over a [`RECOVERY_WINDOW_NS`] window was last below [`RECOVERY_SHARE_PCT`] of its rate
 /// before the failure, and the lowest window's rate against it: "0 (lowest 97%)" when it
 /// never dropped below. "-" for a run that did not finish or had nothing before the failure.
-fn recovery(o: &Outcome, at: u64) -> String {
+pub fn recovery(o: &Outcome, at: u64) -> String {
     let bins = &o.net.rx_bins;
     let per = |ns: u64| (ns / RX_BIN_NS) as usize;
     let (w, before) = (
@@ -843,55 +843,65 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
 
     planes_bulk(&mut r, &p);
 
-    // A failure in the middle of the collective.
-    let at = base_ar[0].cct_ns / 2;
+    // A failure in the middle of a collective, or of bulk transfers.
+    let base4 = r.run_all(&p.scenario("planes4-ar", Kind::AllReduce, 4));
+    let bulk = r.run_all(&p.scenario("bulk-base", Kind::Shift, 1));
     let _ = writeln!(
         r.md,
-        "\n## Failure (All-Reduce)\n\n\
-         Something fails {:.0} us after the start (half of MetaRoCE's lossless CCT on 1 plane) \
-         until the end: a leaf-spine link (leaf 0 - spine 0 of plane 0) or a whole spine \
-         (spine 0 of plane 0), which the leaves route around 1 ms after it failed; or, on a \
-         4-plane fabric, all of plane 0 (nothing to route around: the baselines' QPs on it never \
-         finish, DNF at the {} ms limit). Kept: CCT without the failure / CCT with it. \
-         Recovery: how long after the failure the data delivered to all hosts over {} us was \
-         last below {}% of its rate in the {} us before the failure (looked at until 2 ms \
-         after the failure or {} us before the end, whichever is first; 0: never below), \
-         and the lowest such rate.\n\n\
-         | failure | planes | metaroce CCT us | kept | recovery us (lowest) | rocev2 CCT us | kept \
-         | recovery | irn CCT us | kept | recovery |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|",
-        at as f64 / 1e3,
+        "\n## Failure\n\n\
+         Something fails halfway through MetaRoCE's lossless run of the same workload and \
+         fabric ({:.0} us into the All-Reduce on 1 plane, {:.0} us on 4, {:.0} us into the \
+         bulk permutation of {} MiB per host) until the end: a leaf-spine link (leaf 0 - \
+         spine 0 of plane 0) or a whole spine (spine 0 of plane 0), which the leaves route \
+         around 1 ms after it failed; or, on a 4-plane fabric, all of plane 0 (nothing to \
+         route around: the baselines' QPs on it never finish, DNF at the {} ms limit). Kept: \
+         CCT without the failure / CCT with it. Recovery: how long after the failure the data \
+         delivered to all hosts over {} us was last below {}% of its rate in the {} us before \
+         the failure (looked at until 2 ms after the failure or {} us before the end, \
+         whichever is first; 0: never below), and the lowest such rate. A ring All-Reduce \
+         waits for its slowest step: one stalled flow stalls them all.\n\n\
+         | failure | workload | planes | metaroce CCT us | kept | recovery us (lowest) | \
+         rocev2 CCT us | kept | recovery | irn CCT us | kept | recovery |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|",
+        base_ar[0].cct_ns as f64 / 2e3,
+        base4[0].cct_ns as f64 / 2e3,
+        bulk[0].cct_ns as f64 / 2e3,
+        p.qps_bytes >> 20,
         p.deadline_ns / 1_000_000,
         RECOVERY_WINDOW_NS / 1_000,
         RECOVERY_SHARE_PCT,
         RECOVERY_BEFORE_NS / 1_000,
         RECOVERY_TAIL_NS / 1_000
     );
-    let base4 = r.run_all(&p.scenario("planes4-ar", Kind::AllReduce, 4));
-    for (name, target, planes) in [
-        (
-            "link",
-            FailTarget::Link {
-                plane: 0,
-                leaf: 0,
-                spine: 0,
-            },
-            1,
-        ),
-        ("spine", FailTarget::Spine { plane: 0, spine: 0 }, 1),
-        ("plane", FailTarget::Plane { plane: 0 }, 4),
+    let link = FailTarget::Link {
+        plane: 0,
+        leaf: 0,
+        spine: 0,
+    };
+    let spine = FailTarget::Spine { plane: 0, spine: 0 };
+    for (name, target, kind, planes) in [
+        ("link", link, Kind::AllReduce, 1),
+        ("spine", spine, Kind::AllReduce, 1),
+        ("plane", FailTarget::Plane { plane: 0 }, Kind::AllReduce, 4),
+        ("spine", spine, Kind::Shift, 1),
     ] {
-        let mut sc = p.scenario(&format!("fail-{name}"), Kind::AllReduce, planes);
+        let base = match (kind, planes) {
+            (Kind::Shift, _) => &bulk,
+            (_, 1) => &base_ar,
+            _ => &base4,
+        };
+        let at = base[0].cct_ns / 2;
+        let mut sc = p.scenario(&format!("fail-{name}-{}", kind.name()), kind, planes);
         sc.fail = Some(FailSpec {
             target,
             at_ns: at,
             dur_ns: u64::MAX / 4,
         });
         let outs = r.run_all_expecting(&sc, planes > 1);
-        let base = if planes == 1 { &base_ar } else { &base4 };
         let _ = writeln!(
             r.md,
-            "| {name} | {planes} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {planes} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            kind.name(),
             us(&outs[0]),
             kept(&base[0], &outs[0]),
             recovery(&outs[0], at),
