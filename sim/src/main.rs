@@ -129,11 +129,15 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
     } else {
         print!("{}{}", md_header(), md_row(&sc, &outs));
         if let Some(f) = &sc.fail {
+            let left = match f.target {
+                FailTarget::Plane { .. } => 1.0 - 1.0 / sc.planes as f64,
+                _ => 1.0,
+            };
             for o in &outs {
                 println!(
                     "\n{}: recovery after the failure {}",
                     o.proto.name(),
-                    metaroce_sim::report::recovery(o, f.at_ns)
+                    metaroce_sim::report::recovery(o, f.at_ns, left)
                 );
             }
         }
