@@ -87,10 +87,17 @@ impl<P: PathSlots, S: StreamSlots> Connection<P, S> {
     /// without a sample borrows is only offered while that path is the connection's last
     /// with packets unanswered: a fresh connection's paths under load (an incast's) would
     /// otherwise probe by another path's RTT where their own routes' queues are longer.
+    /// Stops at the second path with packets unanswered: under load (most calls) nothing is
+    /// borrowed, and the pass ends after a path or two.
     fn behind(&self) -> Behind {
         let (mut busy, mut srtt) = (0u32, 0u64);
         for p in self.paths.as_ref().iter().take(self.num_paths) {
-            busy += u32::from(p.inflight.unresolved() > 0);
+            if p.inflight.unresolved() > 0 {
+                busy += 1;
+                if busy > 1 {
+                    break;
+                }
+            }
             srtt = srtt.max(p.rtt.srtt());
         }
         Behind {
