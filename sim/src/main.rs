@@ -129,10 +129,7 @@ fn cmd_run(args: &[String]) -> Result<(), String> {
     } else {
         print!("{}{}", md_header(), md_row(&sc, &outs));
         if let Some(f) = &sc.fail {
-            let left = match f.target {
-                FailTarget::Plane { .. } => 1.0 - 1.0 / sc.planes as f64,
-                _ => 1.0,
-            };
+            let left = metaroce_sim::report::capacity_left(&f.target, sc.planes);
             for o in &outs {
                 println!(
                     "\n{}: recovery after the failure {}",

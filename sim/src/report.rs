@@ -233,30 +233,14 @@ fn loss_bulk(r: &mut Report, p: &Params) {
         p.qps_bytes >> 20,
         n / 4
     );
-    let goodput = |o: &Outcome| if o.completed { o.goodput_mean } else { 0.0 };
-    let mut lossless: Option<Vec<f64>> = None;
-    for loss in std::iter::once(0).chain(p.losses.iter().copied()) {
-        let mut sc = p.scenario(&format!("bulk-loss{}", loss / 10_000), Kind::Shift, 1);
-        sc.loss_ppm = loss;
-        let outs = r.run_all(&sc);
-        let g: Vec<f64> = outs.iter().map(goodput).collect();
-        let base = lossless.get_or_insert_with(|| g.clone()).clone();
-        let kept = |i: usize| against(&g, &base, i, true);
-        let _ = writeln!(
-            r.md,
-            "| {}% | {} | {:.1} | {} | {} | {:.1} | {} | {} | {:.1} | {} |",
-            loss as f64 / 1e4,
-            us(&outs[0]),
-            g[0],
-            kept(0),
-            us(&outs[1]),
-            g[1],
-            kept(1),
-            us(&outs[2]),
-            g[2],
-            kept(2)
-        );
-    }
+    let rows = std::iter::once(0)
+        .chain(p.losses.iter().copied())
+        .map(|loss| {
+            let mut sc = p.scenario(&format!("bulk-loss{}", loss / 10_000), Kind::Shift, 1);
+            sc.loss_ppm = loss;
+            (format!("{}%", loss as f64 / 1e4), sc)
+        });
+    goodput_rows(r, rows, true);
 }
 
 /// Planes on bulk transfers: the permutation of the many-QPs table with half the planes
@@ -278,27 +262,37 @@ fn planes_bulk(r: &mut Report, p: &Params) {
         bytes >> 20,
         n / 4
     );
-    let goodput = |o: &Outcome| if o.completed { o.goodput_mean } else { 0.0 };
-    let mut one: Option<Vec<f64>> = None;
-    for &planes in &p.planes {
+    let rows = p.planes.iter().map(|&planes| {
         let mut sc = p.scenario(&format!("bulk-planes{planes}"), Kind::Shift, planes);
         sc.bytes = bytes;
+        (planes.to_string(), sc)
+    });
+    goodput_rows(r, rows, false);
+}
+
+/// Rows of a bulk table: per scenario its label, then each transport's CCT, mean per-flow
+/// goodput and that goodput against the same transport's in the first row (`pct`: as a
+/// percentage, else as a factor).
+fn goodput_rows(r: &mut Report, rows: impl Iterator<Item = (String, Scenario)>, pct: bool) {
+    let goodput = |o: &Outcome| if o.completed { o.goodput_mean } else { 0.0 };
+    let mut first: Option<Vec<f64>> = None;
+    for (label, sc) in rows {
         let outs = r.run_all(&sc);
         let g: Vec<f64> = outs.iter().map(goodput).collect();
-        let base = one.get_or_insert_with(|| g.clone()).clone();
-        let up = |i: usize| against(&g, &base, i, false);
+        let base = first.get_or_insert_with(|| g.clone()).clone();
+        let vs = |i: usize| against(&g, &base, i, pct);
         let _ = writeln!(
             r.md,
-            "| {planes} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {:.1} | {} |",
+            "| {label} | {} | {:.1} | {} | {} | {:.1} | {} | {} | {:.1} | {} |",
             us(&outs[0]),
             g[0],
-            up(0),
+            vs(0),
             us(&outs[1]),
             g[1],
-            up(1),
+            vs(1),
             us(&outs[2]),
             g[2],
-            up(2)
+            vs(2)
         );
     }
 }
@@ -322,6 +316,16 @@ const RECOVERY_BEFORE_NS: u64 = 200_000;
 /// ...until 2 ms after the failure (its reroute is 1 ms) or this long before the run's end
 /// (a collective's last steps deliver less as flows finish).
 const RECOVERY_TAIL_NS: u64 = 200_000;
+
+/// The share of its capacity a fabric of `planes` planes keeps when `target` fails: a
+/// plane takes its share of every host's ports; a link or spine leaves the hosts' ports and
+/// (after the reroute) routes around it.
+pub fn capacity_left(target: &FailTarget, planes: usize) -> f64 {
+    match target {
+        FailTarget::Plane { .. } => 1.0 - 1.0 / planes.max(1) as f64,
+        _ => 1.0,
+    }
+}
 
 /// How long after a failure at `at` ns the data delivered to all hosts (`RunStats::rx_bins`)
 /// over a [`RECOVERY_WINDOW_NS`] window was last below [`RECOVERY_SHARE_PCT`] of its rate
@@ -897,7 +901,7 @@ pub fn table(quick: bool, out: &Path, scale: &[usize]) -> Result<(), String> {
             _ => &base4,
         };
         let at = base[0].cct_ns / 2;
-        let left = if name == "plane" { 0.75 } else { 1.0 };
+        let left = capacity_left(&target, planes);
         let mut sc = p.scenario(&format!("fail-{name}-{}", kind.name()), kind, planes);
         sc.fail = Some(FailSpec {
             target,
