@@ -136,6 +136,12 @@ impl Window {
         self.acc = 0;
     }
 
+    /// Sets the additive increase: `step` packets per window's worth acknowledged (at
+    /// least 1).
+    pub fn set_step(&mut self, step: u32) {
+        self.step = step.max(1);
+    }
+
     /// Lowers the window to at most `limit` (at least 1): another bound took over.
     pub fn clamp_to(&mut self, limit: u32) {
         if self.cwnd > limit {
