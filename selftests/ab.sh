@@ -9,7 +9,8 @@
 #   TESTS="write_lat send_lat write_bw send_bw reorder_bw reorder_retx loss1_bw loss10_bw write_kcpu"
 #   (default: write_lat send_lat write_bw)
 #
-# Prints one line per run ("variant round test value unit") and a Markdown table of medians.
+# Prints one line per run ("variant round test value unit") and a Markdown table of medians; a
+# failed run's output goes to failed-*.log in the current directory.
 set -u
 source "$(dirname "$0")/lib.sh"
 VARIANTS_DIR=${VARIANTS_DIR:-/mnt/ci/payload/variants}
@@ -109,6 +110,18 @@ run() {
 		[ -n "$v" ] && { echo "$v"; return; }
 		perftest_uncalibrated "$OUT/cli" || break
 	done
+	# The last try's output, for a look afterwards: in the result directory (the cwd).
+	{
+		echo "== client: $tool ${args[*]}"
+		cat "$OUT/cli"
+		echo "== server"
+		cat "$OUT/srv"
+		echo "== counters"
+		rdma statistic show link "${p}1/1"
+		rdma statistic show link "${p}2/1"
+		echo "== kernel log"
+		dmesg | tail -n 30
+	} >"failed-$p-$t-$(date +%s).log" 2>&1
 	echo failed
 }
 
