@@ -792,8 +792,9 @@ fn runs_over_limited_planes(
         // 57-85 with 16 per plane: one path 4 packets under a third of the mean).
         c.cc.initial_window = 16 / planes as u32;
     });
-    // 120 messages of 64 KiB: with 60, a 32-message window (`MSG_WINDOW`) put half the
-    // transfer in its first window, and the bounds judged the start, not the spraying.
+    // 120 messages of 64 KiB, several message windows (`MSG_WINDOW`), so that the bounds
+    // judge the spraying rather than the first window (with 60, a 32-message window held
+    // half the transfer).
     let r = run(&mut sim, &writes(120, 65536));
     let s = sent(&sim);
     (

@@ -34,11 +34,9 @@ pub const RATE_WINDOW_GAIN: u64 = 2;
 pub const MIN_RATE_WINDOW: u32 = 4;
 /// After slow start the connection window grows by one packet per path per RTT, but by no
 /// more than this many per plane its paths are on: a plane's paths share that plane's links
-/// at both ends, and what the window adds in one RTT is queue there before the marks answer.
-/// With 256 paths on one pair of links, 256 packets per RTT kept ~300 packets in flight on a
-/// clean fabric, ~250 us of queue on a 10 Gbit/s link against a 19 us round trip, and fresh
-/// paths timed out at their initial RTO; a cap not counting planes slowed 8 planes (the
-/// simulator's bulk transfers, 64 paths: 482 -> 531 us).
+/// at both ends, and what the window adds in one RTT is queue there until the marks answer
+/// (many paths adding one each built queues that outlasted fresh paths' initial RTO;
+/// `docs/congestion.md`). Per plane, because each plane has links of its own.
 pub const WINDOW_STEP_PER_PLANE: u32 = 16;
 
 /// Congestion-control settings of a connection.
@@ -110,9 +108,9 @@ pub struct ConnCc {
     packet_bytes: u32,
     /// Data is waiting for the pacer.
     held: bool,
-    /// Paths of the connection and the planes that carry them (the window's growth per RTT
-    /// once slow start ended, [`ConnCc::step`]).
+    /// Paths of the connection (the window's growth per RTT once slow start ended, [`step`]).
     paths: u32,
+    /// Planes that carry its paths ([`ConnCc::set_planes`]; also in [`step`]).
     planes: u32,
     /// An ACK arrived: the window is no longer the initial one.
     acked: bool,
@@ -160,15 +158,11 @@ impl ConnCc {
         self.planes = planes.max(1);
         if !self.acked {
             let initial = self.cfg.initial_window.saturating_mul(self.planes);
-            self.window = Window::slow_start(initial, self.cfg.max_window, self.step());
+            self.window =
+                Window::slow_start(initial, self.cfg.max_window, step(self.paths, self.planes));
         } else {
-            self.window.set_step(self.step());
+            self.window.set_step(step(self.paths, self.planes));
         }
-    }
-
-    /// The window's growth per RTT after slow start, packets.
-    pub fn step(&self) -> u32 {
-        step(self.paths, self.planes)
     }
 
     /// The connection window in force, packets: the ECN window, bounded by the grant's.
