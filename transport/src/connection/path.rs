@@ -589,12 +589,17 @@ impl Path {
     }
 
     /// The deadline of this path's timer, if armed: the reordering timer of its loss
-    /// detection, or the probe / retransmission timer. A path whose tail was sent before
+    /// detection, the end of the hold of a lost packet that keeps its table full
+    /// ([`InFlight::hold_deadline`]), or the probe / retransmission timer. A path whose tail was sent before
     /// the newest packet the connection has had acknowledged (`behind`) probes early
     /// ([`Path::behind_deadline`]).
     pub fn deadline(&self, behind: Behind) -> Option<u64> {
+        let srtt = self.rtt.srtt();
         super::timer::min_deadline(
-            self.inflight.loss_deadline(self.rtt.srtt()),
+            super::timer::min_deadline(
+                self.inflight.loss_deadline(srtt),
+                self.inflight.hold_deadline(srtt),
+            ),
             self.probe_deadline(behind),
         )
     }
@@ -674,6 +679,9 @@ impl Path {
         let mut report = report;
         let srtt = self.rtt.srtt();
         let mut lost = 0;
+        if self.inflight.hold_deadline(srtt).is_some_and(|d| d <= now) {
+            self.inflight.release_held(now, srtt);
+        }
         if self.inflight.loss_deadline(srtt).is_some_and(|d| d <= now) {
             lost = self.inflight.detect_lost(now, srtt, &mut report);
             self.stats.lost += u64::from(lost);
@@ -844,6 +852,42 @@ mod tests {
         };
         p.on_send(200_000, item, false);
         p
+    }
+
+    /// A path whose table is full behind a packet declared lost, with everything after it
+    /// acknowledged, has nothing to be acknowledged or to time out: its timer gives the
+    /// packet up when its hold ends, and the path has window room again.
+    #[test]
+    fn a_full_table_held_by_a_loss_is_released_by_the_timer() {
+        let mut rng = XorShift::new(1);
+        let mut p = Path::new(0, 0, &cfg(), &mut rng);
+        for seg in 0..crate::wire::SACK_BITS as u32 {
+            let item = SentItem {
+                seg,
+                ..SentItem::default()
+            };
+            assert!(p.on_send(0, item, false).is_some());
+        }
+        let mut ack = PathAck {
+            cum_psn: 0,
+            echo_ts: 0,
+            ..PathAck::default()
+        };
+        for i in 0..crate::wire::SACK_BITS - 1 {
+            ack.sack[i / 64] |= 1 << (i % 64);
+        }
+        let mut lost = 0;
+        p.on_ack(50_000, &ack, |_, o, _| {
+            lost += u32::from(o == Outcome::Lost)
+        });
+        assert_eq!((lost, p.inflight.unresolved()), (1, 0));
+        assert!(!p.has_window(p.health()), "the loss holds the table");
+        let d = p
+            .deadline(Behind::NONE)
+            .expect("a full table held by a loss has a deadline");
+        p.on_timer(d, &mut rng, Behind::NONE, |_, _, _| {});
+        assert!(p.has_window(p.health()));
+        assert_eq!(p.deadline(Behind::NONE), None);
     }
 
     /// A path whose tail was sent before a packet acknowledged on another path probes at

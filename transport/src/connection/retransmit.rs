@@ -523,16 +523,39 @@ impl InFlight {
         n
     }
 
+    /// How long a packet declared lost holds `una` ([`InFlight::advance`]): twice the loss
+    /// threshold.
+    fn hold(&self, srtt: u64) -> u64 {
+        self.rack_rtt
+            .max(srtt)
+            .saturating_add(self.reorder_window(srtt))
+            .saturating_mul(2)
+    }
+
+    /// When the lost packet holding `una` is given up, if it holds a full table (no room for
+    /// a new PSN). Only ACKs and the path's timer move `una`, and a path whose packets after
+    /// the held one were all acknowledged has nothing left to be acknowledged or to time
+    /// out: this deadline is what lets it send again.
+    pub fn hold_deadline(&self, srtt: u64) -> Option<u64> {
+        if (self.next.wrapping_sub(self.una) as usize) < SACK_BITS {
+            return None;
+        }
+        let s = self.slots.get(self.una as usize % SACK_BITS)?;
+        (s.state == SlotState::Lost).then(|| s.sent_at.saturating_add(self.hold(srtt)))
+    }
+
+    /// The path's timer at [`InFlight::hold_deadline`]: gives up the lost packets whose hold
+    /// ended.
+    pub fn release_held(&mut self, now: u64, srtt: u64) {
+        self.advance(now, srtt);
+    }
+
     /// Moves `una` past resolved PSNs. A packet declared lost holds it for twice the loss
     /// threshold: while it does, the path cannot run 256 PSNs ahead of it, so the receiver
     /// never slides its window past it, and an ACK that covers it really means it arrived (a
     /// spurious loss). After that it is given up for good.
     fn advance(&mut self, now: u64, srtt: u64) {
-        let hold = self
-            .rack_rtt
-            .max(srtt)
-            .saturating_add(self.reorder_window(srtt))
-            .saturating_mul(2);
+        let hold = self.hold(srtt);
         while self.una != self.next {
             let una = self.una;
             match self.slot(una) {
@@ -609,6 +632,33 @@ mod tests {
                               // 106 acknowledged: 104 and 105 below it are lost once the reordering window passed.
         run_at(&mut f, 10_000_000, 0, &ack(104, &[106]));
         assert_eq!((f.unresolved(), f.unresolved_data()), (0, 0));
+    }
+
+    /// A lost packet that holds a full table is given up at its deadline even when nothing
+    /// after it is left to be acknowledged: the table has room again.
+    #[test]
+    fn a_held_loss_with_a_full_table_has_a_deadline() {
+        let mut f = InFlight::new(0);
+        for i in 0..SACK_BITS as u32 {
+            f.push(0, item(i));
+        }
+        assert!(!f.has_room());
+        assert_eq!(f.hold_deadline(1_000), None, "nothing lost");
+        // Everything after PSN 0 acknowledged at 10 us; at 15 us 0 is lost (the loss
+        // threshold is 10.25 us), and holds `una` for twice that.
+        let extra: Vec<u32> = (1..SACK_BITS as u32).collect();
+        run_at(&mut f, 10_000, 1_000, &ack(0, &extra));
+        assert_eq!(f.unresolved(), 1);
+        assert_eq!(f.detect_lost(15_000, 1_000, |_, _, _| {}), 1);
+        assert_eq!(f.unresolved(), 0);
+        assert!(!f.has_room(), "held: the path cannot run 256 PSNs past it");
+        let d = f.hold_deadline(1_000).expect("a deadline");
+        assert!(d > 10_000);
+        f.release_held(d - 1, 1_000);
+        assert!(!f.has_room(), "not before its deadline");
+        f.release_held(d, 1_000);
+        assert!(f.has_room());
+        assert_eq!(f.hold_deadline(1_000), None);
     }
 
     fn run_at(f: &mut InFlight, now: u64, srtt: u64, a: &PathAck) -> Vec<(u32, Outcome)> {
