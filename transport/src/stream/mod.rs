@@ -21,16 +21,17 @@ pub use responder::Responder;
 /// Send queue depth (posted, unfinished send WQEs) per stream. The caller keeps the rest of a
 /// QP's send queue (the kernel: the ring userspace posts to) and feeds the stream as WQEs
 /// complete, so this bounds only the messages in progress, not the QP's queue depth.
-pub const SQ_DEPTH: usize = 16;
+pub const SQ_DEPTH: usize = 32;
 /// Receive queue depth per stream (receive WQEs handed to the stream); as with the send
 /// queue, the caller holds the rest. Twice the message window, so that receives completed
 /// but not yet polled never make a message in the window wait for one.
-pub const RQ_DEPTH: usize = 32;
+pub const RQ_DEPTH: usize = 64;
 /// Messages a requester may have beyond the responder's completion point; the responder keeps
 /// one assembly slot per message in this window. A message with a lost packet holds the
-/// window for the two or three round trips its recovery takes, so loss costs more the fewer
-/// bandwidth-delay products the window covers (`docs/datapath.md`, "Loss in the guest").
-pub const MSG_WINDOW: u32 = 16;
+/// window for the two or three round trips its recovery takes, so the window must cover
+/// several bandwidth-delay products for loss to cost little (`docs/datapath.md`, "Loss in
+/// the guest").
+pub const MSG_WINDOW: u32 = 32;
 /// READ/atomic responses a responder serves at once per stream: twice `MAX_RD_ATOMIC`, since
 /// a response's slot frees only when the ACK of its last packet arrives, which may come after
 /// the requester, having seen the response, sent its next READ.
