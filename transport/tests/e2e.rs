@@ -817,12 +817,11 @@ fn config_is_validated() {
         metaroce_transport::connection::Paths<32>,
         [metaroce_transport::stream::Stream; 1],
     >;
-    // One connection on the stack at a time (each is ~230 KiB, and unoptimised code gives
-    // every temporary its own stack slot).
-    #[inline(never)]
-    fn new(c: Config) -> Result<(), ConfigError> {
-        C::new(c).map(|_| ())
-    }
+    // Built in place on the heap, as the kernel builds connections (`Connection::reset`
+    // checks a configuration as `Connection::new` does): one is larger than a test thread's
+    // stack in unoptimised code.
+    let mut conn = zeroed_box::<C>();
+    let mut new = |c: Config| conn.reset(c);
     let ok = Config::new(1, 2);
     assert!(new(ok).is_ok());
     let mut c = ok;
@@ -840,7 +839,7 @@ fn config_is_validated() {
     c.stall_timeout = 0;
     assert_eq!(new(c).err(), Some(ConfigError::Timers));
     // Streams: duplicate QP numbers and a full table are refused.
-    let mut conn = Box::new(C::new(ok).unwrap());
+    conn.reset(ok).unwrap();
     let s = conn
         .open_stream(metaroce_transport::stream::StreamConfig::new(5, 6))
         .unwrap();
