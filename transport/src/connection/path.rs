@@ -590,9 +590,9 @@ impl Path {
 
     /// The deadline of this path's timer, if armed: the reordering timer of its loss
     /// detection, the end of the hold of a lost packet that keeps its table full
-    /// ([`InFlight::hold_deadline`]), or the probe / retransmission timer. A path whose tail was sent before
-    /// the newest packet the connection has had acknowledged (`behind`) probes early
-    /// ([`Path::behind_deadline`]).
+    /// ([`InFlight::hold_deadline`]), or the probe / retransmission timer. A path whose tail
+    /// was sent before the newest packet the connection has had acknowledged (`behind`)
+    /// probes early ([`Path::behind_deadline`]).
     pub fn deadline(&self, behind: Behind) -> Option<u64> {
         let srtt = self.rtt.srtt();
         super::timer::min_deadline(
